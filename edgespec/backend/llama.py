@@ -1,0 +1,334 @@
+"""The only module that touches llama_cpp's low-level API.
+
+It owns the model, vocabulary and context handles, one reusable batch whose
+arrays are numpy buffers (so a whole tree is laid in with a few vectorised
+writes), and the KV-cache bookkeeping of tree verification:
+
+* The committed sequence lives in KV sequence 0.  `n_past` is its length.
+* A draft tree is laid out in depth-first order (the engine chooses the order);
+  every root-to-leaf path gets its own sequence id, the leftmost path seq 0 and
+  the others 1..L-1, which first see the committed prefix through
+  `seq_cp(0, s)` (that only tags existing cells, it copies no data).  A node
+  belongs to the sequences of every leaf below it and sits at position
+  `n_past + depth`.
+* After verification `keep(k)` keeps the first k batch slots, which must be a
+  chain from the root along seq 0 (the engine guarantees it), and drops every
+  other cell of the step.  The kept cells are then the first cells the batch
+  used, in position order, exactly where plain decoding would have put them:
+  that is what keeps greedy output token-identical (see shared/DESIGN.md §2).
+
+Return codes of llama.cpp become `BackendError`s with a clear message.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import numpy as np
+
+import llama_cpp as L
+
+
+class BackendError(RuntimeError):
+    """llama.cpp refused or failed an operation."""
+
+
+class ModelLoadError(BackendError):
+    """The model file could not be loaded."""
+
+
+_log_lock = threading.Lock()
+_log_lines: list[str] = []
+_log_verbose = False
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+def _log_callback(level, text, user_data):  # pragma: no cover - called from C
+    try:
+        s = text.decode("utf-8", errors="replace") if text else ""
+    except Exception:
+        return
+    with _log_lock:
+        _log_lines.append(s)
+        del _log_lines[:-200]
+    if _log_verbose:
+        os.write(2, text or b"")
+
+
+_backend_ready = False
+
+
+def _init_backend(verbose: bool = False) -> None:
+    global _backend_ready, _log_verbose
+    _log_verbose = verbose
+    if not _backend_ready:
+        L.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        L.llama_backend_init()
+        _backend_ready = True
+
+
+def _recent_errors() -> str:
+    with _log_lock:
+        lines = [s.strip() for s in _log_lines[-40:] if s.strip()]
+    errs = [s for s in lines if "error" in s.lower() or "failed" in s.lower() or "invalid" in s.lower()]
+    return "; ".join((errs or lines)[-3:])
+
+
+def default_threads() -> int:
+    """Threads for generation: every core the process may use (2 here)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - macOS/Windows
+        return max(1, os.cpu_count() or 1)
+
+
+class Vocab:
+    """Tokenizer of a model (works on a vocab-only load too)."""
+
+    def __init__(self, model_ptr):
+        self._model = model_ptr
+        self.ptr = L.llama_model_get_vocab(model_ptr)
+        self.n_vocab = int(L.llama_vocab_n_tokens(self.ptr))
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self.ptr))
+        self._eog = None
+        self._pieces: list[bytes] | None = None
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.ptr, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.ptr, data, len(data), buf, cap, add_special, parse_special)
+            if n < 0:
+                raise BackendError("tokenization failed")
+        return np.ctypeslib.as_array(buf)[:n].astype(np.int32).copy()
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(self.ptr, int(token), buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.ptr, int(token), buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def pieces(self) -> list[bytes]:
+        """Byte piece of every token (cached)."""
+        if self._pieces is None:
+            self._pieces = [self.piece(t) for t in range(self.n_vocab)]
+        return self._pieces
+
+    def detokenize(self, tokens) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self.ptr, int(token)))
+
+    def eog_mask(self) -> np.ndarray:
+        if self._eog is None:
+            self._eog = np.array([self.is_eog(t) for t in range(self.n_vocab)], dtype=np.bool_)
+        return self._eog
+
+    def token_text(self, token: int) -> str:
+        return self.piece(token, special=True).decode("utf-8", errors="replace")
+
+
+def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbose: bool = False):
+    """Load a GGUF file; return the model pointer or raise ModelLoadError."""
+    _init_backend(verbose)
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = int(n_gpu_layers)
+    mp.vocab_only = bool(vocab_only)
+    with _log_lock:
+        _log_lines.clear()
+    model = L.llama_model_load_from_file(os.fsencode(path), mp)
+    if not model:
+        detail = _recent_errors()
+        raise ModelLoadError(f"llama.cpp could not load {path}" + (f": {detail}" if detail else ""))
+    return model
+
+
+def model_metadata(model_ptr, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = L.llama_model_meta_val_str(model_ptr, key.encode(), buf, len(buf))
+    if n < 0:
+        return None
+    return buf.value.decode("utf-8", errors="replace")
+
+
+class LlamaBackend:
+    """A loaded GGUF model with one context sized for tree verification.
+
+    max_nodes: the most tokens one verification batch may hold (root + drafts).
+    max_leaves: the most root-to-leaf paths one tree may have (KV sequences).
+    """
+
+    def __init__(self, model_path: str, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
+                 n_threads: int | None = None, n_batch: int = 512, max_nodes: int = 64,
+                 max_leaves: int = 32, verbose: bool = False):
+        if max_leaves > L.llama_max_parallel_sequences():
+            raise ValueError(f"max_leaves must be <= {L.llama_max_parallel_sequences()}")
+        self.model_path = model_path
+        self.n_gpu_layers = n_gpu_layers
+        self.n_threads = n_threads or default_threads()
+        self.max_nodes = max_nodes
+        self.max_leaves = max_leaves
+        self.n_batch = max(n_batch, max_nodes)
+        self.model = load_model(model_path, n_gpu_layers, verbose=verbose)
+        self.vocab = Vocab(self.model)
+        self.n_vocab = self.vocab.n_vocab
+
+        cp = L.llama_context_default_params()
+        cp.n_ctx = int(n_ctx)
+        cp.n_batch = self.n_batch
+        cp.n_ubatch = self.n_batch
+        cp.n_seq_max = max(1, max_leaves)
+        cp.n_outputs_max = max_nodes
+        cp.n_outputs_max_per_seq = 0
+        cp.n_threads = self.n_threads
+        cp.n_threads_batch = self.n_threads
+        cp.kv_unified = True
+        cp.no_perf = True
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            self.model = None
+            raise BackendError(f"llama.cpp could not create a context (n_ctx={n_ctx}): {_recent_errors()}")
+        self.n_ctx = int(L.llama_n_ctx(self.ctx))
+        self.mem = L.llama_get_memory(self.ctx)
+
+        # One batch, owned by numpy.  seq_id rows are one contiguous matrix.
+        nb, S = self.n_batch, max(1, max_leaves)
+        self._tok = np.zeros(nb, np.int32)
+        self._pos = np.zeros(nb, np.int32)
+        self._nseq = np.ones(nb, np.int32)
+        self._seq = np.zeros((nb, S), np.int32)
+        self._logits = np.zeros(nb, np.int8)
+        self._seq_rows = (ctypes.POINTER(L.llama_seq_id) * nb)(
+            *[self._seq[i].ctypes.data_as(ctypes.POINTER(L.llama_seq_id)) for i in range(nb)])
+        self._batch = L.llama_batch()
+        self._batch.token = self._tok.ctypes.data_as(ctypes.POINTER(L.llama_token))
+        self._batch.embd = ctypes.POINTER(ctypes.c_float)()
+        self._batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))
+        self._batch.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self._batch.seq_id = ctypes.cast(self._seq_rows, ctypes.POINTER(ctypes.POINTER(L.llama_seq_id)))
+        self._batch.logits = self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self._arange_s = np.arange(S, dtype=np.int32)
+        self.n_past = 0           # committed tokens in seq 0
+        self.n_outputs = 0        # rows of logits from the last decode
+
+    # ------------------------------------------------------------------ basics
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            L.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            L.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def metadata(self, key: str) -> str | None:
+        return model_metadata(self.model, key)
+
+    def chat_template(self) -> str | None:
+        t = L.llama_model_chat_template(self.model, None)
+        return t.decode("utf-8", errors="replace") if t else None
+
+    def _decode(self, n: int) -> None:
+        self._batch.n_tokens = n
+        rc = L.llama_decode(self.ctx, self._batch)
+        if rc != 0:
+            if rc == 1:
+                raise BackendError("llama_decode: no KV cache slot for the batch (context full?)")
+            if rc == 2:
+                raise BackendError("llama_decode aborted")
+            raise BackendError(f"llama_decode failed with code {rc}: {_recent_errors()}")
+
+    # -------------------------------------------------------------- KV / decode
+    def reset(self) -> None:
+        L.llama_memory_clear(self.mem, True)
+        self.n_past = 0
+
+    def truncate(self, n: int) -> None:
+        """Forget committed tokens from position n on (used for chat prefix reuse)."""
+        if n < self.n_past:
+            L.llama_memory_seq_rm(self.mem, -1, n, -1)
+            self.n_past = n
+
+    def prefill(self, tokens: np.ndarray, want_last_logits: bool = True) -> None:
+        """Decode tokens after the committed prefix, in chunks of n_batch, into seq 0;
+        logits only at the very last token."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        n = len(tokens)
+        if self.n_past + n > self.n_ctx:
+            raise BackendError(f"{self.n_past + n} tokens do not fit the context of {self.n_ctx}")
+        i = 0
+        while i < n:
+            m = min(self.n_batch, n - i)
+            self._tok[:m] = tokens[i:i + m]
+            self._pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
+            self._nseq[:m] = 1
+            self._seq[:m, 0] = 0
+            self._logits[:m] = 0
+            if want_last_logits and i + m == n:
+                self._logits[m - 1] = 1
+            self._decode(m)
+            self.n_past += m
+            i += m
+        self.n_outputs = 1 if (want_last_logits and n) else 0
+
+    def decode_tree(self, tokens: np.ndarray, depth: np.ndarray, leaf_first: np.ndarray,
+                    leaf_count: np.ndarray, n_leaves: int) -> None:
+        """Decode one verification batch after the committed prefix.
+
+        tokens[i], depth[i] (root = slot 0 at depth 0), and the sequences of slot i
+        are leaf_first[i] .. leaf_first[i]+leaf_count[i]-1.  Logits are requested
+        at every slot; read them with logits().
+        """
+        n = len(tokens)
+        if n > self.max_nodes:
+            raise ValueError(f"tree of {n} nodes exceeds max_nodes={self.max_nodes}")
+        if n_leaves > self.max_leaves:
+            raise ValueError(f"tree of {n_leaves} leaves exceeds max_leaves={self.max_leaves}")
+        if self.n_past + n > self.n_ctx:
+            raise BackendError("verification batch does not fit the context")
+        for s in range(1, n_leaves):
+            L.llama_memory_seq_cp(self.mem, 0, s, -1, -1)
+        self._tok[:n] = tokens
+        self._pos[:n] = self.n_past + depth
+        self._nseq[:n] = leaf_count
+        self._seq[:n] = leaf_first[:, None] + self._arange_s[None, :]
+        self._logits[:n] = 1
+        self._n_leaves = n_leaves
+        self._decode(n)
+        self.n_outputs = n
+
+    def logits(self) -> np.ndarray:
+        """float32 view [n_outputs, n_vocab] of the last decode's logits (no copy;
+        valid until the next decode)."""
+        ptr = L.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_outputs, self.n_vocab))
+
+    def keep(self, k: int) -> None:
+        """After decode_tree: commit the first k slots (a seq-0 chain from the root)
+        and free every other cell of the step."""
+        base = self.n_past
+        L.llama_memory_seq_rm(self.mem, 0, base + k, -1)
+        if getattr(self, "_n_leaves", 1) > 1:
+            L.llama_memory_seq_keep(self.mem, 0)
+        self._n_leaves = 1
+        self.n_past = base + k
+
+    def rollback(self) -> None:
+        """Drop every cell beyond the committed prefix, in every sequence (used when
+        a step is interrupted)."""
+        L.llama_memory_seq_rm(self.mem, -1, self.n_past, -1)
+        self._n_leaves = 1

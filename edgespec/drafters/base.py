@@ -1,0 +1,55 @@
+"""The one drafter interface."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..tree import DraftTree
+
+
+@dataclass
+class StepResult:
+    """What one verification step found, handed to every drafter's observe().
+
+    context:   all tokens of the sequence after this step (prompt + generation,
+               including the new bonus token at the end), int32
+    accepted:  the tokens this step appended to the context (accepted drafts,
+               then the bonus token), int32
+    proposed:  the tree that was verified (already cut by the cost gate)
+    node_accepted: bool per node of `proposed`: True if on the accepted path
+    node_tested:   bool per node: True if its parent was accepted, so that the
+               node's own acceptance was actually decided by the model
+    """
+    context: np.ndarray
+    accepted: np.ndarray
+    proposed: DraftTree
+    node_accepted: np.ndarray
+    node_tested: np.ndarray
+    extra: dict = field(default_factory=dict)
+
+
+class Drafter:
+    """Base class: a drafter that proposes nothing (the `none` method).
+
+    begin(prompt)            a new request starts; prompt is the whole token
+                             sequence that the model will have seen (for a chat:
+                             every earlier turn too)
+    propose(context, budget) a DraftTree of at most `budget` nodes that may follow
+                             context[-1]; it must not keep a reference to context
+    observe(result)          learn from what the model accepted
+    """
+
+    name = "none"
+
+    def begin(self, prompt: np.ndarray) -> None:
+        pass
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        return DraftTree.empty()
+
+    def observe(self, result: StepResult) -> None:
+        pass
+
+    def warmup(self) -> None:
+        """Compile numba kernels with real dtypes, so no request pays for JIT."""

@@ -1,0 +1,443 @@
+"""The decode loop: propose -> gate -> verify in one batch -> accept -> observe.
+
+Exactness.  Each step decodes the pending token (the root) and the chosen draft
+nodes in one llama.cpp batch laid out depth first, likeliest child first.  The
+step commits only a *prefix of the batch order*: the chain of slots 0..j that
+follows first children, plus the bonus token chosen from slot j's logits.  Those
+cells are the first cells the batch used, in position order, so the KV cache
+after the step is laid out exactly as plain decoding would lay it out, and every
+committed token was chosen from logits computed over such a cache.  When the
+accepted path leaves the first-child chain at slot j (a rejected sibling sits
+before the accepted node in the batch), the step still commits slots 0..j and
+the bonus (the token of the accepted child, read from slot j's exact logits);
+what the tree said beyond that point is carried into the next step as a draft
+chain (source `carry`) and verified again there, on an exact cache.  No token is
+ever committed from logits of a cache with holes, so greedy output is
+token-identical to `--drafter none` and sampling keeps the exact distribution.
+
+Cost gate.  Every step the drafter proposes a tree; the acceptance model turns
+each node's score into a calibrated probability, and `select_by_rate` keeps the
+subtree whose expected tokens per unit of measured verify cost c(T) is best,
+or nothing (a plain one-token step) when no subtree beats plain decoding.
+"""
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .backend.llama import LlamaBackend
+from .costmodel import AcceptanceModel, CostCurve
+from .drafters.base import Drafter, StepResult
+from .kernels.tree import first_child_slot, layout_preorder, path_probs, select_by_rate
+from .tree import SOURCE_CARRY, DraftTree
+from .verify import SamplingConfig, sample_token
+
+
+@dataclass
+class EngineConfig:
+    """Engine settings.
+
+    max_nodes: the most tokens one verification batch holds (root included).
+    cost_gate: choose the verified subtree by expected tokens per unit of c(T);
+        False verifies every proposed node up to max_nodes (for tests and studies).
+    carry_prob: drafter score given to carried tokens (re-verification of tokens
+        already accepted once on a batch layout with holes).
+    """
+    max_nodes: int = 32
+    cost_gate: bool = True
+    carry_prob: float = 0.95
+
+    def __post_init__(self):
+        if not (1 <= self.max_nodes <= 256):
+            raise ValueError(f"max_nodes must be in 1..256, got {self.max_nodes}")
+        if not (0.0 < self.carry_prob <= 1.0):
+            raise ValueError("carry_prob must be in (0, 1]")
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list
+    n_prompt_tokens: int
+    n_generated: int
+    n_steps: int
+    mean_accepted: float
+    prefill_s: float
+    decode_s: float
+    tokens_per_s: float
+    stop_reason: str
+    n_reused_tokens: int = 0
+    n_draft_steps: int = 0        # steps that verified at least one draft node
+    n_draft_nodes: int = 0        # draft nodes verified in all
+    n_draft_accepted: int = 0     # draft tokens committed
+    n_carried: int = 0            # steps that carried tokens past a batch hole
+    decode_call_s: float = 0.0    # time inside llama_decode (+ logits fetch)
+    engine_s: float = 0.0         # decode_s - decode_call_s: drafting, gate, verify, bookkeeping
+    drafter: str = "none"
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def summary(self) -> str:
+        return (f"{self.n_generated} tokens in {self.decode_s:.2f}s ({self.tokens_per_s:.1f} tok/s), "
+                f"{self.mean_accepted:.2f} tokens/step, prefill {self.n_prompt_tokens} tokens in {self.prefill_s:.2f}s, "
+                f"stop: {self.stop_reason}")
+
+
+class _TextStream:
+    """Incremental detokenizer with stop strings and stream hold-back."""
+
+    def __init__(self, vocab, stop: list[str]):
+        self.vocab = vocab
+        self.stop = [s for s in stop if s]
+        self.dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+        self.char_end: list[int] = []
+        self.emitted = 0
+        self.stopped_at = -1
+
+    def push(self, token: int) -> bool:
+        """Add a token; return True if a stop string is now complete."""
+        self.text += self.dec.decode(self.vocab.piece(token))
+        self.char_end.append(len(self.text))
+        if self.stop:
+            lo = max(0, self.emitted - max(len(s) for s in self.stop))
+            best = -1
+            for s in self.stop:
+                i = self.text.find(s, lo)
+                if i >= 0 and (best < 0 or i < best):
+                    best = i
+            if best >= 0:
+                self.stopped_at = best
+                self.text = self.text[:best]
+                return True
+        return False
+
+    def finish(self) -> None:
+        if self.stopped_at < 0:
+            self.text += self.dec.decode(b"", final=True)
+
+    def n_tokens_before_stop(self) -> int:
+        """Tokens whose text lies entirely before the stop string."""
+        return sum(1 for e in self.char_end if e <= self.stopped_at)
+
+    def delta(self, final: bool = False) -> str:
+        """Text not yet streamed, holding back a tail that may start a stop string."""
+        end = len(self.text)
+        if not final and self.stop and self.stopped_at < 0:
+            for s in self.stop:
+                for k in range(min(len(s) - 1, end), 0, -1):
+                    if self.text.endswith(s[:k]):
+                        end = min(end, len(self.text) - k)
+                        break
+        if end <= self.emitted:
+            return ""
+        d = self.text[self.emitted:end]
+        self.emitted = end
+        return d
+
+
+def _merge_chain(tree: DraftTree, chain: np.ndarray, prob: float) -> DraftTree:
+    """Insert a chain below the root into a proposal, sharing existing nodes."""
+    toks, pars = list(tree.tokens), list(tree.parents)
+    probs, src = list(tree.probs), list(tree.source)
+    cur = -1
+    for t in chain.tolist():
+        nxt = -1
+        for i in range(len(toks)):
+            if pars[i] == cur and toks[i] == t:
+                nxt = i
+                break
+        if nxt >= 0:
+            probs[nxt] = max(probs[nxt], prob)
+            src[nxt] = SOURCE_CARRY
+        else:
+            toks.append(t); pars.append(cur); probs.append(prob); src.append(SOURCE_CARRY)
+            nxt = len(toks) - 1
+        cur = nxt
+    return DraftTree(np.array(toks, np.int32), np.array(pars, np.int32),
+                     np.array(probs, np.float32), np.array(src, np.int8))
+
+
+def _depths(parents: np.ndarray) -> np.ndarray:
+    d = np.empty(len(parents), np.int32)
+    for i, p in enumerate(parents.tolist()):
+        d[i] = 1 if p < 0 else d[p] + 1
+    return d
+
+
+class Engine:
+    """Runs requests on one backend with one drafter; keeps the KV cache and the
+    acceptance statistics between requests (a chat session)."""
+
+    def __init__(self, backend: LlamaBackend, drafter: Drafter, cost: CostCurve | None,
+                 config: EngineConfig | None = None):
+        self.backend = backend
+        self.drafter = drafter
+        self.config = config or EngineConfig()
+        if self.config.max_nodes > backend.max_nodes:
+            raise ValueError(f"max_nodes {self.config.max_nodes} exceeds the backend's {backend.max_nodes}")
+        self.cost = cost
+        self.cost_table = (cost.table(self.config.max_nodes + 1) if cost is not None
+                           else np.arange(self.config.max_nodes + 2, dtype=np.float64))
+        self.acceptance = AcceptanceModel()
+        self.kv_tokens = np.zeros(0, np.int32)   # tokens whose KV cells are committed in seq 0
+        self.overhead_rel = 0.02                 # EMA of engine time per step / t1
+        self.eog = backend.vocab.eog_mask()
+        n = self.config.max_nodes + 1
+        self._observes = type(drafter).observe is not Drafter.observe
+        self._o = np.zeros(n, np.int64)
+        self._bp = np.zeros(n, np.int64)
+        self._d = np.zeros(n, np.int32)
+        self._lf = np.zeros(n, np.int32)
+        self._lc = np.zeros(n, np.int32)
+        self._sel = np.zeros(n, np.int64)
+
+    # ------------------------------------------------------------------ helpers
+    def reset(self) -> None:
+        self.backend.reset()
+        self.kv_tokens = np.zeros(0, np.int32)
+
+    def _choose(self, tree: DraftTree, budget: int):
+        """Gate and lay out: returns (batch draft indices in slot order, bparent, depth,
+        leaf_first, leaf_count, n_leaves, sub-tree arrays) or None for a plain step."""
+        m = len(tree)
+        if m == 0 or budget < 2:
+            return None
+        depth = _depths(tree.parents)
+        cond = self.acceptance.predict(tree.source, tree.probs, depth)
+        q = np.empty(m, np.float64)
+        path_probs(tree.parents, cond, q)
+        lim = min(budget, self.config.max_nodes)
+        if self.config.cost_gate:
+            k = select_by_rate(tree.parents, q, self.cost_table, self.overhead_rel, lim, self._sel)
+            if k == 0:
+                return None
+            sel = np.sort(self._sel[:k])
+        else:
+            k = min(m, lim - 1)
+            sel = np.arange(k)
+            if k < m:  # keep the k most likely, ancestor-closed
+                sel = np.sort(np.argsort(-q, kind="mergesort")[:k])
+        # re-index parents into the selection
+        remap = np.full(m, -1, np.int64)
+        remap[sel] = np.arange(len(sel))
+        par = tree.parents[sel]
+        spar = np.where(par >= 0, remap[np.maximum(par, 0)], -1).astype(np.int32)
+        if np.any((par >= 0) & (spar < 0)):
+            raise AssertionError("selected draft set is not closed under ancestors")
+        k = len(sel)
+        nl = layout_preorder(spar, q[sel], self._o, self._bp, self._d, self._lf, self._lc)
+        return sel, spar, cond[sel], depth[sel], nl, k
+
+    # --------------------------------------------------------------------- run
+    def run(self, prompt: np.ndarray, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
+            stop: list[str] | None = None, reuse_prefix: bool = False):
+        """Generator: yields text pieces as tokens are committed; its return value
+        (StopIteration.value) is the GenerationResult.  Closing the generator early
+        (or an exception such as KeyboardInterrupt) leaves the KV cache consistent."""
+        sampling = sampling or SamplingConfig()
+        prompt = np.ascontiguousarray(prompt, dtype=np.int32)
+        be = self.backend
+        if len(prompt) == 0:
+            raise ValueError("empty prompt")
+        if len(prompt) >= be.n_ctx:
+            raise ValueError(f"the prompt has {len(prompt)} tokens, which does not fit the context of "
+                             f"{be.n_ctx} tokens (raise it with --ctx / n_ctx)")
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        rng = np.random.default_rng(sampling.seed) if not sampling.greedy else None
+        greedy = sampling.greedy
+
+        t_start = time.perf_counter()
+        n_common = 0
+        if reuse_prefix and len(self.kv_tokens):
+            m = min(len(self.kv_tokens), len(prompt) - 1)
+            neq = np.nonzero(self.kv_tokens[:m] != prompt[:m])[0]
+            n_common = int(neq[0]) if len(neq) else m
+        if n_common == 0:
+            be.reset()
+        else:
+            be.truncate(n_common)
+        self.kv_tokens = prompt[:n_common].copy()
+        try:
+            be.prefill(prompt[n_common:])
+        except BaseException:
+            self.reset()
+            raise
+        self.kv_tokens = prompt.copy()
+        self.drafter.begin(prompt)
+        first = sample_token(be.logits()[0], sampling, rng.random() if rng is not None else 0.0)
+        t_prefill = time.perf_counter()
+
+        ctx = np.empty(be.n_ctx + self.config.max_nodes + 2, np.int32)
+        ctx[:len(prompt)] = prompt
+        n = len(prompt)
+        out = _TextStream(be.vocab, stop or [])
+        generated: list[int] = []
+        stop_reason = None
+        n_steps = n_draft_steps = n_draft_nodes = n_draft_accepted = n_carried = 0
+        t_decode_calls = 0.0
+        carry = np.zeros(0, np.int32)
+        pending = -1
+
+        def emit(tok: int) -> bool:
+            """Append one committed token; return True when generation must stop."""
+            nonlocal stop_reason
+            if self.eog[tok]:
+                stop_reason = "stop"
+                return True
+            generated.append(tok)
+            if out.push(tok):
+                stop_reason = "stop"
+                return True
+            if len(generated) >= max_tokens:
+                stop_reason = "length"
+                return True
+            return False
+
+        ctx[n] = first
+        n += 1
+        pending = first
+        done = emit(first)
+        d = out.delta()
+        if d:
+            yield d
+        try:
+            while not done:
+                room = be.n_ctx - be.n_past
+                if room < 1:
+                    stop_reason = "length"
+                    break
+                t_step = time.perf_counter()
+                budget = min(self.config.max_nodes, room)
+                tree = self.drafter.propose(ctx[:n], budget - 1) if budget > 1 else DraftTree.empty()
+                if len(carry):
+                    tree = _merge_chain(tree, carry, self.config.carry_prob)
+                    carry = np.zeros(0, np.int32)
+                plan = self._choose(tree, budget)
+                if plan is None:
+                    btok = np.array([pending], np.int32)
+                    nb, nl = 1, 1
+                    bparent = self._bp
+                    bparent[0] = -1
+                    self._d[0] = 0; self._lf[0] = 0; self._lc[0] = 1
+                else:
+                    sel, spar, cond, sdepth, nl, k = plan
+                    nb = k + 1
+                    order = self._o[:nb]
+                    btok = np.empty(nb, np.int32)
+                    btok[0] = pending
+                    btok[1:] = tree.tokens[sel][order[1:]]
+                    bparent = self._bp
+                t0 = time.perf_counter()
+                be.decode_tree(btok, self._d[:nb], self._lf[:nb], self._lc[:nb], nl)
+                logits = be.logits()
+                t1 = time.perf_counter()
+                t_decode_calls += t1 - t0
+                n_steps += 1
+
+                # ---- verify: walk from the root along matching children
+                slot = 0
+                accepted = []            # committed tokens this step (drafts, then bonus)
+                carried = None
+                while True:
+                    u = rng.random() if rng is not None else 0.0
+                    tok = sample_token(logits[slot], sampling, u)
+                    accepted.append(tok)
+                    c = first_child_slot(bparent, nb, slot, tok, btok) if nb > 1 else -1
+                    if c < 0:
+                        break
+                    if c != slot + 1:
+                        # accepted child sits after a rejected sibling in the batch:
+                        # commit up to here, carry the rest into the next step
+                        carried = [c]
+                        s2 = c
+                        while True:
+                            t2 = int(np.argmax(logits[s2]))
+                            c2 = first_child_slot(bparent, nb, s2, t2, btok)
+                            if c2 < 0:
+                                carry = np.array([btok[x] for x in carried[1:]] + [t2], np.int32)
+                                break
+                            carried.append(c2)
+                            s2 = c2
+                        break
+                    slot = c
+                be.keep(slot + 1)
+                if carried is not None:
+                    n_carried += 1
+
+                # ---- learn
+                if plan is not None:
+                    n_draft_steps += 1
+                    n_draft_nodes += nb - 1
+                    n_draft_accepted += slot
+                    on_path = np.zeros(nb, np.bool_)
+                    on_path[:slot + 1] = True
+                    if carried is not None:
+                        on_path[carried[0]] = True
+                    par_slot = bparent[1:nb]
+                    tested = on_path[par_slot]
+                    acc = on_path[1:nb]
+                    nodes = sel[order[1:]]
+                    self.acceptance.update(tree.source[nodes], tree.probs[nodes], sdepth[order[1:]],
+                                           tested, acc, cond[order[1:]])
+                # ---- commit: every accepted token enters the context (its KV cell may
+                # already be kept), emission stops at EOG / stop string / max_tokens
+                na = len(accepted)
+                ctx[n:n + na] = accepted
+                n += na
+                for tok in accepted:
+                    if emit(tok):
+                        done = True
+                        break
+                pending = accepted[-1]
+                if self._observes:
+                    if plan is None:
+                        proposed, nacc, ntest = DraftTree.empty(), np.zeros(0, np.bool_), np.zeros(0, np.bool_)
+                    else:
+                        proposed = DraftTree(tree.tokens[sel], spar, tree.probs[sel], tree.source[sel])
+                        nacc = np.zeros(len(sel), np.bool_)
+                        ntest = np.zeros(len(sel), np.bool_)
+                        nacc[order[1:]] = acc
+                        ntest[order[1:]] = tested
+                    self.drafter.observe(StepResult(ctx[:n], np.asarray(accepted, np.int32), proposed, nacc, ntest))
+                d = out.delta()
+                step_other = (time.perf_counter() - t_step) - (t1 - t0)
+                if self.cost is not None:
+                    self.overhead_rel = 0.9 * self.overhead_rel + 0.1 * (step_other / self.cost.t1_s)
+                if d:
+                    yield d
+        except BaseException:
+            be.rollback()
+            self.kv_tokens = ctx[:be.n_past].copy()
+            raise
+        finally:
+            self.kv_tokens = ctx[:be.n_past].copy()
+
+        out.finish()
+        if out.stopped_at >= 0:
+            generated = generated[:out.n_tokens_before_stop()]
+        tail = out.delta(final=True)
+        if tail:
+            yield tail
+        t_end = time.perf_counter()
+        decode_s = t_end - t_prefill
+        n_gen = len(generated)
+        return GenerationResult(
+            text=out.text, tokens=generated, n_prompt_tokens=len(prompt), n_generated=n_gen,
+            n_steps=n_steps, mean_accepted=(sum_accepted(n_steps, n_draft_accepted)),
+            prefill_s=t_prefill - t_start, decode_s=decode_s,
+            tokens_per_s=(n_gen - 1) / decode_s if n_gen > 1 and decode_s > 0 else 0.0,
+            stop_reason=stop_reason or "length", n_reused_tokens=n_common,
+            n_draft_steps=n_draft_steps, n_draft_nodes=n_draft_nodes, n_draft_accepted=n_draft_accepted,
+            n_carried=n_carried, decode_call_s=t_decode_calls, engine_s=decode_s - t_decode_calls,
+            drafter=getattr(self.drafter, "name", "?"))
+
+
+def sum_accepted(n_steps: int, n_draft_accepted: int) -> float:
+    """Mean tokens committed per verification step (each step commits its bonus)."""
+    return (n_steps + n_draft_accepted) / n_steps if n_steps else 0.0

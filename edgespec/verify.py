@@ -1,0 +1,95 @@
+"""Acceptance rules over logits.
+
+Greedy: the target token at a node is argmax of the model's logits there (ties go
+to the lowest token id, as numpy's argmax does); a draft child is accepted when it
+carries that token.  Because the committed tokens are exactly the model's argmax
+chain, greedy output is token-identical to plain decoding whenever the logits
+are (the engine makes sure they are: see engine.py on KV cell order).
+
+Sampling: at every position on the accepted path the engine draws ONE uniform
+number u from the request's generator and turns it into a token with
+`sample_token(logits, cfg, u)`, exactly as plain decoding would at that
+position; it then descends to the draft child that carries the drawn token, if
+any.  Each committed token is therefore drawn from the model's own distribution
+with the same u that plain decoding would use for that position, so the output
+distribution is exact, and with a fixed seed the text is even the same as plain
+sampling's, given equal logits.
+
+The sampling distribution is defined here once, for plain and speculative
+decoding alike: temperature first, then top-k, top-p (nucleus) and min-p, each
+over the tempered probabilities, then renormalise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class SamplingConfig:
+    """How the next token is chosen.
+
+    temperature: 0 means greedy (argmax); > 0 samples from softmax(logits / T).
+    top_k: keep the k most likely tokens (0 = no limit).
+    top_p: keep the smallest set of most likely tokens whose probability sums to
+        at least top_p (1.0 = off).
+    min_p: drop tokens whose probability is below min_p times the top token's
+        (0.0 = off).
+    seed: seed of the request's random generator (None = fresh entropy).
+    """
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not (self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (0.0 <= self.min_p < 1.0):
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def sampling_distribution(logits: np.ndarray, cfg: SamplingConfig):
+    """Return (token_ids, probs): the candidates in descending probability
+    (ties by ascending id) and their renormalised probabilities (float64)."""
+    x = np.asarray(logits, dtype=np.float64) / cfg.temperature
+    n = x.shape[0]
+    if 0 < cfg.top_k < n:
+        cand = np.argpartition(-x, cfg.top_k - 1)[: cfg.top_k]
+    else:
+        cand = np.arange(n)
+    # descending value, ties by ascending token id: deterministic order
+    order = np.lexsort((cand, -x[cand]))
+    cand = cand[order]
+    v = x[cand]
+    p = np.exp(v - v[0])
+    p /= p.sum()
+    keep = len(p)
+    if cfg.top_p < 1.0:
+        c = np.cumsum(p)
+        keep = min(keep, int(np.searchsorted(c, cfg.top_p, side="left")) + 1)
+    if cfg.min_p > 0.0:
+        keep = min(keep, int(np.count_nonzero(p >= cfg.min_p * p[0])))
+    keep = max(keep, 1)
+    cand, p = cand[:keep], p[:keep]
+    return cand, p / p.sum()
+
+
+def sample_token(logits: np.ndarray, cfg: SamplingConfig, u: float) -> int:
+    """The token that plain decoding draws at this position with uniform u in [0, 1)."""
+    if cfg.greedy:
+        return int(np.argmax(logits))
+    cand, p = sampling_distribution(logits, cfg)
+    c = np.cumsum(p)
+    i = int(np.searchsorted(c, u * c[-1], side="right"))
+    return int(cand[min(i, len(cand) - 1)])
