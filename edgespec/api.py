@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .backend.llama import LlamaBackend
+from .backend.llama import EXACT_MAX_BATCH, LlamaBackend
 from .costmodel import CostCurve, calibration_key, load_or_measure
 from .drafters import make_drafter
 from .engine import Engine, EngineConfig, GenerationResult
@@ -41,9 +41,13 @@ class SpecModel:
                  progress=None):
         self.model_path = resolve_model(model_path)
         self.backend = LlamaBackend(self.model_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
-                                    n_threads=n_threads, max_nodes=max(64, max_nodes + 1),
+                                    n_threads=n_threads, max_nodes=max(EXACT_MAX_BATCH, max_nodes),
                                     max_leaves=32, verbose=verbose)
         self.vocab = self.backend.vocab
+        if self.backend.exact and max_nodes > EXACT_MAX_BATCH:
+            self.backend.close()
+            raise ValueError(f"max_nodes must be <= {EXACT_MAX_BATCH} on CPU: larger batches take a llama.cpp "
+                             "kernel whose numerics differ from one-token decoding")
         self.cost: CostCurve | None = None
         if calibrate:
             self.cost = self.calibrate(progress=progress)
@@ -59,8 +63,7 @@ class SpecModel:
         key = calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads)
         self.cost = load_or_measure(self.backend, key, remeasure=remeasure, progress=progress)
         for e in getattr(self, "_engines", {}).values():
-            e.cost = self.cost
-            e.cost_table = self.cost.table(e.config.max_nodes + 1)
+            e.set_cost(self.cost)
         return self.cost
 
     def _engine_for(self, drafter) -> Engine:

@@ -23,7 +23,7 @@ import numpy as np
 
 from .tree import N_SOURCES, SOURCE_NAMES
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 DEFAULT_TS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 
 
@@ -58,13 +58,16 @@ def calibration_key(model_path: str, n_gpu_layers: int, n_threads: int, extra: s
 @dataclass
 class CostCurve:
     """ts: the measured batch sizes (ascending, starting at 1); rel: time(T)/time(1);
-    t1_s: seconds of one single-token decode."""
+    t1_s: seconds of one single-token decode past the first 256 KV cells;
+    t1_short_s: the same within the first 256 cells, where the exact backend
+    still decodes single tokens with every thread (see backend/llama.py)."""
     ts: list
     rel: list
     t1_s: float
     meta: dict = field(default_factory=dict)
+    t1_short_s: float = 0.0
 
-    def table(self, max_t: int) -> np.ndarray:
+    def table(self, max_t: int, short: bool = False) -> np.ndarray:
         """cost[T] for T = 0..max_t (cost[0] = 0), linear between measured points and
         extrapolated from the last two beyond them."""
         ts = np.asarray(self.ts, np.float64)
@@ -76,25 +79,29 @@ class CostCurve:
             hi = T > ts[-1]
             out[hi] = rel[-1] + slope * (T[hi] - ts[-1])
         out[0] = 0.0
+        if short and self.t1_short_s > 0:
+            out[1] = min(1.0, self.t1_short_s / self.t1_s)
         return out
 
     def to_json(self) -> dict:
         return {"ts": list(map(int, self.ts)), "rel": [round(float(r), 4) for r in self.rel],
-                "t1_s": self.t1_s, "meta": self.meta}
+                "t1_s": self.t1_s, "t1_short_s": self.t1_short_s, "meta": self.meta}
 
     @staticmethod
     def from_json(d: dict) -> "CostCurve":
-        c = CostCurve(list(d["ts"]), list(d["rel"]), float(d["t1_s"]), dict(d.get("meta", {})))
+        c = CostCurve(list(d["ts"]), list(d["rel"]), float(d["t1_s"]), dict(d.get("meta", {})),
+                      float(d.get("t1_short_s", 0.0)))
         if not c.ts or c.ts[0] != 1 or len(c.ts) != len(c.rel) or any(r <= 0 for r in c.rel):
             raise ValueError("malformed cost curve")
         return c
 
     def describe(self) -> str:
         cells = "  ".join(f"T={t}:{r:.2f}" for t, r in zip(self.ts, self.rel))
-        return f"c(T) relative to one token ({self.t1_s * 1000:.2f} ms): {cells}"
+        short = f"; one token within the first 256 cells: {self.t1_short_s * 1000:.2f} ms" if self.t1_short_s else ""
+        return f"c(T) relative to one token ({self.t1_s * 1000:.2f} ms{short}): {cells}"
 
 
-def measure_cost_curve(backend, ts=DEFAULT_TS, prefix: int = 256, reps: int = 5,
+def measure_cost_curve(backend, ts=DEFAULT_TS, prefix: int = 300, reps: int = 5,
                        progress=None) -> CostCurve:
     """Time decodes of T tokens (chains, logits at every token) after a prefix of
     `prefix` tokens; the median of `reps` repetitions per T, interleaved so that
@@ -119,6 +126,18 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefix: int = 256, reps: int = 5,
                 times[t].append(dt)
         if progress:
             progress(r, reps)
+    # single tokens within the first 256 cells
+    backend.reset()
+    backend.prefill(pre[:100], want_last_logits=False)
+    short = []
+    for r in range(3 * reps + 1):
+        t0 = time.perf_counter()
+        backend.decode_tree(one[:1] * 500, zeros[:1], zeros[:1], one[:1], 1)
+        backend.logits()
+        dt = time.perf_counter() - t0
+        backend.keep(0)
+        if r:
+            short.append(dt)
     backend.reset()
     med = {t: float(np.median(v)) for t, v in times.items()}
     t1 = med[1]
@@ -127,7 +146,8 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefix: int = 256, reps: int = 5,
     for i in range(1, len(rel)):
         rel[i] = max(rel[i], rel[i - 1])
     rel[0] = 1.0
-    return CostCurve(ts, rel, t1, {"prefix": prefix, "reps": reps, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")})
+    return CostCurve(ts, rel, t1, {"prefix": prefix, "reps": reps, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")},
+                     float(np.median(short)))
 
 
 def load_or_measure(backend, key: str, remeasure: bool = False, progress=None) -> CostCurve:

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .backend.llama import LlamaBackend
+from .backend.llama import SPLIT_KV_FREE_CELLS, LlamaBackend
 from .costmodel import AcceptanceModel, CostCurve
 from .drafters.base import Drafter, StepResult
 from .kernels.tree import first_child_slot, layout_preorder, path_probs, select_by_rate
+from .kernels.tree import warmup as _warmup_tree_kernels
 from .tree import SOURCE_CARRY, DraftTree
 from .verify import SamplingConfig, sample_token
 
@@ -175,16 +176,15 @@ class Engine:
 
     def __init__(self, backend: LlamaBackend, drafter: Drafter, cost: CostCurve | None,
                  config: EngineConfig | None = None):
+        _warmup_tree_kernels()
         self.backend = backend
         self.drafter = drafter
         self.config = config or EngineConfig()
         if self.config.max_nodes > backend.max_nodes:
             raise ValueError(f"max_nodes {self.config.max_nodes} exceeds the backend's {backend.max_nodes}")
         self.cost = cost
-        self.cost_table = (cost.table(self.config.max_nodes + 1) if cost is not None
-                           else np.arange(self.config.max_nodes + 2, dtype=np.float64))
+        self.set_cost(cost)
         self.acceptance = AcceptanceModel()
-        self.kv_tokens = np.zeros(0, np.int32)   # tokens whose KV cells are committed in seq 0
         self.overhead_rel = 0.02                 # EMA of engine time per step / t1
         self.eog = backend.vocab.eog_mask()
         n = self.config.max_nodes + 1
@@ -197,9 +197,27 @@ class Engine:
         self._sel = np.zeros(n, np.int64)
 
     # ------------------------------------------------------------------ helpers
+    def set_cost(self, cost: CostCurve | None) -> None:
+        self.cost = cost
+        n = self.config.max_nodes + 1
+        if cost is None:   # no measurement: assume verification costs like plain decoding
+            self.cost_table = self.cost_table_short = np.arange(n + 1, dtype=np.float64)
+        else:
+            self.cost_table = cost.table(n)
+            self.cost_table_short = cost.table(n, short=True)
+
+    @property
+    def kv_tokens(self) -> np.ndarray:
+        """Tokens whose KV cells are committed in seq 0 (owned by the backend, which
+        several engines may share)."""
+        return self.backend.kv_tokens
+
+    @kv_tokens.setter
+    def kv_tokens(self, value) -> None:
+        self.backend.kv_tokens = value
+
     def reset(self) -> None:
         self.backend.reset()
-        self.kv_tokens = np.zeros(0, np.int32)
 
     def _choose(self, tree: DraftTree, budget: int):
         """Gate and lay out: returns (batch draft indices in slot order, bparent, depth,
@@ -213,7 +231,8 @@ class Engine:
         path_probs(tree.parents, cond, q)
         lim = min(budget, self.config.max_nodes)
         if self.config.cost_gate:
-            k = select_by_rate(tree.parents, q, self.cost_table, self.overhead_rel, lim, self._sel)
+            table = self.cost_table_short if self.backend.n_past + 1 <= SPLIT_KV_FREE_CELLS else self.cost_table
+            k = select_by_rate(tree.parents, q, table, self.overhead_rel, lim, self._sel)
             if k == 0:
                 return None
             sel = np.sort(self._sel[:k])

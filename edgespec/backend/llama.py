@@ -30,6 +30,10 @@ import numpy as np
 import llama_cpp as L
 
 
+EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
+SPLIT_KV_FREE_CELLS = 256   # a one-token decode up to this many cells avoids split-KV
+
+
 class BackendError(RuntimeError):
     """llama.cpp refused or failed an operation."""
 
@@ -168,7 +172,7 @@ class LlamaBackend:
 
     def __init__(self, model_path: str, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
                  n_threads: int | None = None, n_batch: int = 512, max_nodes: int = 64,
-                 max_leaves: int = 32, verbose: bool = False):
+                 max_leaves: int = 32, exact: bool = True, verbose: bool = False):
         if max_leaves > L.llama_max_parallel_sequences():
             raise ValueError(f"max_leaves must be <= {L.llama_max_parallel_sequences()}")
         self.model_path = model_path
@@ -217,7 +221,19 @@ class LlamaBackend:
         self._batch.seq_id = ctypes.cast(self._seq_rows, ctypes.POINTER(ctypes.POINTER(L.llama_seq_id)))
         self._batch.logits = self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
         self._arange_s = np.arange(S, dtype=np.int32)
+        # Exactness on CPU (measured, llama.cpp in llama-cpp-python 0.3.36): a
+        # one-token decode over >= 512 KV cells with more than one thread takes
+        # ggml's split-KV flash-attention path, which sums attention in another
+        # order than a multi-token batch does, so batched verification would not
+        # be bit-identical to plain decoding (logits differ by up to ~1.0).  With
+        # `exact`, one-token decodes use one thread once more than 256 cells are in
+        # use (below that the KV view is 256 cells and the split path is not
+        # taken); batches always use every thread.  Batches of 64 or more tokens
+        # take a tiled kernel that differs too, hence EXACT_MAX_BATCH.
+        self.exact = exact and n_gpu_layers == 0
+        self._single_threads = self.n_threads
         self.n_past = 0           # committed tokens in seq 0
+        self.kv_tokens = np.zeros(0, np.int32)  # their ids (kept by the engine)
         self.n_outputs = 0        # rows of logits from the last decode
 
     # ------------------------------------------------------------------ basics
@@ -255,13 +271,18 @@ class LlamaBackend:
     # -------------------------------------------------------------- KV / decode
     def reset(self) -> None:
         L.llama_memory_clear(self.mem, True)
+        if self.exact and self._single_threads != self.n_threads:
+            L.llama_set_n_threads(self.ctx, self.n_threads, self.n_threads)
+            self._single_threads = self.n_threads
         self.n_past = 0
+        self.kv_tokens = np.zeros(0, np.int32)
 
     def truncate(self, n: int) -> None:
         """Forget committed tokens from position n on (used for chat prefix reuse)."""
         if n < self.n_past:
             L.llama_memory_seq_rm(self.mem, -1, n, -1)
             self.n_past = n
+            self.kv_tokens = self.kv_tokens[:n]
 
     def prefill(self, tokens: np.ndarray, want_last_logits: bool = True) -> None:
         """Decode tokens after the committed prefix, in chunks of n_batch, into seq 0;
@@ -300,6 +321,13 @@ class LlamaBackend:
             raise ValueError(f"tree of {n_leaves} leaves exceeds max_leaves={self.max_leaves}")
         if self.n_past + n > self.n_ctx:
             raise BackendError("verification batch does not fit the context")
+        if self.exact:
+            if n > EXACT_MAX_BATCH:
+                raise ValueError(f"exact mode verifies at most {EXACT_MAX_BATCH} tokens per batch")
+            want = self.n_threads if (n > 1 or self.n_past + 1 <= SPLIT_KV_FREE_CELLS) else 1
+            if want != self._single_threads:
+                L.llama_set_n_threads(self.ctx, want, self.n_threads)
+                self._single_threads = want
         for s in range(1, n_leaves):
             L.llama_memory_seq_cp(self.mem, 0, s, -1, -1)
         self._tok[:n] = tokens

@@ -1,0 +1,201 @@
+"""Exactness of the engine on the real model: greedy output must be token-identical
+to plain decoding (`none`) through the same backend, for the real drafter and for
+forced tree shapes; the KV cache must end up equal to plain decoding's."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.engine import Engine, EngineConfig
+from edgespec.drafters import make_drafter
+
+from conftest import OracleDrafter, pick_prompts
+
+MAX_TOKENS = 96
+
+
+def prompt_of(model, row):
+    return model.prompt_tokens([{"role": "user", "content": row["turns"][0]}])
+
+
+def plain(model, toks, max_tokens=MAX_TOKENS, **kw):
+    return model.generate(toks, max_tokens=max_tokens, drafter="none", **kw)
+
+
+def final_logits(model, engine, prompt, tokens):
+    """Logits of the last generated token decoded on top of the KV cache the run
+    left behind (truncated to prompt + all but the last token): equal caches give
+    bit-identical logits."""
+    be = model.backend
+    keep = len(prompt) + len(tokens) - 1
+    assert be.n_past >= keep, "the engine lost committed KV cells"
+    be.truncate(keep)
+    be.decode_tree(np.array([tokens[-1]], np.int32), np.zeros(1, np.int32),
+                   np.zeros(1, np.int32), np.ones(1, np.int32), 1)
+    out = be.logits()[0].copy()
+    be.keep(0)
+    engine.reset()
+    return out
+
+
+def test_suffix_drafter_identical_on_dev_prompts(model):
+    """20 dev prompts, every category: the suffix drafter's greedy output equals plain
+    decoding's, token for token, and drafts were actually verified and accepted."""
+    rows = pick_prompts(20)
+    assert len({r["category"] for r in rows}) == 13
+    suffix = model._engine_for("suffix")
+    suffix.config.cost_gate = False       # verify every proposal: the hardest case
+    drafted = accepted = 0
+    try:
+        for row in rows:
+            toks = prompt_of(model, row)
+            ref = plain(model, toks)
+            r = model.generate(toks, max_tokens=MAX_TOKENS, drafter="suffix")
+            assert r.tokens == ref.tokens, f"question {row['question_id']} ({row['category']}) diverged"
+            assert r.stop_reason == ref.stop_reason
+            drafted += r.n_draft_nodes
+            accepted += r.n_draft_accepted
+    finally:
+        suffix.config.cost_gate = True
+    assert drafted > 100 and accepted > 20, (drafted, accepted)
+
+
+def test_suffix_drafter_with_cost_gate_identical(model):
+    for row in pick_prompts(6, seed=3):
+        toks = prompt_of(model, row)
+        ref = plain(model, toks)
+        r = model.generate(toks, max_tokens=MAX_TOKENS, drafter="suffix")
+        assert r.tokens == ref.tokens
+
+
+SHAPES = ["chain", "fan", "max", "wrong", "ranked"]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forced_tree_shapes_identical_and_kv_exact(model, shape):
+    """Deep chains, wide fans whose right token is ranked last (so the accepted path
+    is not first in batch order), full-budget trees, all-wrong trees: the output is
+    token-identical to plain decoding and the final KV cache gives bit-identical
+    logits."""
+    rows = pick_prompts(13, seed=7)[:4]
+    be = model.backend
+    for k, row in enumerate(rows):
+        toks = prompt_of(model, row)
+        none_engine = model._engine_for("none")
+        ref = plain(model, toks, max_tokens=64)
+        ref_logits = final_logits(model, none_engine, toks, ref.tokens)
+        drafter = OracleDrafter(len(toks), ref.tokens, shape, be.n_vocab, width=4, depth=6, seed=k)
+        eng = Engine(be, drafter, model.cost, EngineConfig(max_nodes=32, cost_gate=False))
+        res = _drain(eng.run(toks, max_tokens=64))
+        assert res.tokens == ref.tokens, f"{shape}: question {row['question_id']} diverged"
+        spec_logits = final_logits(model, eng, toks, res.tokens)
+        assert np.array_equal(spec_logits, ref_logits), \
+            f"{shape}: KV cache differs (max |dlogit| {np.abs(spec_logits - ref_logits).max()})"
+        if shape == "chain":
+            assert res.mean_accepted > 3.0
+        if shape in ("fan", "max"):
+            assert res.n_carried > 0, "the accepted path was never off the first batch path"
+            assert res.mean_accepted > 1.5
+        if shape == "wrong":
+            assert res.n_draft_accepted == 0 and res.n_draft_nodes > 0
+
+
+def _drain(gen):
+    while True:
+        try:
+            next(gen)
+        except StopIteration as e:
+            return e.value
+
+
+def test_eog_inside_accepted_draft_ends_answer(model):
+    """A short answer; the oracle drafts the rest of the answer, the end-of-generation
+    token and junk after it, all in one chain: nothing after the EOG is emitted."""
+    toks = model.prompt_tokens([{"role": "user", "content": "Say only the word: yes"}])
+    ref = plain(model, toks, max_tokens=40)
+    assert ref.stop_reason == "stop" and len(ref.tokens) < 30
+    eos = [t for t in range(model.backend.n_vocab) if model.backend.vocab.is_eog(t)][0]
+    drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=40,
+                            extra=[eos, 1000, 1001, 1002])
+    eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=48, cost_gate=False))
+    res = _drain(eng.run(toks, max_tokens=40))
+    assert res.tokens == ref.tokens
+    assert res.text == ref.text
+    assert res.stop_reason == "stop"
+    assert res.n_steps == 1, "the whole answer and the EOG should come in one accepted draft"
+
+
+def test_stop_string_and_max_tokens_inside_accepted_draft(model):
+    toks = model.prompt_tokens([{"role": "user", "content": "List the days of the week, comma separated."}])
+    ref = plain(model, toks, max_tokens=40)
+    words = ref.text.split()
+    assert len(words) >= 4
+    stop = words[3]
+    cut = ref.text.index(stop)
+    drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=40)
+    eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=48, cost_gate=False))
+    res = _drain(eng.run(toks, max_tokens=40, stop=[stop]))
+    assert res.stop_reason == "stop"
+    assert res.text == ref.text[:cut]
+    assert stop not in res.text
+    assert res.tokens == ref.tokens[:len(res.tokens)]
+    assert model.detokenize(res.tokens) == res.text[:len(model.detokenize(res.tokens))]
+    # streaming never shows the stop string either
+    pieces = list(model.stream(toks, max_tokens=40, stop=[stop], drafter="none"))
+    assert "".join(pieces) == ref.text[:cut]
+    # max_tokens inside an accepted chain
+    drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=30)
+    eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=48, cost_gate=False))
+    res = _drain(eng.run(toks, max_tokens=7))
+    assert res.tokens == ref.tokens[:7] and res.stop_reason == "length"
+
+
+def test_full_context_stops_with_length(model):
+    """A context that fills up ends with stop reason 'length', never a crash, and
+    the tree drafter still matches plain decoding."""
+    from edgespec import SpecModel
+    small = SpecModel(model.model_path, drafter="none", n_ctx=96)
+    try:
+        toks = small.prompt_tokens("Repeat the word cat twenty times: cat cat cat cat")
+        ref = small.generate(toks, max_tokens=500, drafter="none")
+        assert ref.stop_reason == "length"
+        assert len(toks) + ref.n_generated <= 96 + 1
+        drafter = make_drafter("suffix")
+        eng = Engine(small.backend, drafter, small.cost, EngineConfig(max_nodes=32, cost_gate=False))
+        res = _drain(eng.run(toks, max_tokens=500))
+        assert res.tokens == ref.tokens and res.stop_reason == "length"
+        with pytest.raises(ValueError, match="does not fit the context"):
+            small.generate("word " * 200, max_tokens=5)
+    finally:
+        small.close()
+
+
+def test_chat_turns_reuse_cache_and_stay_identical(model):
+    msgs = [{"role": "user", "content": "Name three colors."}]
+    outs = {}
+    for d in ("none", "suffix"):
+        model.use_drafter(d)
+        r1 = model.chat(msgs, max_tokens=40)
+        m2 = msgs + [{"role": "assistant", "content": r1.text},
+                     {"role": "user", "content": "Now repeat them in reverse order."}]
+        r2 = model.chat(m2, max_tokens=40)
+        assert r2.n_reused_tokens > r1.n_prompt_tokens - 1
+        outs[d] = (r1.tokens, r2.tokens)
+    model.use_drafter("none")
+    assert outs["none"] == outs["suffix"]
+
+
+def test_interrupted_generation_leaves_consistent_cache(model):
+    """Closing the stream mid-way (what Ctrl-C in chat does) keeps the KV cache equal
+    to the committed tokens, so the next request is still exact."""
+    toks = model.prompt_tokens("Write a long story about a dragon.")
+    ref = plain(model, toks, max_tokens=48)
+    gen = model.stream(toks, max_tokens=48, drafter="suffix")
+    for i, _ in enumerate(gen):
+        if i == 5:
+            break
+    gen.close()
+    eng = model._engine_for("suffix")
+    assert len(eng.kv_tokens) == model.backend.n_past
+    r = model.generate(toks, max_tokens=48, drafter="suffix", reuse_prefix=True)
+    assert r.tokens == ref.tokens
