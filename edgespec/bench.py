@@ -1,0 +1,406 @@
+"""Benchmark: edgespec drafters against plain decoding and llama-cpp-python.
+
+One process loads the model once (`SpecModel(drafter="none")`) and runs every
+requested method on every prompt, prompt-major (for each prompt, each method in
+turn) so that machine noise falls on all methods alike.  Greedy decoding only:
+then every edgespec method must give exactly the tokens of `none`, and the
+results file records whether it did.
+
+Methods
+  none, suffix, ...        edgespec engines (`model.generate(..., drafter=name)`)
+  llama-cpp-python         llama_cpp.Llama.create_chat_completion, streamed
+  llama-cpp-python-pld     the same with LlamaPromptLookupDecoding (its defaults)
+
+Results file (JSON lines)
+  line 1: {"kind": "header", ...}   model path, threads, context, llama_cpp
+          version, date, host and CPU, the measured cost curve, the settings
+  then:   {"kind": "result", ...}   one line per (prompt, method); see
+          RESULT_FIELDS.  For llama-cpp-python methods `tokens` is the
+          re-tokenized text and n_steps / mean_accepted are null.
+
+Timing: prefill_s runs from the request to the first generated token (edgespec)
+or the first streamed content chunk (llama-cpp-python); decode_s from there to
+the end.  Decode speed is (n_generated - 1) / decode_s.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-pld")
+DEFAULT_METHODS = ("none", "suffix") + LLAMA_METHODS
+WARMUP_PROMPT = "Say hello."
+
+RESULT_FIELDS = ("question_id", "category", "method", "text", "tokens", "n_prompt_tokens",
+                 "n_generated", "n_steps", "mean_accepted", "prefill_s", "decode_s",
+                 "tokens_per_s", "stop_reason", "identical_to_none")
+
+
+class BenchError(ValueError):
+    """A user mistake in the benchmark's inputs (prompts file, methods, results file)."""
+
+
+# ------------------------------------------------------------------ prompts
+@dataclass
+class BenchPrompt:
+    question_id: object
+    category: str
+    turn: str          # the first turn, sent as one user message
+
+
+def load_prompts(path: str, categories: Sequence[str] | None = None,
+                 limit: int | None = None) -> list[BenchPrompt]:
+    """Read a JSON-lines prompts file (fields question_id, category, turns).
+
+    Every non-blank line must be a JSON object with a non-empty list of string
+    `turns`; anything else is a BenchError naming the line.  `categories`
+    keeps only those categories; `limit` then keeps the first N.
+    """
+    if not os.path.isfile(path):
+        raise BenchError(f"prompts file not found: {path}")
+    prompts: list[BenchPrompt] = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise BenchError(f"cannot read prompts file {path}: {e}") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BenchError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise BenchError(f"{path}:{lineno}: expected a JSON object")
+        turns = rec.get("turns")
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0]:
+            raise BenchError(f"{path}:{lineno}: needs `turns`, a list whose first item is a non-empty string")
+        prompts.append(BenchPrompt(rec.get("question_id", lineno), str(rec.get("category", "none")), turns[0]))
+    if not prompts:
+        raise BenchError(f"no prompts in {path}")
+    if categories:
+        wanted = set(categories)
+        known = {p.category for p in prompts}
+        missing = wanted - known
+        if missing:
+            raise BenchError(f"no prompts of category {', '.join(sorted(missing))} in {path} "
+                             f"(categories: {', '.join(sorted(known))})")
+        prompts = [p for p in prompts if p.category in wanted]
+    if limit is not None:
+        if limit < 1:
+            raise BenchError("--limit must be >= 1")
+        prompts = prompts[:limit]
+    return prompts
+
+
+def parse_methods(spec: str | Sequence[str]) -> list[str]:
+    """'none,suffix,...' -> a list without duplicates; edgespec drafter names are
+    checked against the drafter registry."""
+    from .drafters import make_drafter
+
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    methods: list[str] = []
+    for m in (x.strip() for x in items):
+        if not m or m in methods:
+            continue
+        if m not in LLAMA_METHODS:
+            try:
+                make_drafter(m)
+            except ValueError as e:
+                raise BenchError(f"unknown method {m!r}: {e}; or one of {', '.join(LLAMA_METHODS)}") from None
+        methods.append(m)
+    if not methods:
+        raise BenchError("no methods given")
+    return methods
+
+
+# ------------------------------------------------------------------ running
+class _LlamaRunner:
+    """llama-cpp-python's high-level API, created lazily, streamed and timed."""
+
+    def __init__(self, model_path: str, n_ctx: int, n_threads: int, n_gpu_layers: int, pld: bool):
+        import llama_cpp
+        kw = {}
+        if pld:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+            kw["draft_model"] = LlamaPromptLookupDecoding()
+        self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                                   n_batch=512, n_gpu_layers=n_gpu_layers, verbose=False, **kw)
+
+    def run(self, turn: str, max_tokens: int) -> dict:
+        pieces: list[str] = []
+        stop_reason = None
+        t0 = time.perf_counter()
+        t_first = None
+        stream = self.llm.create_chat_completion(messages=[{"role": "user", "content": turn}],
+                                                 max_tokens=max_tokens, temperature=0.0, stream=True)
+        for chunk in stream:
+            choice = chunk["choices"][0]
+            content = choice.get("delta", {}).get("content")
+            if content:
+                if t_first is None:
+                    t_first = time.perf_counter()
+                pieces.append(content)
+            if choice.get("finish_reason"):
+                stop_reason = choice["finish_reason"]
+        t_end = time.perf_counter()
+        if t_first is None:
+            t_first = t_end
+        text = "".join(pieces)
+        tokens = [int(t) for t in self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)] if text else []
+        n = len(tokens)
+        decode_s = t_end - t_first
+        return {"text": text, "tokens": tokens, "n_generated": n, "n_steps": None, "mean_accepted": None,
+                "prefill_s": t_first - t0, "decode_s": decode_s,
+                "tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+                "stop_reason": stop_reason or "length"}
+
+    def close(self) -> None:
+        try:
+            self.llm.close()
+        except Exception:  # pragma: no cover - best effort
+            pass
+
+
+def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | None,
+           n_prompts: int) -> dict:
+    """Machine and settings metadata: the first line of a results file."""
+    import llama_cpp
+
+    from . import __version__
+    from .costmodel import _cpu_name
+
+    be = model.backend
+    return {
+        "kind": "header",
+        "edgespec_version": __version__,
+        "model": model.model_path,
+        "n_threads": be.n_threads,
+        "n_ctx": be.n_ctx,
+        "n_gpu_layers": be.n_gpu_layers,
+        "max_nodes": model.config.max_nodes,
+        "cost_gate": model.config.cost_gate,
+        "llama_cpp_version": llama_cpp.__version__,
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "hostname": platform.node(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "cost_curve": model.cost.to_json() if model.cost is not None else None,
+        "methods": list(methods),
+        "max_tokens": max_tokens,
+        "prompts_file": prompts_file,
+        "n_prompts": n_prompts,
+        "decoding": "greedy",
+    }
+
+
+def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, max_tokens: int = 128,
+              out_path: str | None = None, prompts_file: str | None = None,
+              progress: Callable[[str], None] | None = None) -> tuple[dict, list[dict]]:
+    """Run every method on every prompt with `model` (a SpecModel); return the
+    header and the result dicts, writing them as JSON lines to `out_path` as
+    they come (a run stopped half-way keeps what it finished)."""
+    if max_tokens < 1:
+        raise BenchError("max_tokens must be >= 1")
+    methods = parse_methods(methods)
+    say = progress or (lambda s: None)
+    be = model.backend
+    runners: dict[str, _LlamaRunner] = {}
+
+    def llama_runner(m: str) -> _LlamaRunner:
+        if m not in runners:
+            runners[m] = _LlamaRunner(model.model_path, be.n_ctx, be.n_threads, be.n_gpu_layers,
+                                      pld=(m == "llama-cpp-python-pld"))
+        return runners[m]
+
+    def run_one(m: str, turn: str, tokens, n_tok: int) -> dict:
+        if m in LLAMA_METHODS:
+            r = llama_runner(m).run(turn, n_tok)
+        else:
+            r = model.generate(tokens, max_tokens=n_tok, drafter=m).to_dict()
+            r["tokens"] = [int(t) for t in r["tokens"]]
+        return r
+
+    head = header(model, methods, max_tokens, prompts_file, len(prompts))
+    out = None
+    try:
+        if out_path:
+            out = open(out_path, "w", encoding="utf-8")
+            out.write(json.dumps(head) + "\n")
+            out.flush()
+        say(f"warming up: {', '.join(methods)}")
+        warm_tokens = model.prompt_tokens([{"role": "user", "content": WARMUP_PROMPT}])
+        for m in methods:
+            run_one(m, WARMUP_PROMPT, warm_tokens, 16)
+
+        results: list[dict] = []
+        width = len(str(len(prompts)))
+        for i, p in enumerate(prompts, 1):
+            tokens = model.prompt_tokens([{"role": "user", "content": p.turn}])
+            if len(tokens) >= be.n_ctx:
+                raise BenchError(f"prompt {p.question_id} ({p.category}) has {len(tokens)} tokens, "
+                                 f"more than the context of {be.n_ctx}; raise --ctx")
+            rows = {}
+            for m in methods:
+                r = run_one(m, p.turn, tokens, max_tokens)
+                r["n_prompt_tokens"] = len(tokens)
+                rows[m] = r
+            base = rows.get("none")
+            for m in methods:
+                r = rows[m]
+                if base is None:
+                    same = None
+                elif m in LLAMA_METHODS:
+                    same = r["text"] == base["text"]
+                else:
+                    same = r["tokens"] == base["tokens"]
+                rec = {"kind": "result", "question_id": p.question_id, "category": p.category,
+                       "method": m, "prompt_index": i - 1}
+                rec.update(r)
+                rec["identical_to_none"] = same
+                results.append(rec)
+                if out is not None:
+                    out.write(json.dumps(rec) + "\n")
+            if out is not None:
+                out.flush()
+            speeds = "  ".join(f"{m} {rows[m]['tokens_per_s']:.1f} tok/s" for m in methods)
+            say(f"[{i:>{width}}/{len(prompts)}] {p.category:<14} {speeds}")
+        return head, results
+    finally:
+        if out is not None:
+            out.close()
+        for r in runners.values():
+            r.close()
+
+
+# ------------------------------------------------------------------ report
+def read_results(path: str) -> tuple[dict | None, list[dict]]:
+    """Read a results file written by run_bench: (header or None, result dicts)."""
+    if not os.path.isfile(path):
+        raise BenchError(f"results file not found: {path}")
+    head, results = None, []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BenchError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise BenchError(f"{path}:{lineno}: expected a JSON object")
+            if rec.get("kind") == "header":
+                head = rec
+                continue
+            missing = [k for k in ("category", "method", "n_generated", "decode_s") if k not in rec]
+            if missing:
+                raise BenchError(f"{path}:{lineno}: not a bench result (missing {', '.join(missing)})")
+            results.append(rec)
+    if not results:
+        raise BenchError(f"no results in {path}")
+    return head, results
+
+
+def _is_edgespec(rows: list[dict]) -> bool:
+    return any(r.get("n_steps") is not None for r in rows)
+
+
+def method_stats(rows: list[dict]) -> dict:
+    """Aggregate one method's results over a set of prompts."""
+    n_tok = sum(max(0, r["n_generated"] - 1) for r in rows)
+    dec = sum(r["decode_s"] for r in rows)
+    st = {"n": len(rows), "tokens_per_s": n_tok / dec if dec > 0 else 0.0,
+          "mean_accepted": None, "engine_ms_per_step": None, "decode_ms_per_step": None,
+          "identical": None, "n_compared": 0}
+    steps = [r for r in rows if r.get("n_steps")]
+    if steps:
+        n_steps = sum(r["n_steps"] for r in steps)
+        committed = sum(r["mean_accepted"] * r["n_steps"] for r in steps)
+        st["mean_accepted"] = committed / n_steps
+        eng = [r["engine_s"] / r["n_steps"] * 1000 for r in steps if r.get("engine_s") is not None]
+        if eng:
+            st["engine_ms_per_step"] = sum(eng) / len(eng)
+        dc = [r["decode_call_s"] / r["n_steps"] * 1000 for r in steps if r.get("decode_call_s") is not None]
+        if dc:
+            st["decode_ms_per_step"] = sum(dc) / len(dc)
+    cmp = [r["identical_to_none"] for r in rows if r.get("identical_to_none") is not None]
+    if cmp:
+        st["identical"] = sum(1 for x in cmp if x)
+        st["n_compared"] = len(cmp)
+    return st
+
+
+def _table(title: str, rows: list[dict], methods: list[str]) -> list[str]:
+    by_m = {m: [r for r in rows if r["method"] == m] for m in methods}
+    stats = {m: method_stats(v) for m, v in by_m.items() if v}
+    n_prompts = max((s["n"] for s in stats.values()), default=0)
+    base = stats.get("none")
+    cols = ("method", "tok/s", "acc/step", "speedup", "identical", "engine ms/step", "decode ms/step")
+    body = []
+    for m in methods:
+        if m not in stats:
+            continue
+        s = stats[m]
+        speed = (f"{s['tokens_per_s'] / base['tokens_per_s']:.2f}x"
+                 if base and base["tokens_per_s"] > 0 else "-")
+        ident = "-" if m == "none" or s["identical"] is None else f"{s['identical']}/{s['n_compared']}"
+        body.append((m, f"{s['tokens_per_s']:.1f}",
+                     "-" if s["mean_accepted"] is None else f"{s['mean_accepted']:.2f}",
+                     speed, ident,
+                     "-" if s["engine_ms_per_step"] is None else f"{s['engine_ms_per_step']:.2f}",
+                     "-" if s["decode_ms_per_step"] is None else f"{s['decode_ms_per_step']:.2f}"))
+    widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(cols)]
+    fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                                  for i, (c, w) in enumerate(zip(cells, widths)))
+    lines = [f"{title} ({n_prompts} prompt{'s' if n_prompts != 1 else ''})", fmt(cols),
+             fmt(["-" * w for w in widths])]
+    lines += [fmt(b) for b in body]
+    return lines
+
+
+def format_report(results: Iterable[dict], head: dict | None = None) -> str:
+    """Tables per category (in order of first appearance) and over all prompts.
+
+    tok/s: decode tokens per second, sum(n_generated - 1) / sum(decode_s).
+    acc/step: tokens committed per verification step (edgespec methods).
+    speedup: tok/s over the tok/s of `none` on the same prompts.
+    identical: prompts whose output equals `none`'s (tokens for edgespec
+        methods, text for llama-cpp-python methods), as k/n.
+    engine ms/step: edgespec's own time per step outside llama_decode
+        (drafting, gate, verification, bookkeeping), averaged over prompts;
+    decode ms/step: time inside llama_decode per step, averaged over prompts.
+    """
+    results = [r for r in results if r.get("kind", "result") == "result"]
+    methods: list[str] = []
+    cats: list[str] = []
+    for r in results:
+        if r["method"] not in methods:
+            methods.append(r["method"])
+        if r["category"] not in cats:
+            cats.append(r["category"])
+    out: list[str] = []
+    if head:
+        out.append(f"model: {head.get('model')}")
+        out.append(f"machine: {head.get('cpu')} ({head.get('hostname')}), {head.get('n_threads')} threads, "
+                   f"n_ctx {head.get('n_ctx')}, n_gpu_layers {head.get('n_gpu_layers')}, "
+                   f"llama_cpp {head.get('llama_cpp_version')}, {head.get('date')}")
+        out.append(f"max_tokens {head.get('max_tokens')}, greedy decoding")
+        out.append("")
+    if len(cats) > 1:
+        for c in cats:
+            out += _table(c, [r for r in results if r["category"] == c], methods)
+            out.append("")
+    out += _table("all", results, methods)
+    return "\n".join(out)
+
+
+def stderr_progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

