@@ -1,0 +1,335 @@
+"""The `edgespec` command line, driven through click's CliRunner with the real
+default model (SmolLM2-135M) and llama.cpp.  Generations are kept short."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from edgespec import bench as B
+from edgespec.cli import main
+from edgespec.models import ModelFileError, default_model_path
+
+pytestmark = pytest.mark.model
+
+REPEAT_PROMPT = "Copy this list exactly: 1. apples, 2. bananas, 3. cherries, 4. dates, 5. figs, 6. grapes"
+PATTERN_PROMPT = "red, green, blue, yellow, red, green, blue, yellow, red, green, blue, yellow, red,"
+REQUIRED_JSON = ("text", "tokens", "n_prompt_tokens", "n_generated", "n_steps", "mean_accepted",
+                 "prefill_s", "decode_s", "tokens_per_s", "stop_reason", "drafter")
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    try:
+        return default_model_path()
+    except ModelFileError as e:
+        pytest.skip(str(e))
+
+
+def invoke(args, input=None, env=None):
+    # stdout and stderr apart (click >= 8.2 always keeps them apart; 8.1 needs the flag)
+    try:
+        runner = CliRunner(mix_stderr=False)
+    except TypeError:
+        runner = CliRunner()
+    return runner.invoke(main, args, input=input, env=env)
+
+
+def assert_clean_error(result, *fragments):
+    """Exit code != 0 through SystemExit, one 'Error: ...' line, no traceback."""
+    assert result.exit_code != 0, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    err = result.stderr.strip()
+    assert err.startswith("Error:") and "\n" not in err, err
+    for f in fragments:
+        assert f in err, err
+
+
+def gen_json(*args):
+    r = invoke(["generate", "--json", *args])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+# ---------------------------------------------------------------- generate
+def test_generate_json(model_path):
+    d = gen_json("--max-tokens", "16", "Name three colors.")
+    for k in REQUIRED_JSON:
+        assert k in d, k
+    assert 1 <= d["n_generated"] <= 16
+    assert d["n_generated"] == len(d["tokens"])
+    assert d["stop_reason"] in ("stop", "length")
+    assert d["drafter"] == "suffix" and d["model"] == model_path
+    assert d["decode_s"] >= 0 and d["prefill_s"] > 0
+
+
+def test_drafters_give_the_same_tokens(model_path):
+    none = gen_json("--drafter", "none", "--max-tokens", "24", REPEAT_PROMPT)
+    suffix = gen_json("--drafter", "suffix", "--max-tokens", "24", REPEAT_PROMPT)
+    ungated = gen_json("--drafter", "suffix", "--no-gate", "--max-tokens", "24", REPEAT_PROMPT)
+    assert none["n_draft_nodes"] == 0
+    assert suffix["tokens"] == none["tokens"]
+    assert ungated["tokens"] == none["tokens"]
+
+
+def test_accepted_drafts_keep_the_tokens(model_path):
+    # a raw repeating pattern: the suffix drafter's copies of it are accepted
+    none = gen_json("--raw", "--drafter", "none", "--max-tokens", "24", PATTERN_PROMPT)
+    ungated = gen_json("--raw", "--drafter", "suffix", "--no-gate", "--max-tokens", "24", PATTERN_PROMPT)
+    assert ungated["tokens"] == none["tokens"]
+    assert ungated["n_draft_accepted"] > 0
+    assert ungated["n_steps"] < none["n_steps"]
+
+
+def test_generate_streams_text_and_stats(model_path):
+    r = invoke(["generate", "--max-tokens", "12", "--stats", "Say hello."])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip()
+    assert r.stdout.endswith("\n")
+    assert "tokens/step" in r.stderr and "llama_decode" in r.stderr and "acceptance" in r.stderr
+
+
+def test_generate_raw_and_stdin(model_path):
+    templated = gen_json("--max-tokens", "8", "Once upon a time")
+    raw = gen_json("--raw", "--max-tokens", "8", "Once upon a time")
+    assert raw["n_generated"] >= 1
+    assert raw["n_prompt_tokens"] < templated["n_prompt_tokens"]
+    r = invoke(["generate", "--raw", "--json", "--max-tokens", "8", "-"], input="Once upon a time")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["tokens"] == raw["tokens"]
+
+
+def test_generate_usage_errors():
+    r = invoke(["generate", "a.gguf", "prompt", "extra"])
+    assert r.exit_code == 2 and "[MODEL] PROMPT" in r.output
+    r = invoke(["generate", "   "])
+    assert r.exit_code == 2 and "empty" in r.output
+
+
+@pytest.mark.parametrize("kind", ["missing", "text", "truncated"])
+def test_bad_model_file(model_path, tmp_path, kind):
+    p = tmp_path / "model.gguf"
+    if kind == "text":
+        p.write_text("this is not a model\n")
+    elif kind == "truncated":
+        with open(model_path, "rb") as f:
+            p.write_bytes(f.read(1 << 20))
+    r = invoke(["generate", str(p), "hello"])
+    assert_clean_error(r, str(p))
+
+
+def test_bad_sampling_option(model_path):
+    assert_clean_error(invoke(["generate", "--temperature", "-1", "hi"]), "temperature")
+
+
+def test_prompt_longer_than_context(model_path):
+    r = invoke(["generate", "--ctx", "256", "word " * 400])
+    assert_clean_error(r, "does not fit the context")
+
+
+@pytest.mark.xfail(reason="the backend prefills in chunks of 512 while llama.cpp clamps n_batch to a "
+                          "requested n_ctx below 512 (and pads n_ctx to 256): GGML_ASSERT abort",
+                   strict=False)
+def test_prompt_longer_than_small_context(model_path):
+    # in a subprocess: a llama.cpp abort would kill the test run
+    env = dict(os.environ, GGML_NO_BACKTRACE="1")
+    p = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--ctx", "64", "word " * 200],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 1, p.stderr[-500:]
+    assert p.stderr.strip().startswith("Error:") and "context" in p.stderr
+
+
+# ---------------------------------------------------------------- chat
+def test_chat_session(model_path):
+    r = invoke(["chat", "--max-tokens", "16"], input="hello\n/stats\n/reset\nhi again\n/exit\n")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert out.count("tok/s") >= 3          # two answers and the /stats totals
+    assert "tokens/step" in out
+    assert "session: answers 1" in out      # /stats after the first answer
+    assert "conversation cleared" in out
+
+
+def test_chat_reuses_the_cache_and_ends_at_eof(model_path):
+    r = invoke(["chat", "--max-tokens", "12", "--system", "Answer briefly."],
+               input="Name a fruit.\nName another one.\n")
+    assert r.exit_code == 0, r.output
+    summaries = [ln for ln in r.stdout.splitlines() if ln.startswith("[") and "tok/s" in ln]
+    assert len(summaries) == 2
+    assert "(0 reused)" in summaries[0] and "(0 reused)" not in summaries[1]
+
+
+def test_chat_ctrl_c_stops_the_answer_only(model_path, monkeypatch):
+    from edgespec.api import SpecModel
+
+    real_chat = SpecModel.chat
+    calls = []
+
+    def chat(self, messages, **kw):
+        calls.append([dict(m) for m in messages])
+        if len(calls) == 1:  # interrupt the first answer after a few pieces
+            user_cb = kw["on_text"]
+            seen = []
+
+            def on_text(piece):
+                user_cb(piece)
+                seen.append(piece)
+                if len(seen) >= 3:
+                    raise KeyboardInterrupt
+            kw["on_text"] = on_text
+        return real_chat(self, messages, **kw)
+
+    monkeypatch.setattr(SpecModel, "chat", chat)
+    r = invoke(["chat", "--max-tokens", "24"], input="Tell me a long story.\nThanks!\n")
+    assert r.exit_code == 0, r.output
+    assert "answer stopped" in r.stdout
+    assert len(calls) == 2
+    # the partial answer stays in the conversation
+    assert calls[1][1]["role"] == "assistant" and calls[1][1]["content"]
+    assert calls[1][2] == {"role": "user", "content": "Thanks!"}
+    assert r.stdout.count("tok/s") == 1     # the second answer completed
+
+
+# ---------------------------------------------------------------- calibrate
+def test_calibrate(model_path, tmp_path, monkeypatch):
+    # its own cache dir: a re-measurement on a busy test machine must not
+    # replace the user's cached curve
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))
+    r = invoke(["calibrate", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["ts"][0] == 1 and d["rel"][0] == 1.0 and len(d["ts"]) == len(d["rel"]) > 4
+    assert d["meta"]["cache_file"].startswith(str(tmp_path))
+    assert os.path.isfile(d["meta"]["cache_file"])
+
+
+# ---------------------------------------------------------------- bench
+def write_prompts(path, lines):
+    path.write_text("".join((json.dumps(x) if not isinstance(x, str) else x) + "\n" for x in lines))
+    return path
+
+
+PROMPTS = [
+    {"question_id": 1, "category": "copy", "turns": [REPEAT_PROMPT, "second turn is ignored"]},
+    {"question_id": 2, "category": "chat", "turns": ["What is the capital of France?"]},
+]
+
+
+def test_bench_writes_results_and_table(model_path, tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS)
+    out = tmp_path / "results.jsonl"
+    r = invoke(["bench", "--prompts", str(prompts), "--methods", "none,suffix", "--max-tokens", "16",
+                "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    head, rows = lines[0], lines[1:]
+    assert head["kind"] == "header" and head["model"] == model_path
+    for k in ("n_threads", "n_ctx", "llama_cpp_version", "date", "hostname", "cpu", "cost_curve"):
+        assert k in head, k
+    assert len(rows) == 4
+    assert [(x["question_id"], x["method"]) for x in rows] == [(1, "none"), (1, "suffix"), (2, "none"), (2, "suffix")]
+    for x in rows:
+        for k in B.RESULT_FIELDS:
+            assert k in x, k
+        assert x["n_generated"] <= 16 and x["n_steps"] >= 1
+        assert x["identical_to_none"] is True
+    # progress on stderr, tables on stdout
+    assert "[1/2] copy" in r.stderr and "[2/2] chat" in r.stderr
+    for word in ("copy", "chat", "all", "tok/s", "speedup", "identical", "2/2", "1.00x"):
+        assert word in r.stdout, word
+    # the same tables again from the file
+    r2 = invoke(["bench-report", str(out)])
+    assert r2.exit_code == 0, r2.output
+    assert r2.stdout.strip() == r.stdout.strip()
+
+
+def test_bench_llama_cpp_python_methods(model_path, tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS)
+    out = tmp_path / "r.jsonl"
+    r = invoke(["bench", "--prompts", str(prompts), "--category", "chat", "--methods",
+                "none,llama-cpp-python,llama-cpp-python-pld", "--max-tokens", "8", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in out.read_text().splitlines()][1:]
+    assert [x["method"] for x in rows] == ["none", "llama-cpp-python", "llama-cpp-python-pld"]
+    for x in rows[1:]:
+        assert x["n_steps"] is None and x["mean_accepted"] is None
+        assert x["text"] and x["n_generated"] == len(x["tokens"]) >= 1
+        assert isinstance(x["identical_to_none"], bool)
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ([PROMPTS[0], "{not json"], ":2: not valid JSON"),
+    ([PROMPTS[0], {"question_id": 3, "category": "x"}], ":2: needs `turns`"),
+    ([PROMPTS[0], {"question_id": 3, "turns": []}], ":2: needs `turns`"),
+    ([], "no prompts"),
+])
+def test_bench_malformed_prompts(tmp_path, content, fragment):
+    prompts = write_prompts(tmp_path / "bad.jsonl", content)
+    r = invoke(["bench", "--prompts", str(prompts), "--methods", "none", "--out", str(tmp_path / "o.jsonl")])
+    assert_clean_error(r, fragment)
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_bench_input_errors(tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS)
+    assert_clean_error(invoke(["bench", "--prompts", str(tmp_path / "nope.jsonl")]), "not found")
+    assert_clean_error(invoke(["bench", "--prompts", str(prompts), "--methods", "none,medusa"]), "medusa")
+    assert_clean_error(invoke(["bench", "--prompts", str(prompts), "--category", "poetry"]), "poetry")
+    r = invoke(["bench"])
+    assert r.exit_code == 2 and "--prompts" in r.output
+    assert_clean_error(invoke(["bench-report", str(tmp_path / "missing.jsonl")]), "not found")
+
+
+# ---------------------------------------------------------------- report (no model)
+def _row(cat, method, n, dec, steps=None, acc=None, same=None, eng=None):
+    return {"kind": "result", "category": cat, "method": method, "n_generated": n, "decode_s": dec,
+            "n_steps": steps, "mean_accepted": acc, "identical_to_none": same, "engine_s": eng,
+            "decode_call_s": None if eng is None else dec - eng}
+
+
+def test_format_report_arithmetic():
+    rows = [
+        _row("a", "none", 11, 1.0, 10, 1.0, True, 0.01),
+        _row("a", "suffix", 11, 0.5, 5, 2.0, True, 0.02),
+        _row("b", "none", 21, 1.0, 20, 1.0, True, 0.02),
+        _row("b", "suffix", 21, 2.0, 10, 2.0, False, 0.04),
+        _row("b", "llama-cpp-python", 21, 4.0, None, None, True),
+    ]
+    st = B.method_stats([r for r in rows if r["method"] == "suffix"])
+    assert st["tokens_per_s"] == pytest.approx(30 / 2.5)
+    assert st["mean_accepted"] == pytest.approx(2.0)
+    assert (st["identical"], st["n_compared"]) == (1, 2)
+    assert st["engine_ms_per_step"] == pytest.approx(4.0)   # 0.02/5 and 0.04/10 s per step
+    text = B.format_report(rows)
+    lines = text.splitlines()
+    a = lines.index("a (1 prompt)")
+    assert lines[a + 3].split()[:5] == ["none", "10.0", "1.00", "1.00x", "-"]
+    assert lines[a + 4].split()[:5] == ["suffix", "20.0", "2.00", "2.00x", "1/1"]
+    al = lines.index("all (2 prompts)")
+    assert lines[al + 4].split()[:5] == ["suffix", "12.0", "2.00", "0.80x", "1/2"]
+    assert lines[al + 5].split()[:5] == ["llama-cpp-python", "5.0", "-", "0.33x", "1/1"]
+
+
+def test_load_prompts_filters(tmp_path):
+    p = write_prompts(tmp_path / "p.jsonl", PROMPTS + [{"question_id": 9, "category": "chat", "turns": ["Hi"]}, ""])
+    assert [x.question_id for x in B.load_prompts(str(p))] == [1, 2, 9]
+    assert [x.question_id for x in B.load_prompts(str(p), categories=["chat"])] == [2, 9]
+    assert [x.question_id for x in B.load_prompts(str(p), categories=["chat"], limit=1)] == [2]
+    assert B.load_prompts(str(p))[0].turn == REPEAT_PROMPT
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_ci_script_runs_the_readme_test_command():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ci = open(os.path.join(root, ".ci", "run")).read()
+    readme = open(os.path.join(root, "README.md")).read()
+    assert "set -euo pipefail" in ci
+    assert "pip install -e '.[test]'" in ci and "python3 -m pytest -q" in ci
+    assert "pip install -e '.[test]' && python -m pytest -q" in readme
+    assert os.access(os.path.join(root, ".ci", "run"), os.X_OK)
