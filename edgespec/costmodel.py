@@ -178,7 +178,9 @@ class AcceptanceModel:
     Two levels of counts: coarse (source, score bucket) and fine (source, score
     bucket, depth bucket).  The estimate backs off from fine to coarse to the
     drafter's own score:  coarse = (acc + K0 * score) / (n + K0), and
-    fine = (acc + K1 * coarse) / (n + K1).
+    fine = (acc + K1 * coarse) / (n + K1).  The arithmetic runs in
+    kernels/tree.py (plan_step predicts, learn_step counts); this class owns the
+    counts and reports predicted against observed acceptance.
     """
 
     K0 = 4.0
@@ -192,33 +194,6 @@ class AcceptanceModel:
         self.a_f = np.zeros(shape + (N_DEPTH_BUCKETS,))
         # calibration report: predicted vs observed per bucket
         self.pred_sum = np.zeros(shape)
-
-    @staticmethod
-    def _buckets(score, depth):
-        sb = np.minimum((np.asarray(score, np.float64) * N_SCORE_BUCKETS).astype(np.int64), N_SCORE_BUCKETS - 1)
-        db = np.minimum(np.asarray(depth, np.int64) - 1, N_DEPTH_BUCKETS - 1)
-        return np.maximum(sb, 0), np.maximum(db, 0)
-
-    def predict(self, source, score, depth) -> np.ndarray:
-        sb, db = self._buckets(score, depth)
-        src = np.asarray(source, np.int64)
-        score = np.asarray(score, np.float64)
-        coarse = (self.a_c[src, sb] + self.K0 * score) / (self.n_c[src, sb] + self.K0)
-        fine = (self.a_f[src, sb, db] + self.K1 * coarse) / (self.n_f[src, sb, db] + self.K1)
-        return np.clip(fine, 0.0, 0.999)
-
-    def update(self, source, score, depth, tested, accepted, predicted) -> None:
-        tested = np.asarray(tested, np.bool_)
-        if not tested.any():
-            return
-        sb, db = self._buckets(np.asarray(score)[tested], np.asarray(depth)[tested])
-        src = np.asarray(source, np.int64)[tested]
-        acc = np.asarray(accepted, np.float64)[tested]
-        np.add.at(self.n_c, (src, sb), 1.0)
-        np.add.at(self.a_c, (src, sb), acc)
-        np.add.at(self.n_f, (src, sb, db), 1.0)
-        np.add.at(self.a_f, (src, sb, db), acc)
-        np.add.at(self.pred_sum, (src, sb), np.asarray(predicted, np.float64)[tested])
 
     def report(self) -> list[dict]:
         """Rows of (source, score bucket, tested nodes, predicted and observed acceptance)."""

@@ -31,7 +31,7 @@ import numpy as np
 from .backend.llama import SPLIT_KV_FREE_CELLS, LlamaBackend
 from .costmodel import AcceptanceModel, CostCurve
 from .drafters.base import Drafter, StepResult
-from .kernels.tree import first_child_slot, layout_preorder, path_probs, select_by_rate
+from .kernels.tree import first_child_slot, learn_step, plan_step
 from .kernels.tree import warmup as _warmup_tree_kernels
 from .tree import SOURCE_CARRY, DraftTree
 from .verify import SamplingConfig, sample_token
@@ -163,13 +163,6 @@ def _merge_chain(tree: DraftTree, chain: np.ndarray, prob: float) -> DraftTree:
                      np.array(probs, np.float32), np.array(src, np.int8))
 
 
-def _depths(parents: np.ndarray) -> np.ndarray:
-    d = np.empty(len(parents), np.int32)
-    for i, p in enumerate(parents.tolist()):
-        d[i] = 1 if p < 0 else d[p] + 1
-    return d
-
-
 class Engine:
     """Runs requests on one backend with one drafter; keeps the KV cache and the
     acceptance statistics between requests (a chat session)."""
@@ -189,12 +182,24 @@ class Engine:
         self.eog = backend.vocab.eog_mask()
         n = self.config.max_nodes + 1
         self._observes = type(drafter).observe is not Drafter.observe
+        self._m = 0
+        self._alloc(256)
         self._o = np.zeros(n, np.int64)
         self._bp = np.zeros(n, np.int64)
         self._d = np.zeros(n, np.int32)
         self._lf = np.zeros(n, np.int32)
         self._lc = np.zeros(n, np.int32)
         self._sel = np.zeros(n, np.int64)
+        self._spar = np.zeros(n, np.int32)
+
+    def _alloc(self, m: int) -> None:
+        """Per-node scratch arrays, grown to the largest proposal seen."""
+        if m > self._m:
+            self._m = m
+            self._cond = np.zeros(m, np.float64)
+            self._q = np.zeros(m, np.float64)
+            self._nacc = np.zeros(m, np.bool_)
+            self._ntest = np.zeros(m, np.bool_)
 
     # ------------------------------------------------------------------ helpers
     def set_cost(self, cost: CostCurve | None) -> None:
@@ -219,38 +224,19 @@ class Engine:
     def reset(self) -> None:
         self.backend.reset()
 
-    def _choose(self, tree: DraftTree, budget: int):
-        """Gate and lay out: returns (batch draft indices in slot order, bparent, depth,
-        leaf_first, leaf_count, n_leaves, sub-tree arrays) or None for a plain step."""
+    def _choose(self, tree: DraftTree, budget: int) -> tuple[int, int]:
+        """Gate and lay out this step's tree: returns (k draft nodes, n_leaves);
+        k = 0 means a plain one-token step.  Results sit in the scratch arrays."""
         m = len(tree)
         if m == 0 or budget < 2:
-            return None
-        depth = _depths(tree.parents)
-        cond = self.acceptance.predict(tree.source, tree.probs, depth)
-        q = np.empty(m, np.float64)
-        path_probs(tree.parents, cond, q)
-        lim = min(budget, self.config.max_nodes)
-        if self.config.cost_gate:
-            table = self.cost_table_short if self.backend.n_past + 1 <= SPLIT_KV_FREE_CELLS else self.cost_table
-            k = select_by_rate(tree.parents, q, table, self.overhead_rel, lim, self._sel)
-            if k == 0:
-                return None
-            sel = np.sort(self._sel[:k])
-        else:
-            k = min(m, lim - 1)
-            sel = np.arange(k)
-            if k < m:  # keep the k most likely, ancestor-closed
-                sel = np.sort(np.argsort(-q, kind="mergesort")[:k])
-        # re-index parents into the selection
-        remap = np.full(m, -1, np.int64)
-        remap[sel] = np.arange(len(sel))
-        par = tree.parents[sel]
-        spar = np.where(par >= 0, remap[np.maximum(par, 0)], -1).astype(np.int32)
-        if np.any((par >= 0) & (spar < 0)):
-            raise AssertionError("selected draft set is not closed under ancestors")
-        k = len(sel)
-        nl = layout_preorder(spar, q[sel], self._o, self._bp, self._d, self._lf, self._lc)
-        return sel, spar, cond[sel], depth[sel], nl, k
+            return 0, 1
+        self._alloc(m)
+        acc = self.acceptance
+        table = self.cost_table_short if self.backend.n_past + 1 <= SPLIT_KV_FREE_CELLS else self.cost_table
+        return plan_step(tree.parents, tree.probs, tree.source, acc.n_c, acc.a_c, acc.n_f, acc.a_f,
+                         acc.K0, acc.K1, table, self.overhead_rel, min(budget, self.config.max_nodes),
+                         self.config.cost_gate, self._cond, self._q, self._sel, self._spar, self._o,
+                         self._bp, self._d, self._lf, self._lc)
 
     # --------------------------------------------------------------------- run
     def run(self, prompt: np.ndarray, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
@@ -337,21 +323,19 @@ class Engine:
                 if len(carry):
                     tree = _merge_chain(tree, carry, self.config.carry_prob)
                     carry = np.zeros(0, np.int32)
-                plan = self._choose(tree, budget)
-                if plan is None:
+                k, nl = self._choose(tree, budget)
+                bparent = self._bp
+                nb = k + 1
+                if k == 0:
                     btok = np.array([pending], np.int32)
-                    nb, nl = 1, 1
-                    bparent = self._bp
                     bparent[0] = -1
                     self._d[0] = 0; self._lf[0] = 0; self._lc[0] = 1
                 else:
-                    sel, spar, cond, sdepth, nl, k = plan
-                    nb = k + 1
+                    sel = self._sel[:k]
                     order = self._o[:nb]
                     btok = np.empty(nb, np.int32)
                     btok[0] = pending
-                    btok[1:] = tree.tokens[sel][order[1:]]
-                    bparent = self._bp
+                    btok[1:] = tree.tokens[sel[order[1:]]]
                 t0 = time.perf_counter()
                 be.decode_tree(btok, self._d[:nb], self._lf[:nb], self._lc[:nb], nl)
                 logits = be.logits()
@@ -367,7 +351,7 @@ class Engine:
                     u = rng.random() if rng is not None else 0.0
                     tok = sample_token(logits[slot], sampling, u)
                     accepted.append(tok)
-                    c = first_child_slot(bparent, nb, slot, tok, btok) if nb > 1 else -1
+                    c = first_child_slot(bparent, nb, slot, tok, btok) if k else -1
                     if c < 0:
                         break
                     if c != slot + 1:
@@ -390,20 +374,14 @@ class Engine:
                     n_carried += 1
 
                 # ---- learn
-                if plan is not None:
+                if k:
                     n_draft_steps += 1
-                    n_draft_nodes += nb - 1
+                    n_draft_nodes += k
                     n_draft_accepted += slot
-                    on_path = np.zeros(nb, np.bool_)
-                    on_path[:slot + 1] = True
-                    if carried is not None:
-                        on_path[carried[0]] = True
-                    par_slot = bparent[1:nb]
-                    tested = on_path[par_slot]
-                    acc = on_path[1:nb]
-                    nodes = sel[order[1:]]
-                    self.acceptance.update(tree.source[nodes], tree.probs[nodes], sdepth[order[1:]],
-                                           tested, acc, cond[order[1:]])
+                    acc = self.acceptance
+                    learn_step(nb, bparent, order, sel, tree.probs, tree.source, self._cond, self._d,
+                               slot, carried[0] if carried is not None else -1,
+                               acc.n_c, acc.a_c, acc.n_f, acc.a_f, acc.pred_sum, self._nacc, self._ntest)
                 # ---- commit: every accepted token enters the context (its KV cell may
                 # already be kept), emission stops at EOG / stop string / max_tokens
                 na = len(accepted)
@@ -415,14 +393,11 @@ class Engine:
                         break
                 pending = accepted[-1]
                 if self._observes:
-                    if plan is None:
+                    if k == 0:
                         proposed, nacc, ntest = DraftTree.empty(), np.zeros(0, np.bool_), np.zeros(0, np.bool_)
                     else:
-                        proposed = DraftTree(tree.tokens[sel], spar, tree.probs[sel], tree.source[sel])
-                        nacc = np.zeros(len(sel), np.bool_)
-                        ntest = np.zeros(len(sel), np.bool_)
-                        nacc[order[1:]] = acc
-                        ntest[order[1:]] = tested
+                        proposed = DraftTree(tree.tokens[sel], self._spar[:k], tree.probs[sel], tree.source[sel])
+                        nacc, ntest = self._nacc[:k].copy(), self._ntest[:k].copy()
                     self.drafter.observe(StepResult(ctx[:n], np.asarray(accepted, np.int32), proposed, nacc, ntest))
                 d = out.delta()
                 step_other = (time.perf_counter() - t_step) - (t1 - t0)

@@ -54,8 +54,8 @@ class DraftTree:
 
     @staticmethod
     def empty() -> "DraftTree":
-        z = np.zeros(0, dtype=np.int32)
-        return DraftTree(z, z, np.zeros(0, np.float32), np.zeros(0, np.int8))
+        """The empty proposal (one shared instance: treat it as read-only)."""
+        return _EMPTY
 
     @staticmethod
     def chain(tokens, prob: float = 0.5, source: int = SOURCE_CONTEXT) -> "DraftTree":
@@ -78,3 +78,6 @@ class DraftTree:
             if (p, t) in seen:
                 raise ValueError(f"two siblings under parent {p} carry token {t}")
             seen.add((p, t))
+
+
+_EMPTY = DraftTree(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.int8))

@@ -159,13 +159,15 @@ def test_full_context_stops_with_length(model):
         toks = small.prompt_tokens("Repeat the word cat twenty times: cat cat cat cat")
         ref = small.generate(toks, max_tokens=500, drafter="none")
         assert ref.stop_reason == "length"
-        assert len(toks) + ref.n_generated <= 96 + 1
+        n_ctx = small.backend.n_ctx      # llama.cpp may round the request up
+        assert len(toks) + ref.n_generated <= n_ctx + 1
+        assert len(toks) + ref.n_generated >= n_ctx - 1
         drafter = make_drafter("suffix")
         eng = Engine(small.backend, drafter, small.cost, EngineConfig(max_nodes=32, cost_gate=False))
         res = _drain(eng.run(toks, max_tokens=500))
         assert res.tokens == ref.tokens and res.stop_reason == "length"
         with pytest.raises(ValueError, match="does not fit the context"):
-            small.generate("word " * 200, max_tokens=5)
+            small.generate("word " * (small.backend.n_ctx + 10), max_tokens=5)
     finally:
         small.close()
 

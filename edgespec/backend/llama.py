@@ -97,6 +97,7 @@ class Vocab:
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.ptr))
         self._eog = None
         self._pieces: list[bytes] | None = None
+        self._piece_cache: dict[int, bytes] = {}
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
         data = text.encode("utf-8")
@@ -112,6 +113,14 @@ class Vocab:
         return np.ctypeslib.as_array(buf)[:n].astype(np.int32).copy()
 
     def piece(self, token: int, special: bool = False) -> bytes:
+        if not special:
+            p = self._piece_cache.get(token)
+            if p is None:
+                p = self._piece_cache[token] = self._piece(token, False)
+            return p
+        return self._piece(token, special)
+
+    def _piece(self, token: int, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(64)
         n = L.llama_token_to_piece(self.ptr, int(token), buf, 64, 0, special)
         if n < 0:
@@ -235,6 +244,8 @@ class LlamaBackend:
         self.n_past = 0           # committed tokens in seq 0
         self.kv_tokens = np.zeros(0, np.int32)  # their ids (kept by the engine)
         self.n_outputs = 0        # rows of logits from the last decode
+        self._logits_addr = None
+        self._logits_view = None
 
     # ------------------------------------------------------------------ basics
     def close(self) -> None:
@@ -343,7 +354,12 @@ class LlamaBackend:
         """float32 view [n_outputs, n_vocab] of the last decode's logits (no copy;
         valid until the next decode)."""
         ptr = L.llama_get_logits(self.ctx)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_outputs, self.n_vocab))
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value
+        if addr != self._logits_addr:   # the output buffer moved: rebuild the view
+            buf = (ctypes.c_float * (self.max_nodes * self.n_vocab)).from_address(addr)
+            self._logits_view = np.frombuffer(buf, dtype=np.float32).reshape(self.max_nodes, self.n_vocab)
+            self._logits_addr = addr
+        return self._logits_view[:self.n_outputs]
 
     def keep(self, k: int) -> None:
         """After decode_tree: commit the first k slots (a seq-0 chain from the root)

@@ -163,3 +163,113 @@ def warmup() -> None:
     lf = np.zeros(4, np.int32); lc = np.zeros(4, np.int32)
     layout_preorder(parents, q, o, bp, d, lf, lc)
     first_child_slot(bp, 4, 0, 5, np.zeros(4, np.int32))
+    n_c = np.zeros((5, 10)); n_f = np.zeros((5, 10, 4))
+    src = np.zeros(3, np.int8)
+    spar = np.zeros(3, np.int32)
+    k, nl = plan_step(parents, cond, src, n_c, n_c.copy(), n_f, n_f.copy(), 4.0, 8.0, cost, 0.01, 4, True,
+                      np.zeros(3), np.zeros(3), sel, spar, o, bp, d, lf, lc)
+    plan_step(parents, cond, src, n_c, n_c.copy(), n_f, n_f.copy(), 4.0, 8.0, cost, 0.01, 4, False,
+              np.zeros(3), np.zeros(3), sel, spar, o, bp, d, lf, lc)
+    learn_step(4, bp, o, sel, cond, src, np.zeros(3), d, 1, -1, n_c, n_c.copy(), n_f, n_f.copy(), n_c.copy(),
+               np.zeros(3, np.bool_), np.zeros(3, np.bool_))
+
+
+@njit(cache=True)
+def plan_step(parents, probs, source, n_c, a_c, n_f, a_f, k0, k1, cost, overhead, lim, gate,
+              out_cond, out_q, out_sel, out_spar, out_order, out_bparent, out_depth,
+              out_leaf_first, out_leaf_count):
+    """One step's gate and layout in a single call (see select_by_rate and
+    layout_preorder for the rules).
+
+    Calibrates each draft node's score into P(accepted | parent accepted) with the
+    acceptance counts (coarse: source x score bucket; fine: x depth bucket;
+    estimate = (accepted + k * prior) / (tested + k), the prior being the
+    drafter's score for the coarse level and the coarse estimate for the fine
+    one), multiplies along paths, picks the subtree to verify (gate: best
+    expected tokens per unit of cost; no gate: the lim-1 likeliest nodes), and
+    lays it out.  Returns (k, n_leaves): k = 0 means a plain one-token step.
+    out_sel[:k] are the chosen node indices (ascending), out_spar their parents
+    re-indexed into the selection; the layout arrays cover k+1 slots, with
+    out_order[s] an index into the selection.
+    """
+    m = parents.shape[0]
+    nsb = n_c.shape[1]
+    ndb = n_f.shape[2]
+    depth = np.empty(m, np.int64)
+    for i in range(m):
+        p = parents[i]
+        depth[i] = 1 if p < 0 else depth[p] + 1
+        sc = probs[i]
+        sb = min(max(int(sc * nsb), 0), nsb - 1)
+        db = min(depth[i] - 1, ndb - 1)
+        s = source[i]
+        coarse = (a_c[s, sb] + k0 * sc) / (n_c[s, sb] + k0)
+        fine = (a_f[s, sb, db] + k1 * coarse) / (n_f[s, sb, db] + k1)
+        fine = min(max(fine, 0.0), 0.999)
+        out_cond[i] = fine
+        out_q[i] = fine if p < 0 else out_q[p] * fine
+    if m == 0 or lim < 2:
+        return 0, 1
+    if gate:
+        k = select_by_rate(parents, out_q, cost, overhead, lim, out_sel)
+    else:
+        k = min(m, lim - 1)
+        order = np.argsort(-out_q[:m], kind="mergesort")
+        for j in range(k):
+            out_sel[j] = order[j]
+    if k == 0:
+        return 0, 1
+    sel = np.sort(out_sel[:k])
+    remap = np.full(m, -1, np.int64)
+    for j in range(k):
+        out_sel[j] = sel[j]
+        remap[sel[j]] = j
+    qs = np.empty(k, np.float64)
+    for j in range(k):
+        p = parents[sel[j]]
+        out_spar[j] = -1 if p < 0 else remap[p]
+        qs[j] = out_q[sel[j]]
+    nl = layout_preorder(out_spar[:k], qs, out_order, out_bparent, out_depth, out_leaf_first, out_leaf_count)
+    return k, nl
+
+
+@njit(cache=True)
+def learn_step(nb, bparent, order, sel, probs, source, cond, depth, path_end, carry_slot,
+               n_c, a_c, n_f, a_f, pred_sum, out_acc, out_tested):
+    """Update the acceptance counts after a verification step.
+
+    Slots 0..path_end are the committed chain; carry_slot (or -1) is the accepted
+    child that sat after a rejected sibling.  A draft slot was *tested* when its
+    parent slot was on the accepted path, and *accepted* when it is on it.
+    out_acc / out_tested are indexed by selection position (order[s])."""
+    nsb = n_c.shape[1]
+    ndb = n_f.shape[2]
+    on = np.zeros(nb, np.bool_)
+    for s in range(path_end + 1):
+        on[s] = True
+    if carry_slot >= 0:
+        on[carry_slot] = True
+    for s in range(1, nb):
+        j = order[s]
+        i = sel[j]
+        tested = on[bparent[s]]
+        acc = on[s]
+        out_acc[j] = acc
+        out_tested[j] = tested
+        if not tested:
+            continue
+        sc = probs[i]
+        sb = min(max(int(sc * nsb), 0), nsb - 1)
+        d = 1
+        t = bparent[s]
+        while t > 0:
+            d += 1
+            t = bparent[t]
+        db = min(d - 1, ndb - 1)
+        src = source[i]
+        n_c[src, sb] += 1.0
+        n_f[src, sb, db] += 1.0
+        pred_sum[src, sb] += cond[i]
+        if acc:
+            a_c[src, sb] += 1.0
+            a_f[src, sb, db] += 1.0
