@@ -9,7 +9,8 @@ results file records whether it did.
 Methods
   none, suffix, ...        edgespec engines (`model.generate(..., drafter=name)`)
   llama-cpp-python         llama_cpp.Llama.create_chat_completion, streamed
-  llama-cpp-python-pld     the same with LlamaPromptLookupDecoding (its defaults)
+  llama-cpp-python-pld     the same with LlamaPromptLookupDecoding (its defaults;
+                           logits_all=True, which its draft path needs anyway)
 
 Results file (JSON lines)
   line 1: {"kind": "header", ...}   model path, threads, context, llama_cpp
@@ -131,6 +132,11 @@ class _LlamaRunner:
         if pld:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
             kw["draft_model"] = LlamaPromptLookupDecoding()
+            # With a draft model, Llama keeps logits of every token (it forces
+            # logits_all internally) but sizes its scores buffer from the
+            # logits_all argument: without it any prompt longer than n_batch
+            # fails with a numpy broadcast error (llama-cpp-python 0.3.36).
+            kw["logits_all"] = True
         self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
                                    n_batch=512, n_gpu_layers=n_gpu_layers, verbose=False, **kw)
 
@@ -394,10 +400,9 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
                    f"llama_cpp {head.get('llama_cpp_version')}, {head.get('date')}")
         out.append(f"max_tokens {head.get('max_tokens')}, greedy decoding")
         out.append("")
-    if len(cats) > 1:
-        for c in cats:
-            out += _table(c, [r for r in results if r["category"] == c], methods)
-            out.append("")
+    for c in cats:
+        out += _table(c, [r for r in results if r["category"] == c], methods)
+        out.append("")
     out += _table("all", results, methods)
     return "\n".join(out)
 

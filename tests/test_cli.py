@@ -250,13 +250,18 @@ def test_bench_writes_results_and_table(model_path, tmp_path):
 
 
 def test_bench_llama_cpp_python_methods(model_path, tmp_path):
-    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS)
+    # a prompt longer than n_batch (512): llama-cpp-python's prompt lookup needs
+    # logits_all=True for it
+    long = {"question_id": 3, "category": "long",
+            "turns": ["Summarize in one sentence: " + "The cat sat on the mat and looked at the dog. " * 50]}
+    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS + [long])
     out = tmp_path / "r.jsonl"
-    r = invoke(["bench", "--prompts", str(prompts), "--category", "chat", "--methods",
+    r = invoke(["bench", "--prompts", str(prompts), "--category", "long", "--methods",
                 "none,llama-cpp-python,llama-cpp-python-pld", "--max-tokens", "8", "--out", str(out)])
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in out.read_text().splitlines()][1:]
     assert [x["method"] for x in rows] == ["none", "llama-cpp-python", "llama-cpp-python-pld"]
+    assert rows[0]["n_prompt_tokens"] > 512
     for x in rows[1:]:
         assert x["n_steps"] is None and x["mean_accepted"] is None
         assert x["text"] and x["n_generated"] == len(x["tokens"]) >= 1
