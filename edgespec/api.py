@@ -51,7 +51,7 @@ class SpecModel:
         self.cost: CostCurve | None = None
         if calibrate:
             self.cost = self.calibrate(progress=progress)
-        self.config = EngineConfig(max_nodes=max_nodes, cost_gate=cost_gate)
+        self.config = EngineConfig(max_nodes=min(max_nodes, self.backend.max_nodes), cost_gate=cost_gate)
         self._engines: dict = {}
         self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
         self.engine = self._engine_for(drafter)

@@ -26,6 +26,7 @@ the end.  Decode speed is (n_generated - 1) / decode_s.
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import json
 import os
 import platform
@@ -137,8 +138,14 @@ class _LlamaRunner:
             # logits_all argument: without it any prompt longer than n_batch
             # fails with a numpy broadcast error (llama-cpp-python 0.3.36).
             kw["logits_all"] = True
-        self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                                   n_batch=512, n_gpu_layers=n_gpu_layers, verbose=False, **kw)
+        # llama-cpp-python as users get it: its own thread defaults (n_threads =
+        # cores // 2 for single-token decoding, n_threads_batch = cores), unless
+        # the bench was given --threads.
+        if n_threads:
+            kw["n_threads"] = kw["n_threads_batch"] = n_threads
+        self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=512, n_gpu_layers=n_gpu_layers,
+                                   verbose=False, **kw)
+        self.threads = (self.llm.context_params.n_threads, self.llm.context_params.n_threads_batch)
 
     def run(self, turn: str, max_tokens: int) -> dict:
         pieces: list[str] = []
@@ -189,6 +196,11 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "edgespec_version": __version__,
         "model": model.model_path,
         "n_threads": be.n_threads,
+        "exact": be.exact,
+        "single_token_threads": (f"{be.n_threads} up to 256 KV cells, then 1 (exact mode)" if be.exact
+                                 else str(be.n_threads)),
+        "llama_cpp_python_threads": {"n_threads": max(multiprocessing.cpu_count() // 2, 1),
+                                     "n_threads_batch": multiprocessing.cpu_count()},
         "n_ctx": be.n_ctx,
         "n_gpu_layers": be.n_gpu_layers,
         "max_nodes": model.config.max_nodes,
@@ -223,7 +235,7 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
 
     def llama_runner(m: str) -> _LlamaRunner:
         if m not in runners:
-            runners[m] = _LlamaRunner(model.model_path, be.n_ctx, be.n_threads, be.n_gpu_layers,
+            runners[m] = _LlamaRunner(model.model_path, be.n_ctx, None, be.n_gpu_layers,
                                       pld=(m == "llama-cpp-python-pld"))
         return runners[m]
 

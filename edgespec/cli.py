@@ -391,3 +391,4 @@ def bench_report(results_file):
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+

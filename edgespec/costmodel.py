@@ -106,6 +106,7 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefix: int = 300, reps: int = 5,
     """Time decodes of T tokens (chains, logits at every token) after a prefix of
     `prefix` tokens; the median of `reps` repetitions per T, interleaved so that
     machine noise spreads over all sizes."""
+    prefix = max(1, min(prefix, backend.n_ctx - max(ts) - 2, backend.n_ctx // 2))
     ts = [t for t in ts if t <= backend.max_nodes and backend.n_ctx > prefix + t + 1]
     rng = np.random.default_rng(0)
     backend.reset()
@@ -128,7 +129,7 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefix: int = 300, reps: int = 5,
             progress(r, reps)
     # single tokens within the first 256 cells
     backend.reset()
-    backend.prefill(pre[:100], want_last_logits=False)
+    backend.prefill(pre[:min(100, prefix)], want_last_logits=False)
     short = []
     for r in range(3 * reps + 1):
         t0 = time.perf_counter()

@@ -211,10 +211,15 @@ class LlamaBackend:
             self.model = None
             raise BackendError(f"llama.cpp could not create a context (n_ctx={n_ctx}): {_recent_errors()}")
         self.n_ctx = int(L.llama_n_ctx(self.ctx))
+        # llama.cpp caps the batch at the context it was asked for (n_ctx may be
+        # rounded up); feed it no more than that, or it aborts the process
+        self.n_batch = int(L.llama_n_batch(self.ctx))
+        if self.n_batch < max_nodes:
+            self.max_nodes = max_nodes = self.n_batch
         self.mem = L.llama_get_memory(self.ctx)
 
         # One batch, owned by numpy.  seq_id rows are one contiguous matrix.
-        nb, S = self.n_batch, max(1, max_leaves)
+        nb, S = max(self.n_batch, max_nodes), max(1, max_leaves)
         self._tok = np.zeros(nb, np.int32)
         self._pos = np.zeros(nb, np.int32)
         self._nseq = np.ones(nb, np.int32)
