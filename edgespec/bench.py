@@ -183,7 +183,7 @@ class _LlamaRunner:
 
 
 def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | None,
-           n_prompts: int) -> dict:
+           n_prompts: int, llama_threads: int | None = None) -> dict:
     """Machine and settings metadata: the first line of a results file."""
     import llama_cpp
 
@@ -199,8 +199,10 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "exact": be.exact,
         "single_token_threads": (f"{be.n_threads} up to 256 KV cells, then 1 (exact mode)" if be.exact
                                  else str(be.n_threads)),
-        "llama_cpp_python_threads": {"n_threads": max(multiprocessing.cpu_count() // 2, 1),
-                                     "n_threads_batch": multiprocessing.cpu_count()},
+        "llama_cpp_python_threads": ({"n_threads": llama_threads, "n_threads_batch": llama_threads}
+                                     if llama_threads else
+                                     {"n_threads": max(multiprocessing.cpu_count() // 2, 1),
+                                      "n_threads_batch": multiprocessing.cpu_count()}),
         "n_ctx": be.n_ctx,
         "n_gpu_layers": be.n_gpu_layers,
         "max_nodes": model.config.max_nodes,
@@ -222,10 +224,12 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
 
 def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, max_tokens: int = 128,
               out_path: str | None = None, prompts_file: str | None = None,
-              progress: Callable[[str], None] | None = None) -> tuple[dict, list[dict]]:
+              progress: Callable[[str], None] | None = None,
+              llama_threads: int | None = None) -> tuple[dict, list[dict]]:
     """Run every method on every prompt with `model` (a SpecModel); return the
     header and the result dicts, writing them as JSON lines to `out_path` as
-    they come (a run stopped half-way keeps what it finished)."""
+    they come (a run stopped half-way keeps what it finished).  llama_threads:
+    threads for the llama-cpp-python methods (None = that library's defaults)."""
     if max_tokens < 1:
         raise BenchError("max_tokens must be >= 1")
     methods = parse_methods(methods)
@@ -235,7 +239,7 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
 
     def llama_runner(m: str) -> _LlamaRunner:
         if m not in runners:
-            runners[m] = _LlamaRunner(model.model_path, be.n_ctx, None, be.n_gpu_layers,
+            runners[m] = _LlamaRunner(model.model_path, be.n_ctx, llama_threads, be.n_gpu_layers,
                                       pld=(m == "llama-cpp-python-pld"))
         return runners[m]
 
@@ -247,7 +251,7 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
             r["tokens"] = [int(t) for t in r["tokens"]]
         return r
 
-    head = header(model, methods, max_tokens, prompts_file, len(prompts))
+    head = header(model, methods, max_tokens, prompts_file, len(prompts), llama_threads)
     out = None
     try:
         if out_path:

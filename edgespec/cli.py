@@ -371,6 +371,7 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, out_path, c
                    f"{m.backend.n_threads} threads -> {out_path}", err=True)
         with user_errors():
             head, results = B.run_bench(m, prompts, method_list, max_tokens=max_tokens, out_path=out_path,
+                                        llama_threads=threads,
                                         prompts_file=prompts_file, progress=B.stderr_progress)
     finally:
         m.close()

@@ -201,3 +201,23 @@ def test_interrupted_generation_leaves_consistent_cache(model):
     assert len(eng.kv_tokens) == model.backend.n_past
     r = model.generate(toks, max_tokens=48, drafter="suffix", reuse_prefix=True)
     assert r.tokens == ref.tokens
+
+
+def test_plan_step_ignores_stale_scratch_entries():
+    """Regression: the gate once ranked the whole scratch buffer, so a small tree
+    after a large one could select node indices beyond the tree."""
+    from edgespec.kernels.tree import plan_step
+    n_c = np.zeros((5, 10)); n_f = np.zeros((5, 10, 4))
+    cost = 1.0 + 0.01 * np.arange(40, dtype=np.float64)   # a flat, GPU-like curve: take all
+    cost[0] = 0.0
+    cond = np.zeros(64); q = np.zeros(64)
+    q[:] = 0.99                                     # stale, better than any real node
+    sel = np.zeros(33, np.int64); spar = np.zeros(33, np.int32)
+    o = np.zeros(33, np.int64); bp = np.zeros(33, np.int64); d = np.zeros(33, np.int32)
+    lf = np.zeros(33, np.int32); lc = np.zeros(33, np.int32)
+    parents = np.array([-1, 0, 1], np.int32)        # a chain of three
+    probs = np.array([0.5, 0.5, 0.5], np.float32)
+    k, nl = plan_step(parents, probs, np.zeros(3, np.int8), n_c, n_c.copy(), n_f, n_f.copy(), 4.0, 8.0,
+                      cost, 0.0, 16, True, cond, q, sel, spar, o, bp, d, lf, lc)
+    assert k == 3 and sorted(sel[:k]) == [0, 1, 2]
+    assert list(spar[:3]) == [-1, 0, 1] and nl == 1

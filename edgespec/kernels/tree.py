@@ -211,7 +211,7 @@ def plan_step(parents, probs, source, n_c, a_c, n_f, a_f, k0, k1, cost, overhead
     if m == 0 or lim < 2:
         return 0, 1
     if gate:
-        k = select_by_rate(parents, out_q, cost, overhead, lim, out_sel)
+        k = select_by_rate(parents, out_q[:m], cost, overhead, lim, out_sel)
     else:
         k = min(m, lim - 1)
         order = np.argsort(-out_q[:m], kind="mergesort")
