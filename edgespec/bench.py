@@ -56,6 +56,21 @@ class BenchPrompt:
     turn: str          # the first turn, sent as one user message
 
 
+def _json_objects(path: str, lines):
+    """(line number, dict) for each non-blank line; a line that is not a JSON
+    object is an error naming it."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BenchError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise BenchError(f"{path}:{lineno}: expected a JSON object")
+        yield lineno, rec
+
+
 def load_prompts(path: str, categories: Sequence[str] | None = None,
                  limit: int | None = None) -> list[BenchPrompt]:
     """Read a JSON-lines prompts file (fields question_id, category, turns).
@@ -72,15 +87,7 @@ def load_prompts(path: str, categories: Sequence[str] | None = None,
             lines = f.readlines()
     except (OSError, UnicodeDecodeError) as e:
         raise BenchError(f"cannot read prompts file {path}: {e}") from None
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BenchError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise BenchError(f"{path}:{lineno}: expected a JSON object")
+    for lineno, rec in _json_objects(path, lines):
         turns = rec.get("turns")
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0]:
             raise BenchError(f"{path}:{lineno}: needs `turns`, a list whose first item is a non-empty string")
@@ -314,15 +321,7 @@ def read_results(path: str) -> tuple[dict | None, list[dict]]:
         raise BenchError(f"results file not found: {path}")
     head, results = None, []
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BenchError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise BenchError(f"{path}:{lineno}: expected a JSON object")
+        for lineno, rec in _json_objects(path, f):
             if rec.get("kind") == "header":
                 head = rec
                 continue
