@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import codecs
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -255,7 +255,6 @@ class Engine:
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         rng = np.random.default_rng(sampling.seed) if not sampling.greedy else None
-        greedy = sampling.greedy
 
         t_start = time.perf_counter()
         n_common = 0
@@ -407,7 +406,6 @@ class Engine:
                     yield d
         except BaseException:
             be.rollback()
-            self.kv_tokens = ctx[:be.n_past].copy()
             raise
         finally:
             self.kv_tokens = ctx[:be.n_past].copy()

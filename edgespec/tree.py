@@ -57,14 +57,6 @@ class DraftTree:
         """The empty proposal (one shared instance: treat it as read-only)."""
         return _EMPTY
 
-    @staticmethod
-    def chain(tokens, prob: float = 0.5, source: int = SOURCE_CONTEXT) -> "DraftTree":
-        """A single path root -> tokens[0] -> tokens[1] -> ..."""
-        t = np.asarray(tokens, dtype=np.int32)
-        m = len(t)
-        return DraftTree(t, np.arange(-1, m - 1, dtype=np.int32),
-                         np.full(m, prob, np.float32), np.full(m, source, np.int8))
-
     def validate(self, n_vocab: int | None = None) -> None:
         """Raise ValueError if the arrays break the invariants in the module doc."""
         m = len(self.tokens)

@@ -96,7 +96,6 @@ class Vocab:
         self.n_vocab = int(L.llama_vocab_n_tokens(self.ptr))
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.ptr))
         self._eog = None
-        self._pieces: list[bytes] | None = None
         self._piece_cache: dict[int, bytes] = {}
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
@@ -127,12 +126,6 @@ class Vocab:
             buf = ctypes.create_string_buffer(-n)
             n = L.llama_token_to_piece(self.ptr, int(token), buf, -n, 0, special)
         return buf.raw[:n]
-
-    def pieces(self) -> list[bytes]:
-        """Byte piece of every token (cached)."""
-        if self._pieces is None:
-            self._pieces = [self.piece(t) for t in range(self.n_vocab)]
-        return self._pieces
 
     def detokenize(self, tokens) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")

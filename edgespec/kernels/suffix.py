@@ -157,20 +157,10 @@ def build_continuation_tree(tokens, n, ends, lens, n_matches, max_depth, max_nod
 
     Returns the number of nodes written.
     """
-    if n > tokens.shape[0]:
-        n = tokens.shape[0]
-    if n_matches > ends.shape[0]:
-        n_matches = ends.shape[0]
-    if n_matches > lens.shape[0]:
-        n_matches = lens.shape[0]
-    if max_nodes > out_tokens.shape[0]:
-        max_nodes = out_tokens.shape[0]
-    if max_nodes > out_parents.shape[0]:
-        max_nodes = out_parents.shape[0]
-    if max_nodes > out_probs.shape[0]:
-        max_nodes = out_probs.shape[0]
-    if max_nodes > out_mlen.shape[0]:
-        max_nodes = out_mlen.shape[0]
+    n = min(n, tokens.shape[0])
+    n_matches = min(n_matches, ends.shape[0], lens.shape[0])
+    max_nodes = min(max_nodes, out_tokens.shape[0], out_parents.shape[0],
+                    out_probs.shape[0], out_mlen.shape[0])
     if n_matches <= 0 or max_depth <= 0 or max_nodes <= 0:
         return 0
 

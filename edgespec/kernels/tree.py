@@ -6,22 +6,6 @@ from numba import njit
 
 
 @njit(cache=True)
-def path_probs(parents, cond, out_q):
-    """out_q[i] = product of cond[] from node i up to the root.
-
-    parents[i] < i (or -1 for a child of the root), so one forward pass suffices.
-    out_q[i] is the probability that node i lies on the accepted path when
-    cond[i] is P(i accepted | parent accepted)."""
-    m = parents.shape[0]
-    for i in range(m):
-        p = parents[i]
-        if p < 0:
-            out_q[i] = cond[i]
-        else:
-            out_q[i] = out_q[p] * cond[i]
-
-
-@njit(cache=True)
 def select_by_rate(parents, q, cost, overhead, max_nodes, out_sel):
     """Choose how many draft nodes to verify this step.
 
@@ -154,8 +138,7 @@ def first_child_slot(bparent, n, slot, token, tokens):
 def warmup() -> None:
     parents = np.array([-1, 0, -1], np.int32)
     cond = np.array([0.9, 0.5, 0.3], np.float32)
-    q = np.zeros(3, np.float64)
-    path_probs(parents, cond, q)
+    q = np.array([0.9, 0.45, 0.3], np.float64)
     cost = np.array([0.0, 1.0, 1.8, 2.9, 4.0], np.float64)
     sel = np.zeros(3, np.int64)
     select_by_rate(parents, q, cost, 0.01, 8, sel)
@@ -238,7 +221,8 @@ def learn_step(nb, bparent, order, sel, probs, source, cond, depth, path_end, ca
                n_c, a_c, n_f, a_f, pred_sum, out_acc, out_tested):
     """Update the acceptance counts after a verification step.
 
-    Slots 0..path_end are the committed chain; carry_slot (or -1) is the accepted
+    depth[s] is slot s's depth (the layout's out_depth).  Slots 0..path_end are
+    the committed chain; carry_slot (or -1) is the accepted
     child that sat after a rejected sibling.  A draft slot was *tested* when its
     parent slot was on the accepted path, and *accepted* when it is on it.
     out_acc / out_tested are indexed by selection position (order[s])."""
@@ -260,12 +244,7 @@ def learn_step(nb, bparent, order, sel, probs, source, cond, depth, path_end, ca
             continue
         sc = probs[i]
         sb = min(max(int(sc * nsb), 0), nsb - 1)
-        d = 1
-        t = bparent[s]
-        while t > 0:
-            d += 1
-            t = bparent[t]
-        db = min(d - 1, ndb - 1)
+        db = min(depth[s] - 1, ndb - 1)
         src = source[i]
         n_c[src, sb] += 1.0
         n_f[src, sb, db] += 1.0
