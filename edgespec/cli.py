@@ -12,7 +12,7 @@ import json
 
 import click
 
-DRAFTERS = ("none", "suffix")
+from .drafters import NAMES as DRAFTERS
 CHAT_COMMANDS = {
     "/stats": "acceptance report and totals of this session",
     "/reset": "forget the conversation",
@@ -48,13 +48,20 @@ def _calibration_note():
 
 
 def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=None, max_nodes=32,
-               gate=True, calibrate=True):
+               gate=True, calibrate=True, corpora=()):
     from .api import SpecModel
 
     with user_errors():
         return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                          max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
-                         progress=_calibration_note())
+                         progress=_calibration_note(), corpora=corpora)
+
+
+def corpus_option(f):
+    """--corpus FILE (repeatable)."""
+    return click.option("--corpus", "corpora", multiple=True, type=click.Path(dir_okay=False),
+                        help="A compiled corpus (edgespec build-corpus) for the drafters that use one "
+                             "(suffix, trigram, adjacency); repeatable.")(f)
 
 
 def backend_options(f):
@@ -87,7 +94,7 @@ def generation_options(f):
                                                      "only those the cost gate expects to pay; for studies."),
         click.option("--stop", multiple=True, help="Stop string (repeatable)."),
     ]
-    f = backend_options(f)
+    f = corpus_option(backend_options(f))
     for o in reversed(opts):
         f = o(f)
     return f
@@ -174,7 +181,7 @@ def main():
 @click.option("--stats", is_flag=True, help="After the text, print speed, step and acceptance statistics to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the text and every statistic.")
 def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate,
-             stop, ctx, n_gpu_layers, threads, raw, stats, as_json):
+             stop, ctx, n_gpu_layers, threads, corpora, raw, stats, as_json):
     """Generate an answer to PROMPT (`-` reads it from stdin).
 
     The prompt is wrapped as one user message in the model's chat template
@@ -194,7 +201,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
         raise click.UsageError("the prompt is empty")
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
     model = load_model(model_path, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
-                       max_nodes=max_nodes, gate=not no_gate)
+                       max_nodes=max_nodes, gate=not no_gate, corpora=corpora)
     try:
         with user_errors():
             result = model.generate(prompt, max_tokens=max_tokens, sampling=sampling, stop=list(stop), raw=raw,
@@ -204,6 +211,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
             d["model"] = model.model_path
             d["max_tokens"] = max_tokens
             d["cost_gate"] = not no_gate
+            d["corpora"] = list(corpora)
             click.echo(json.dumps(d, default=_json_default))
         else:
             click.echo()
@@ -219,7 +227,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
 @generation_options
 @click.option("--system", default=None, help="A system message that opens the conversation.")
 def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate,
-         stop, ctx, n_gpu_layers, threads, system):
+         stop, ctx, n_gpu_layers, threads, corpora, system):
     """Chat with MODEL in the terminal.
 
     Each turn reuses the KV cache of the earlier ones.  Commands: /stats, /reset,
@@ -227,7 +235,7 @@ def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max
     """
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
     m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
-                   max_nodes=max_nodes, gate=not no_gate)
+                   max_nodes=max_nodes, gate=not no_gate, corpora=corpora)
     base = [{"role": "system", "content": system}] if system else []
     messages = list(base)
     totals = {"turns": 0, "tokens": 0, "decode_s": 0.0, "steps": 0, "draft_nodes": 0, "draft_accepted": 0,
@@ -346,15 +354,18 @@ def calibrate(model, ctx, n_gpu_layers, threads, as_json):
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False),
               help="JSON-lines prompts (question_id, category, turns); the first turn is used.")
 @click.option("--methods", default=",".join(("none", "suffix", "llama-cpp-python", "llama-cpp-python-pld")),
-              show_default=True, help="Comma-separated: edgespec drafters (none, suffix) and "
+              show_default=True, help="Comma-separated: edgespec drafters (none, suffix, trigram, adjacency; "
+                                      "NAME-nocorpus runs one without the --corpus files) and "
                                       "llama-cpp-python, llama-cpp-python-pld.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts (after --category).")
 @click.option("--category", multiple=True, help="Only prompts of this category (repeatable).")
 @click.option("--out", "out_path", default="results.jsonl", show_default=True, type=click.Path(dir_okay=False),
               help="Where to write the JSON-lines results (header line, then one line per prompt and method).")
+@corpus_option
 @backend_options
-def bench(model, prompts_file, methods, max_tokens, limit, category, out_path, ctx, n_gpu_layers, threads):
+def bench(model, prompts_file, methods, max_tokens, limit, category, out_path, ctx, n_gpu_layers, threads,
+          corpora):
     """Compare decoding methods on a prompts file (greedy), prompt by prompt.
 
     Prints a table per category and overall: decode tok/s, tokens per step,
@@ -365,7 +376,7 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, out_path, c
     with user_errors():
         prompts = B.load_prompts(prompts_file, categories=list(category), limit=limit)
         method_list = B.parse_methods(methods)
-    m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads)
+    m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, corpora=corpora)
     try:
         click.echo(f"bench: {len(prompts)} prompts x {len(method_list)} methods, max_tokens {max_tokens}, "
                    f"{m.backend.n_threads} threads -> {out_path}", err=True)
@@ -388,6 +399,58 @@ def bench_report(results_file):
     with user_errors():
         head, results = B.read_results(results_file)
     click.echo(B.format_report(results, head))
+
+
+# ------------------------------------------------------------------ build-corpus
+@main.command("build-corpus")
+@click.argument("inputs", nargs=-1, metavar="[INPUT]...")
+@click.option("--model", default=None, help="GGUF whose tokenizer (and, for --preset chat, answers) the "
+                                            "corpus is built with (default: SmolLM2-135M-Instruct).")
+@click.option("-o", "--out", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="The corpus file to write (replaced atomically).")
+@click.option("--glob", "globs", multiple=True, help="Files to take from INPUT directories, e.g. '*.py' "
+              "(repeatable; a pattern with / matches the path inside the directory). Default: common "
+              "text and source-code suffixes.")
+@click.option("--field", default=None, help="Text field of JSON-lines records (default: text); records "
+                                            "with a `messages` list are rendered with the chat template.")
+@click.option("--preset", type=click.Choice(("stdlib", "chat")), default=None,
+              help="Add a preset corpus: stdlib (this Python's standard library, up to 20 MB) or chat "
+                   "(the model's own answers to corpora/chat_instructions.txt, cached in OUT.answers.jsonl).")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="With --preset: only its first N files (stdlib) or instructions (chat).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+              help="With --preset chat: most tokens per answer (default 256).")
+@click.option("--max-successors", type=click.IntRange(min=1, max=1024), default=8, show_default=True,
+              help="Successors kept per tri-gram context.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def build_corpus_cmd(inputs, model, out_path, globs, field, preset, limit, max_tokens, max_successors, quiet):
+    """Compile text, source code or JSON lines into a corpus file for the drafters.
+
+    INPUT is a file or a directory (searched recursively); .jsonl/.ndjson files
+    hold one document per line.  Text is tokenized with MODEL's tokenizer; the
+    corpus holds the tokens, a suffix array and tri-gram/bi-gram successor tables.
+    """
+    import os
+    import time
+
+    from .corpus import build_corpus
+    from .models import resolve_model
+
+    if not inputs and not preset:
+        raise click.UsageError("give at least one INPUT file or directory, or --preset")
+    t0 = time.perf_counter()
+    with user_errors():
+        try:
+            c = build_corpus(list(inputs), resolve_model(model), out_path, glob=list(globs) or None, field=field,
+                             preset=preset, limit=limit, max_tokens=max_tokens, max_successors=max_successors,
+                             progress=not quiet)
+        except OSError as e:
+            raise click.ClickException(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
+    size = os.path.getsize(out_path)
+    n = max(c.n_tokens, 1)
+    click.echo(f"{out_path}: {c.n_tokens:,} tokens in {c.n_docs:,} document(s) from {len(c.header['sources'])} "
+               f"source(s); {size / 1e6:.1f} MB ({size / n:.1f} bytes/token, tri-grams {c.tri_nbytes / n:.1f}); "
+               f"built in {time.perf_counter() - t0:.1f}s")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -182,6 +182,12 @@ class Engine:
         self.eog = backend.vocab.eog_mask()
         n = self.config.max_nodes + 1
         self._observes = type(drafter).observe is not Drafter.observe
+        self._topk = int(getattr(drafter, "topk", 0) or 0) if self._observes else 0
+        if self._topk:
+            from .kernels.topk import topk_rows
+            self._topk_rows = topk_rows
+            self._tk = np.zeros((n, self._topk), np.int32)
+            self._rows = np.arange(n, dtype=np.int64)
         self._m = 0
         self._alloc(256)
         self._o = np.zeros(n, np.int64)
@@ -397,7 +403,14 @@ class Engine:
                     else:
                         proposed = DraftTree(tree.tokens[sel], self._spar[:k], tree.probs[sel], tree.source[sel])
                         nacc, ntest = self._nacc[:k].copy(), self._ntest[:k].copy()
-                    self.drafter.observe(StepResult(ctx[:n], np.asarray(accepted, np.int32), proposed, nacc, ntest))
+                    res = StepResult(ctx[:n], np.asarray(accepted, np.int32), proposed, nacc, ntest)
+                    if self._topk:
+                        # the model's ranking after every committed slot's token: it is
+                        # in the logits already, so this costs one partial sort per row
+                        self._topk_rows(logits, self._rows, slot + 1, self._topk, self._tk)
+                        res.topk_input = btok[:slot + 1].copy()
+                        res.topk_tokens = self._tk[:slot + 1].copy()
+                    self.drafter.observe(res)
                 d = out.delta()
                 step_other = (time.perf_counter() - t_step) - (t1 - t0)
                 if self.cost is not None:

@@ -20,12 +20,21 @@ class StepResult:
     node_accepted: bool per node of `proposed`: True if on the accepted path
     node_tested:   bool per node: True if its parent was accepted, so that the
                node's own acceptance was actually decided by the model
+    topk_input:  int32 [r]: the tokens decoded at this step's committed batch
+               slots (the root first, then accepted drafts in the batch's
+               first-child chain); row i of topk_tokens is the model's
+               next-token ranking after topk_input[i] in this context
+    topk_tokens: int32 [r, K]: the model's K most likely next tokens after each
+               topk_input token, most likely first (K = the drafter's `topk`);
+               both are empty when the drafter's `topk` is 0
     """
     context: np.ndarray
     accepted: np.ndarray
     proposed: DraftTree
     node_accepted: np.ndarray
     node_tested: np.ndarray
+    topk_input: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    topk_tokens: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int32))
     extra: dict = field(default_factory=dict)
 
 
@@ -41,6 +50,9 @@ class Drafter:
     """
 
     name = "none"
+    topk = 0
+    """K > 0 asks the engine for the model's top-K next tokens at every committed
+    slot of each step (StepResult.topk_input / topk_tokens)."""
 
     def begin(self, prompt: np.ndarray) -> None:
         pass

@@ -1,0 +1,152 @@
+"""Offline replay: run a drafter and the real engine against recorded model output.
+
+Greedy decoding is deterministic, so once the model's output for a prompt is
+known (the `none` rows of an `edgespec bench` results file), every question a
+drafter study asks -- which drafts would be proposed, which the cost gate would
+keep, how many the model would accept -- can be answered without the model.
+`ReplayBackend` stands in for `LlamaBackend`: its "logits" put all mass on the
+recorded next token wherever the batch follows the recorded text, so the
+unchanged `Engine` (gate, batch layout, carry, acceptance learning) runs on top
+of it in microseconds per step instead of milliseconds.
+
+Time is modelled, not measured: a decode of T tokens at a KV position p costs
+c(T) of the calibrated curve (the short-context entry for single tokens within
+the first 256 cells, as the engine's gate assumes), plus the engine's own
+measured work per step.  `tools/replay.py` is the command-line front end.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend.llama import SPLIT_KV_FREE_CELLS
+
+_OFF_TEXT = 0
+"""Token the fake logits favour after a slot that left the recorded text (only
+its being different from the recorded token matters)."""
+
+
+class ReplayBackend:
+    """A stand-in for LlamaBackend whose model "predicts" a recorded sequence.
+
+    truth: the whole token sequence of one request (prompt, then the recorded
+    greedy output, then an end-of-generation token when the output stopped on
+    one).  vocab: the model's Vocab (for detokenization and EOG ids).
+    cost: a CostCurve; every decode adds its modelled time to `model_s`.
+    """
+
+    exact = True
+
+    def __init__(self, vocab, n_ctx: int, max_nodes: int, cost, eog_token: int):
+        self.vocab = vocab
+        self.n_vocab = vocab.n_vocab
+        self.n_ctx = n_ctx
+        self.max_nodes = max_nodes
+        self.eog_token = int(eog_token)
+        self.n_past = 0
+        self.kv_tokens = np.zeros(0, np.int32)
+        self.n_outputs = 0
+        self._logits = np.zeros((max_nodes, self.n_vocab), np.float32)
+        self._hot = np.zeros(max_nodes, np.int64)   # the 1.0 entry of each row
+        self.truth = np.zeros(0, np.int32)
+        self.table = cost.table(max_nodes + 1) * cost.t1_s
+        self.table_short = cost.table(max_nodes + 1, short=True) * cost.t1_s
+        self.model_s = 0.0
+        self.n_decodes = 0
+
+    def set_truth(self, truth: np.ndarray) -> None:
+        self.truth = np.asarray(truth, np.int32)
+
+    def _next(self, pos: int) -> int:
+        """The recorded token at position pos (EOG beyond the record)."""
+        return int(self.truth[pos]) if pos < len(self.truth) else self.eog_token
+
+    def _set_rows(self, hot: np.ndarray) -> None:
+        n = len(hot)
+        self._logits[np.arange(n), self._hot[:n]] = 0.0
+        self._logits[np.arange(n), hot] = 1.0
+        self._hot[:n] = hot
+        self.n_outputs = n
+
+    # -- the LlamaBackend methods the engine calls
+    def reset(self) -> None:
+        self.n_past = 0
+
+    def truncate(self, n: int) -> None:
+        self.n_past = n
+
+    def rollback(self) -> None:
+        pass
+
+    def prefill(self, tokens, want_last_logits: bool = True) -> None:
+        n = len(tokens)
+        self.n_past += n
+        self.model_s += self.table[1] * 0   # prefill time is not part of decode speed
+        self._set_rows(np.array([self._next(self.n_past)], np.int64))
+
+    def decode_tree(self, tokens, depth, leaf_first, leaf_count, n_leaves) -> None:
+        n = len(tokens)
+        base = self.n_past
+        on = np.zeros(n, np.bool_)
+        hot = np.full(n, _OFF_TEXT, np.int64)
+        last_at_depth = np.full(n + 1, -1, np.int64)
+        for s in range(n):           # preorder: a slot's parent is the latest slot one level up
+            d = int(depth[s])
+            last_at_depth[d] = s
+            if s == 0:
+                on[s] = True
+            else:
+                p = last_at_depth[d - 1]
+                on[s] = on[p] and int(tokens[s]) == self._next(base + d)
+            if on[s]:
+                hot[s] = self._next(base + d + 1)
+        self._set_rows(hot)
+        short = n == 1 and base + 1 <= SPLIT_KV_FREE_CELLS
+        self.model_s += (self.table_short if short else self.table)[n]
+        self.n_decodes += 1
+
+    def logits(self) -> np.ndarray:
+        return self._logits[:self.n_outputs]
+
+    def keep(self, k: int) -> None:
+        self.n_past += k
+
+
+@dataclass
+class ReplayRequest:
+    """One recorded request: prompt tokens, recorded output, how it stopped."""
+    key: str
+    category: str
+    prompt: np.ndarray
+    output: np.ndarray
+    stopped_on_eog: bool
+
+
+def replay(engine, backend: ReplayBackend, requests, max_tokens: int, check: bool = True) -> list[dict]:
+    """Run `engine` (an Engine over `backend`) on every request in order; return
+    one row per request with the engine's counts and the modelled decode time.
+    With check, an output that differs from the record raises AssertionError (the
+    replay must reproduce the model exactly, or its figures mean nothing)."""
+    rows = []
+    for r in requests:
+        truth = np.concatenate([r.prompt, r.output])
+        backend.set_truth(truth)
+        backend.model_s = 0.0
+        t0 = time.perf_counter()
+        gen = engine.run(r.prompt, max_tokens=max_tokens)
+        while True:
+            try:
+                next(gen)
+            except StopIteration as e:
+                res = e.value
+                break
+        wall = time.perf_counter() - t0
+        if check and list(res.tokens) != [int(t) for t in r.output]:
+            raise AssertionError(f"replay of {r.key} diverged from the recorded output")
+        rows.append({"key": r.key, "category": r.category, "n_generated": res.n_generated,
+                     "n_steps": res.n_steps, "n_draft_steps": res.n_draft_steps,
+                     "n_draft_nodes": res.n_draft_nodes, "n_draft_accepted": res.n_draft_accepted,
+                     "model_s": backend.model_s, "engine_s": wall})
+    return rows

@@ -1,0 +1,68 @@
+"""The offline replay (edgespec/replay.py, tools/replay.py) reproduces the real
+engine: the same output tokens, and the same step counts as a real run of the
+same drafter on the same prompts, to within the gate's timing noise."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.drafters import make_drafter
+from edgespec.engine import Engine, EngineConfig
+from edgespec.replay import ReplayBackend, ReplayRequest, replay
+
+from conftest import pick_prompts
+
+pytestmark = pytest.mark.model
+
+MAX_TOKENS = 64
+
+
+def _requests(model, rows):
+    reqs, real = [], []
+    for i, row in enumerate(rows):
+        toks = model.prompt_tokens([{"role": "user", "content": row["turns"][0]}])
+        r = model.generate(toks, max_tokens=MAX_TOKENS, drafter="none")
+        reqs.append(ReplayRequest(str(i), row["category"], toks, np.asarray(r.tokens, np.int32),
+                                  r.stop_reason == "stop"))
+    return reqs
+
+
+def test_replay_matches_real_engine(model):
+    rows = [r for r in pick_prompts(26) if r["category"] in ("summarization", "rag", "extraction", "coding")][:4]
+    reqs = _requests(model, rows)
+    eog = int(np.nonzero(model.vocab.eog_mask())[0][0])
+
+    # the real suffix engine on these prompts, fresh acceptance statistics
+    real_eng = Engine(model.backend, make_drafter("suffix"), model.cost, model.config)
+    real_steps = real_acc = 0
+    for rq in reqs:
+        gen = real_eng.run(rq.prompt, max_tokens=MAX_TOKENS)
+        try:
+            while True:
+                next(gen)
+        except StopIteration as e:
+            res = e.value
+        assert res.tokens == [int(t) for t in rq.output]
+        real_steps += res.n_steps
+        real_acc += res.n_draft_accepted
+    real_eng.reset()
+
+    be = ReplayBackend(model.vocab, model.backend.n_ctx, model.backend.max_nodes, model.cost, eog)
+    eng = Engine(be, make_drafter("suffix"), model.cost, EngineConfig(max_nodes=model.config.max_nodes))
+    rows_out = replay(eng, be, reqs, MAX_TOKENS)         # raises if an output diverges
+    steps = sum(r["n_steps"] for r in rows_out)
+    acc = sum(r["n_draft_accepted"] for r in rows_out)
+    assert acc > 0, "the suffix drafter found nothing on summarization/rag/extraction prompts"
+    # the gate sees slightly different engine timings in the replay, so allow a little
+    assert abs(steps - real_steps) <= 0.05 * real_steps + 2
+    assert abs(acc - real_acc) <= 0.1 * real_acc + 3
+
+    # plain decoding in the replay: one step per token, modelled time = that many c(1)
+    be2 = ReplayBackend(model.vocab, model.backend.n_ctx, model.backend.max_nodes, model.cost, eog)
+    eng2 = Engine(be2, make_drafter("none"), model.cost, EngineConfig(max_nodes=model.config.max_nodes))
+    out2 = replay(eng2, be2, reqs[:1], MAX_TOKENS)
+    n = len(reqs[0].output)
+    assert out2[0]["n_steps"] == (n if reqs[0].stopped_on_eog else n - 1)
+    assert out2[0]["model_s"] == pytest.approx(sum(
+        (model.cost.table(9, short=True) if len(reqs[0].prompt) + j + 1 <= 256 else model.cost.table(9))[1]
+        for j in range(out2[0]["n_steps"])) * model.cost.t1_s)
