@@ -1,6 +1,8 @@
 """Tests of the suffix drafter (edgespec.drafters.suffix) and the factory."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from edgespec.drafters import (
     SuffixDrafter,
     make_drafter,
 )
-from edgespec.tree import SOURCE_CONTEXT, DraftTree
+from edgespec.tree import SOURCE_CONTEXT, SOURCE_CORPUS, DraftTree
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +139,151 @@ def test_make_drafter():
     assert s.config.max_nodes == 16
     with pytest.raises(ValueError, match="none.*suffix"):
         make_drafter("eagle")
+
+
+# --------------------------------------------------------------------------
+# corpora
+
+def make_corpus(docs, depth=32, readonly=False):
+    """A stand-in for edgespec.corpus.Corpus with the arrays the suffix
+    drafter reads, built by a pure-Python reference of the spec's order."""
+    toks = []
+    for d in docs:
+        toks += list(d) + [-1]
+
+    def key(p):
+        k = []
+        for x in toks[p:p + depth]:
+            if x < 0:
+                break
+            k.append(x)
+        return tuple(k)
+    sa = sorted((p for p in range(len(toks)) if toks[p] >= 0), key=lambda p: (key(p), p))
+    tokens = np.array(toks, np.int32)
+    sa = np.array(sa, np.int32)
+    if readonly:
+        tokens.setflags(write=False)
+        sa.setflags(write=False)
+    return SimpleNamespace(tokens=tokens, sa=sa, sa_depth=depth)
+
+
+def paths_of(tree: DraftTree) -> list[tuple]:
+    out = []
+    for t, p in zip(tree.tokens.tolist(), tree.parents.tolist()):
+        out.append((out[p] if p >= 0 else ()) + (t,))
+    return out
+
+
+PASSAGE = list(range(100, 130))
+
+
+def test_positional_config_still_works():
+    d = SuffixDrafter(SuffixConfig(max_nodes=8))
+    assert d.config.max_nodes == 8 and d.n_corpora == 0
+    d = SuffixDrafter(None, [make_corpus([[1, 2, 3]])])
+    assert d.n_corpora == 1
+
+
+def test_corpus_fills_when_context_has_no_match():
+    corpus = make_corpus([[1, 2] + PASSAGE + [3], [4, 5, 6]])
+    d = SuffixDrafter(corpora=[corpus])
+    d.warmup()
+    ctx = np.array([7, 8, 9] + PASSAGE[:6], np.int32)   # no repeat in the context
+    assert len(SuffixDrafter().propose(ctx, 64)) == 0
+    tree = d.propose(ctx, 64)
+    tree.validate()
+    # One occurrence: a chain of the next max_depth=12 passage tokens.
+    assert tree.tokens.tolist() == PASSAGE[6:18]
+    assert tree.parents.tolist() == list(range(-1, 11))
+    assert np.all(tree.source == SOURCE_CORPUS)
+    # Budget respected, and a prefix of the larger proposal.
+    small = d.propose(ctx, 5)
+    assert small.tokens.tolist() == PASSAGE[6:11]
+
+
+def test_corpus_continuation_stops_at_document_end():
+    corpus = make_corpus([PASSAGE[:8], PASSAGE[8:]])
+    d = SuffixDrafter(corpora=[corpus])
+    tree = d.propose(np.array([1] + PASSAGE[:5], np.int32), 64)
+    assert tree.tokens.tolist() == PASSAGE[5:8]   # the document ends after PASSAGE[7]
+
+
+def test_corpus_min_match():
+    corpus = make_corpus([[50, 51, 52, 53]])
+    ctx = np.array([9, 51, 52], np.int32)          # a 2-token corpus match
+    assert len(SuffixDrafter(corpora=[corpus]).propose(ctx, 16)) == 0
+    d = SuffixDrafter(SuffixConfig(corpus_min_match=2), corpora=[corpus])
+    assert d.propose(ctx, 16).tokens.tolist() == [53]
+    assert d.propose(np.array([50, 51, 52], np.int32), 16).tokens.tolist() == [53]
+
+
+def test_corpus_adds_branches_beside_the_context():
+    # The context saw "10 11 12" followed by 20 21; the corpus has it followed
+    # by 30 31 and, with the context's own continuation, 20 22.
+    ctx = np.array([1, 10, 11, 12, 20, 21, 2, 3, 10, 11, 12], np.int32)
+    corpus = make_corpus([[10, 11, 12, 30, 31], [10, 11, 12, 20, 22]])
+    tree = SuffixDrafter(corpora=[corpus]).propose(ctx, 64)
+    tree.validate()
+    p = paths_of(tree)
+    src = dict(zip(p, tree.source.tolist()))
+    assert src[(20,)] == SOURCE_CONTEXT and src[(20, 21)] == SOURCE_CONTEXT
+    assert src[(30,)] == SOURCE_CORPUS and src[(20, 22)] == SOURCE_CORPUS
+    # The context's branch ranks first; corpus-only nodes share what it leaves.
+    assert p[0] == (20,)
+    kids = [i for i in range(len(tree)) if tree.parents[i] == -1]
+    assert tree.probs[kids].sum() <= 1.0
+    assert tree.probs[p.index((30,))] < tree.probs[p.index((20,))]
+    # A budget of 2 keeps the best two nodes, a valid tree.
+    two = SuffixDrafter(corpora=[corpus]).propose(ctx, 2)
+    two.validate()
+    assert paths_of(two)[0] == (20,) and len(two) == 2
+
+
+def test_corpus_probs_follow_agreement():
+    # "7 8 9" is followed by 1 in four documents and by 2 in one.
+    corpus = make_corpus([[7, 8, 9, 1]] * 4 + [[7, 8, 9, 2]])
+    tree = SuffixDrafter(corpora=[corpus]).propose(np.array([0, 7, 8, 9], np.int32), 8)
+    probs = dict(zip(tree.tokens.tolist(), tree.probs.tolist()))
+    assert tree.tokens.tolist() == [1, 2]
+    assert probs[1] == pytest.approx(4 * probs[2])
+
+
+def test_several_corpora_and_readonly_arrays():
+    c1 = make_corpus([[10, 11, 12, 40, 41]], readonly=True)
+    c2 = make_corpus([[10, 11, 12, 50], [5, 11, 12, 60]], readonly=True)
+    d = SuffixDrafter(SuffixConfig(corpus_min_match=2), corpora=[c1, c2])
+    tree = d.propose(np.array([0, 10, 11, 12], np.int32), 64)
+    tree.validate()
+    p = paths_of(tree)
+    # c2's "10 11 12" occurrence (and its "11 12" fill) add 50 and 60 beside c1's 40.
+    assert set(p) == {(40,), (40, 41), (50,), (60,)}
+    assert p[0] == (40,) and np.all(tree.source == SOURCE_CORPUS)
+    # Budget over several merges.
+    for budget in range(0, 6):
+        t = d.propose(np.array([0, 10, 11, 12], np.int32), budget)
+        t.validate()
+        assert len(t) == min(budget, 4)
+        assert paths_of(t) == p[:len(t)]
+
+
+def test_random_contexts_with_corpus_give_valid_trees():
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(0, 5, size=int(rng.integers(1, 40))).tolist() for _ in range(20)]
+    d = SuffixDrafter(SuffixConfig(max_nodes=32), corpora=[make_corpus(docs, depth=8)])
+    for _ in range(50):
+        ctx = rng.integers(0, 5, size=int(rng.integers(0, 60))).astype(np.int32)
+        budget = int(rng.integers(0, 40))
+        tree = d.propose(ctx, budget)
+        tree.validate(n_vocab=5)
+        assert len(tree) <= min(budget, 32)
+        assert np.all((tree.probs >= 0) & (tree.probs <= 1))
+        cum = []
+        for q, p in zip(tree.probs.tolist(), tree.parents.tolist()):
+            cum.append(q * (cum[p] if p >= 0 else 1.0))
+        assert all(a >= b * (1 - 1e-5) for a, b in zip(cum, cum[1:]))
+
+
+@pytest.mark.parametrize("kw", [dict(corpus_min_match=0), dict(corpus_min_match=40)])
+def test_corpus_config_validation(kw):
+    with pytest.raises(ValueError):
+        SuffixConfig(**kw)

@@ -2,9 +2,12 @@
 
 Each step it looks for earlier occurrences of the end of the context (prompt,
 earlier chat turns and generation so far) and proposes the tokens that followed
-them, merged into a trie.  It is stateless: the engine passes the whole
-context every step, and a backward scan over it is cheap enough (see the
-timing note on ``SuffixDrafter.propose``).
+them, merged into a trie.  With compiled corpora loaded (edgespec.corpus) it
+also looks the end of the context up in each corpus's suffix array and adds
+what followed there (the SuffixDecoding / SAM-Decoding idea).  It is
+stateless: the engine passes the whole context every step, and a backward scan
+over it plus a few binary searches per corpus are cheap enough (see the timing
+note on ``SuffixDrafter.propose``).
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kernels import suffix as _k
-from ..tree import SOURCE_CONTEXT, DraftTree
+from ..tree import SOURCE_CONTEXT, SOURCE_CORPUS, DraftTree
 from .base import Drafter
 
 
@@ -39,8 +42,15 @@ class SuffixConfig:
     """Upper bound on the nodes of one proposal (the engine's budget may be
     lower)."""
 
+    corpus_min_match: int = 3
+    """Shortest match in a corpus whose continuation is proposed.  Longer than
+    min_match: a corpus of millions of tokens holds most 2-token suffixes by
+    chance.  Corpus matches use max_match (capped by the corpus's sa_depth),
+    max_matches and max_depth like context matches."""
+
     def __post_init__(self):
-        for name in ("min_match", "max_match", "max_matches", "max_depth", "max_nodes"):
+        for name in ("min_match", "max_match", "max_matches", "max_depth", "max_nodes",
+                     "corpus_min_match"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise ValueError(f"SuffixConfig.{name} must be an integer, got {v!r}")
@@ -51,57 +61,133 @@ class SuffixConfig:
             raise ValueError(
                 f"SuffixConfig.min_match ({self.min_match}) must not exceed "
                 f"max_match ({self.max_match})")
+        if self.corpus_min_match > self.max_match:
+            raise ValueError(
+                f"SuffixConfig.corpus_min_match ({self.corpus_min_match}) must not "
+                f"exceed max_match ({self.max_match})")
 
 
 class SuffixDrafter(Drafter):
     """Proposes the continuations of earlier occurrences of the context's suffix.
 
-    Node probabilities are the kernel's heuristic (match-weight share times
-    ``L / (L + 2)``); nodes come ordered by decreasing cumulative probability,
-    parents before children, so any prefix of the proposal is itself a valid
-    tree of the most probable nodes.
+    ``SuffixDrafter(config=None, corpora=())``: ``corpora`` is a sequence of
+    compiled corpora (objects with ``tokens``, ``sa`` and ``sa_depth`` as in
+    edgespec.corpus.Corpus); none are needed.
+
+    Each step:
+
+    1. the context tree: occurrences of the context's suffix in the context
+       itself (at least min_match tokens), merged into a trie;
+    2. for each corpus in order: the longest suffix of the context that occurs
+       in it (at least corpus_min_match tokens) and up to max_matches of its
+       occurrences (filled up with slightly shorter matches), merged into a
+       trie and then into the proposal so far (``merge_trees``).
+
+    The context is preferred: it is the request's own text, while a corpus
+    only knows how such text usually goes on.  If the context has no match the
+    corpus trees make the whole proposal; otherwise a corpus adds branches
+    beside the context's, sharing the probability mass the context's children
+    leave over (a node both propose keeps the context source and the larger
+    probability); a later corpus likewise shares what the context and the
+    earlier corpora leave.  The corpora are queried even when the context
+    matched: a budget often leaves room, and a corpus continuation can outrank
+    the deep, low-probability end of a context branch.
+
+    Node probabilities are the tree kernel's heuristic: the share of the
+    occurrences' weight (``L * L`` per occurrence of match length ``L``) that
+    passes through the node, times ``L_eff / (L_eff + 2)`` with ``L_eff`` the
+    match length grown by the node's depth; so they rise with the match
+    length and with the number of occurrences that agree (a corpus's
+    occurrences are sampled evenly over its suffix-array interval, so common
+    continuations get proportionally many).  Corpus nodes carry
+    SOURCE_CORPUS, so the engine calibrates them apart from context nodes.
+    Nodes come ordered by decreasing cumulative probability, parents before
+    children, so any prefix of the proposal is itself a valid tree of the most
+    probable nodes.
     """
 
     name = "suffix"
 
-    def __init__(self, config: SuffixConfig | None = None):
+    def __init__(self, config: SuffixConfig | None = None, corpora=()):
         self.config = config if config is not None else SuffixConfig()
         c = self.config
+        # (tokens, sa, sa_depth) per corpus, as plain contiguous int32 arrays
+        # (np.asarray turns a memmap into an ndarray view without copying).
+        self._corpora = [
+            (np.ascontiguousarray(np.asarray(cp.tokens), dtype=np.int32),
+             np.ascontiguousarray(np.asarray(cp.sa), dtype=np.int32),
+             int(cp.sa_depth))
+            for cp in corpora]
         self._ends = np.zeros(c.max_matches, np.int32)
         self._lens = np.zeros(c.max_matches, np.int32)
-        self._tokens = np.zeros(c.max_nodes, np.int32)
-        self._parents = np.zeros(c.max_nodes, np.int32)
-        self._probs = np.zeros(c.max_nodes, np.float32)
         self._mlen = np.zeros(c.max_nodes, np.int32)
-        # DraftTree.source is constant; slice (and copy) a preallocated one.
-        self._source = np.full(c.max_nodes, SOURCE_CONTEXT, np.int8)
+        # Three tree buffers (tokens, parents, probs, source): the proposal so
+        # far, a corpus tree, and the merge target (swapped with the first).
+        self._bufs = [(np.zeros(c.max_nodes, np.int32), np.zeros(c.max_nodes, np.int32),
+                       np.zeros(c.max_nodes, np.float32), np.zeros(c.max_nodes, np.int8))
+                      for _ in range(3)]
+        # Source of a fresh corpus tree (constant): preallocated.
+        self._src_corpus = np.full(c.max_nodes, SOURCE_CORPUS, np.int8)
+
+    @property
+    def n_corpora(self) -> int:
+        return len(self._corpora)
 
     def warmup(self) -> None:
         _k.warmup()
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         # Measured after warm-up on the 2-core dev sandbox (Python 3.11, numba
-        # 0.68), budget 64: n = 4000 random tokens (vocab 32000) ending in a
-        # repeated 10-token phrase -> 6.8 us (12 nodes); n = 4000 tokens over an
-        # alphabet of 4 (8 matches, full 64-node tree) -> 10.3 us; no match ->
-        # 5 us; n = 100k tokens -> 73 us, almost all of it the backward scan.
+        # 0.68), budget 64, without corpora: n = 4000 random tokens (vocab
+        # 32000) ending in a repeated 10-token phrase -> 6.8 us (12 nodes);
+        # n = 4000 tokens over an alphabet of 4 (8 matches, full 64-node tree)
+        # -> 10.3 us; no match -> 5 us; n = 100k tokens -> 73 us, almost all
+        # of it the backward scan.  With one corpus of 5M tokens (synthetic
+        # phrase-based text, read-only memmap, sa_depth 32) and contexts
+        # n = 3000..3999 of the same kind (corpus match in 92% of steps,
+        # longest 21 tokens on average, 41 nodes of which 17 corpus): 21 us
+        # (7 us without the corpus; sa_find_matches alone 7 us), each further
+        # corpus about +7 us.  Those are warm-cache figures; with the caches
+        # flushed before every call (as a model decode between steps does)
+        # the corpus lookup costs about 90 us more, mostly DRAM misses of the
+        # binary searches.
         c = self.config
         max_nodes = min(int(budget), c.max_nodes)
         if max_nodes <= 0:
             return DraftTree.empty()
         ctx = np.ascontiguousarray(context, dtype=np.int32)
         n = ctx.shape[0]
+        cur, spare, tmp = self._bufs
+        m = 0
         k = _k.find_suffix_matches(ctx, n, c.min_match, c.max_match, c.max_matches,
                                    self._ends, self._lens)
-        if k == 0:
-            return DraftTree.empty()
-        m = _k.build_continuation_tree(ctx, n, self._ends, self._lens, k, c.max_depth,
-                                       max_nodes, self._tokens, self._parents,
-                                       self._probs, self._mlen)
+        if k:
+            m = _k.build_continuation_tree(ctx, n, self._ends, self._lens, k, c.max_depth,
+                                           max_nodes, cur[0], cur[1], cur[2], self._mlen)
+            cur[3][:m] = SOURCE_CONTEXT
+        for tokens, sa, depth in self._corpora:
+            k = _k.sa_find_matches(tokens, sa, depth, ctx, n, c.corpus_min_match,
+                                   c.max_match, c.max_matches, self._ends, self._lens)
+            if k == 0:
+                continue
+            mc = _k.build_continuation_tree(tokens, tokens.shape[0], self._ends, self._lens,
+                                            k, c.max_depth, max_nodes, spare[0], spare[1],
+                                            spare[2], self._mlen)
+            if mc == 0:
+                continue
+            if m == 0:
+                cur, spare = spare, cur
+                cur[3][:mc] = SOURCE_CORPUS
+                m = mc
+                continue
+            m = _k.merge_trees(cur[0], cur[1], cur[2], cur[3], m,
+                               spare[0], spare[1], spare[2], self._src_corpus, mc,
+                               max_nodes, tmp[0], tmp[1], tmp[2], tmp[3])
+            cur, tmp = tmp, cur
         if m == 0:
             return DraftTree.empty()
-        return DraftTree(self._tokens[:m].copy(), self._parents[:m].copy(),
-                         self._probs[:m].copy(), self._source[:m].copy())
+        return DraftTree(cur[0][:m].copy(), cur[1][:m].copy(),
+                         cur[2][:m].copy(), cur[3][:m].copy())
 
     def begin(self, prompt: np.ndarray) -> None:
         pass  # stateless: the whole context arrives with every propose()
