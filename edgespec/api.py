@@ -141,17 +141,19 @@ class SpecModel:
         return self.tokenize(text, add_special=False, parse_special=True)
 
     # ------------------------------------------------------------ generate
-    def _run(self, prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter):
+    def _run(self, prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter, record_topk=0):
         engine = self._engine_for(drafter) if drafter is not None else self.engine
         toks = self.prompt_tokens(prompt, raw=raw)
         return engine.run(toks, max_tokens=max_tokens, sampling=sampling or SamplingConfig(),
-                          stop=list(stop or []), reuse_prefix=reuse_prefix)
+                          stop=list(stop or []), reuse_prefix=reuse_prefix, record_topk=record_topk)
 
     def generate(self, prompt, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
                  stop: Sequence[str] | None = None, raw: bool = False, drafter=None,
-                 reuse_prefix: bool = False, on_text=None) -> GenerationResult:
-        """Generate a completion; returns a GenerationResult (text, tokens, timings)."""
-        gen = self._run(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter)
+                 reuse_prefix: bool = False, on_text=None, record_topk: int = 0) -> GenerationResult:
+        """Generate a completion; returns a GenerationResult (text, tokens, timings).
+        record_topk: K > 0 also returns the model's top-K ids at every generated
+        position (result.topk; used by the bench to make replays exact)."""
+        gen = self._run(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter, record_topk)
         while True:
             try:
                 piece = next(gen)

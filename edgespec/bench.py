@@ -256,7 +256,9 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
         if m in LLAMA_METHODS:
             r = llama_runner(m).run(turn, n_tok)
         else:
-            r = model.generate(tokens, max_tokens=n_tok, drafter=m).to_dict()
+            # the plain run also records the model's top-8 at each position, so
+            # that tools/replay.py can replay drafters that read the model's ranking
+            r = model.generate(tokens, max_tokens=n_tok, drafter=m, record_topk=8 if m == "none" else 0).to_dict()
             r["tokens"] = [int(t) for t in r["tokens"]]
         return r
 

@@ -78,9 +78,13 @@ class GenerationResult:
     decode_call_s: float = 0.0    # time inside llama_decode (+ logits fetch)
     engine_s: float = 0.0         # decode_s - decode_call_s: drafting, gate, verify, bookkeeping
     drafter: str = "none"
+    topk: list | None = None      # with record_topk: the model's top-k ids at each generated position
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        if d["topk"] is None:
+            del d["topk"]
+        return d
 
     def summary(self) -> str:
         return (f"{self.n_generated} tokens in {self.decode_s:.2f}s ({self.tokens_per_s:.1f} tok/s), "
@@ -246,10 +250,13 @@ class Engine:
 
     # --------------------------------------------------------------------- run
     def run(self, prompt: np.ndarray, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
-            stop: list[str] | None = None, reuse_prefix: bool = False):
+            stop: list[str] | None = None, reuse_prefix: bool = False, record_topk: int = 0):
         """Generator: yields text pieces as tokens are committed; its return value
         (StopIteration.value) is the GenerationResult.  Closing the generator early
-        (or an exception such as KeyboardInterrupt) leaves the KV cache consistent."""
+        (or an exception such as KeyboardInterrupt) leaves the KV cache consistent.
+
+        record_topk: K > 0 stores the model's K most likely tokens at every
+        generated position in GenerationResult.topk (for the offline replay)."""
         sampling = sampling or SamplingConfig()
         prompt = np.ascontiguousarray(prompt, dtype=np.int32)
         be = self.backend
@@ -281,6 +288,13 @@ class Engine:
         self.kv_tokens = prompt.copy()
         self.drafter.begin(prompt)
         first = sample_token(be.logits()[0], sampling, rng.random() if rng is not None else 0.0)
+        topk_log: list = []
+        if record_topk:
+            from .kernels.topk import topk_rows
+            rec_rows = np.arange(self.config.max_nodes + 1, dtype=np.int64)
+            rec_buf = np.zeros((self.config.max_nodes + 1, record_topk), np.int32)
+            topk_rows(be.logits(), rec_rows, 1, record_topk, rec_buf)
+            topk_log.append(rec_buf[:1].copy())
         t_prefill = time.perf_counter()
 
         ctx = np.empty(be.n_ctx + self.config.max_nodes + 2, np.int32)
@@ -375,6 +389,9 @@ class Engine:
                         break
                     slot = c
                 be.keep(slot + 1)
+                if record_topk:
+                    topk_rows(logits, rec_rows, slot + 1, record_topk, rec_buf)
+                    topk_log.append(rec_buf[:slot + 1].copy())
                 if carried is not None:
                     n_carried += 1
 
@@ -440,7 +457,8 @@ class Engine:
             stop_reason=stop_reason or "length", n_reused_tokens=n_common,
             n_draft_steps=n_draft_steps, n_draft_nodes=n_draft_nodes, n_draft_accepted=n_draft_accepted,
             n_carried=n_carried, decode_call_s=t_decode_calls, engine_s=decode_s - t_decode_calls,
-            drafter=getattr(self.drafter, "name", "?"))
+            drafter=getattr(self.drafter, "name", "?"),
+            topk=np.concatenate(topk_log)[:n_gen + 1].tolist() if topk_log else None)
 
 
 def sum_accepted(n_steps: int, n_draft_accepted: int) -> float:

@@ -49,26 +49,51 @@ class ReplayBackend:
         self.kv_tokens = np.zeros(0, np.int32)
         self.n_outputs = 0
         self._logits = np.zeros((max_nodes, self.n_vocab), np.float32)
-        self._hot = np.zeros(max_nodes, np.int64)   # the 1.0 entry of each row
+        self._dirty: list = []                       # (row, col) entries set non-zero
+        self.topk = None
+        self.n_prompt = 0
         self.truth = np.zeros(0, np.int32)
         self.table = cost.table(max_nodes + 1) * cost.t1_s
         self.table_short = cost.table(max_nodes + 1, short=True) * cost.t1_s
         self.model_s = 0.0
         self.n_decodes = 0
 
-    def set_truth(self, truth: np.ndarray) -> None:
+    def set_truth(self, truth: np.ndarray, topk=None, n_prompt: int = 0) -> None:
+        """truth: prompt + output tokens; topk: optionally the model's recorded top-k
+        ids at each output position (row j ranks output token j), which then
+        shape the fake logits' lower ranks as well."""
         self.truth = np.asarray(truth, np.int32)
+        self.n_prompt = n_prompt
+        self.topk = None
+        if topk is not None and len(topk):
+            self.topk = np.asarray(topk, np.int32)
 
     def _next(self, pos: int) -> int:
         """The recorded token at position pos (EOG beyond the record)."""
         return int(self.truth[pos]) if pos < len(self.truth) else self.eog_token
 
-    def _set_rows(self, hot: np.ndarray) -> None:
-        n = len(hot)
-        self._logits[np.arange(n), self._hot[:n]] = 0.0
-        self._logits[np.arange(n), hot] = 1.0
-        self._hot[:n] = hot
-        self.n_outputs = n
+    def _set_rows(self, hot: np.ndarray, pos=None) -> None:
+        """Row i favours hot[i]; where pos[i] >= 0 (the row predicts the token at
+        position pos[i], on the recorded text) and a recorded top-k covers it, the
+        recorded lower ranks get smaller, decreasing values."""
+        lg = self._logits
+        for i, c in self._dirty:          # undo the last call's entries
+            lg[i, c] = 0.0
+        self._dirty = []
+        for i in range(len(hot)):
+            lg[i, hot[i]] = 1.0
+            self._dirty.append((i, int(hot[i])))
+            if pos is not None and self.topk is not None and pos[i] >= self.n_prompt:
+                j = pos[i] - self.n_prompt
+                if j < len(self.topk):
+                    row = self.topk[j]
+                    k = len(row)
+                    for r in range(1, k):
+                        c = int(row[r])
+                        if c >= 0 and c != hot[i]:
+                            lg[i, c] = 0.5 * (k - r) / k
+                            self._dirty.append((i, c))
+        self.n_outputs = len(hot)
 
     # -- the LlamaBackend methods the engine calls
     def reset(self) -> None:
@@ -84,13 +109,14 @@ class ReplayBackend:
         n = len(tokens)
         self.n_past += n
         self.model_s += self.table[1] * 0   # prefill time is not part of decode speed
-        self._set_rows(np.array([self._next(self.n_past)], np.int64))
+        self._set_rows(np.array([self._next(self.n_past)], np.int64), np.array([self.n_past], np.int64))
 
     def decode_tree(self, tokens, depth, leaf_first, leaf_count, n_leaves) -> None:
         n = len(tokens)
         base = self.n_past
         on = np.zeros(n, np.bool_)
         hot = np.full(n, _OFF_TEXT, np.int64)
+        pos = np.full(n, -1, np.int64)
         last_at_depth = np.full(n + 1, -1, np.int64)
         for s in range(n):           # preorder: a slot's parent is the latest slot one level up
             d = int(depth[s])
@@ -102,7 +128,8 @@ class ReplayBackend:
                 on[s] = on[p] and int(tokens[s]) == self._next(base + d)
             if on[s]:
                 hot[s] = self._next(base + d + 1)
-        self._set_rows(hot)
+                pos[s] = base + d + 1
+        self._set_rows(hot, pos)
         short = n == 1 and base + 1 <= SPLIT_KV_FREE_CELLS
         self.model_s += (self.table_short if short else self.table)[n]
         self.n_decodes += 1
@@ -122,6 +149,7 @@ class ReplayRequest:
     prompt: np.ndarray
     output: np.ndarray
     stopped_on_eog: bool
+    topk: list | None = None   # the model's recorded top-k at each output position
 
 
 def replay(engine, backend: ReplayBackend, requests, max_tokens: int, check: bool = True) -> list[dict]:
@@ -132,7 +160,7 @@ def replay(engine, backend: ReplayBackend, requests, max_tokens: int, check: boo
     rows = []
     for r in requests:
         truth = np.concatenate([r.prompt, r.output])
-        backend.set_truth(truth)
+        backend.set_truth(truth, r.topk, len(r.prompt))
         backend.model_s = 0.0
         t0 = time.perf_counter()
         gen = engine.run(r.prompt, max_tokens=max_tokens)

@@ -21,19 +21,30 @@ def _requests(model, rows):
     reqs, real = [], []
     for i, row in enumerate(rows):
         toks = model.prompt_tokens([{"role": "user", "content": row["turns"][0]}])
-        r = model.generate(toks, max_tokens=MAX_TOKENS, drafter="none")
+        r = model.generate(toks, max_tokens=MAX_TOKENS, drafter="none", record_topk=8)
+        assert len(r.topk) >= len(r.tokens) and all(len(x) == 8 for x in r.topk)
+        assert [x[0] for x in r.topk[:len(r.tokens)]] == list(r.tokens)   # greedy = rank 0
         reqs.append(ReplayRequest(str(i), row["category"], toks, np.asarray(r.tokens, np.int32),
-                                  r.stop_reason == "stop"))
+                                  r.stop_reason == "stop", r.topk))
     return reqs
 
 
-def test_replay_matches_real_engine(model):
+@pytest.fixture(scope="module")
+def recorded(model):
     rows = [r for r in pick_prompts(26) if r["category"] in ("summarization", "rag", "extraction", "coding")][:4]
-    reqs = _requests(model, rows)
+    return _requests(model, rows)
+
+
+@pytest.mark.parametrize("name", ["suffix", "adjacency"])
+def test_replay_matches_real_engine(model, recorded, name):
+    reqs = recorded
     eog = int(np.nonzero(model.vocab.eog_mask())[0][0])
 
-    # the real suffix engine on these prompts, fresh acceptance statistics
-    real_eng = Engine(model.backend, make_drafter("suffix"), model.cost, model.config)
+    def drafter():
+        return make_drafter(name, n_vocab=model.vocab.n_vocab)
+
+    # the real engine on these prompts, fresh acceptance statistics
+    real_eng = Engine(model.backend, drafter(), model.cost, model.config)
     real_steps = real_acc = 0
     for rq in reqs:
         gen = real_eng.run(rq.prompt, max_tokens=MAX_TOKENS)
@@ -48,11 +59,12 @@ def test_replay_matches_real_engine(model):
     real_eng.reset()
 
     be = ReplayBackend(model.vocab, model.backend.n_ctx, model.backend.max_nodes, model.cost, eog)
-    eng = Engine(be, make_drafter("suffix"), model.cost, EngineConfig(max_nodes=model.config.max_nodes))
+    eng = Engine(be, drafter(), model.cost, EngineConfig(max_nodes=model.config.max_nodes))
     rows_out = replay(eng, be, reqs, MAX_TOKENS)         # raises if an output diverges
     steps = sum(r["n_steps"] for r in rows_out)
     acc = sum(r["n_draft_accepted"] for r in rows_out)
-    assert acc > 0, "the suffix drafter found nothing on summarization/rag/extraction prompts"
+    if name == "suffix":
+        assert acc > 0, "the suffix drafter found nothing on summarization/rag/extraction prompts"
     # the gate sees slightly different engine timings in the replay, so allow a little
     assert abs(steps - real_steps) <= 0.05 * real_steps + 2
     assert abs(acc - real_acc) <= 0.1 * real_acc + 3

@@ -62,7 +62,8 @@ def main(argv=None) -> int:
         rec = none[p.question_id]
         reqs.append(ReplayRequest(str(p.question_id), p.category,
                                   m.prompt_tokens([{"role": "user", "content": p.turn}]),
-                                  np.asarray(rec["tokens"], np.int32), rec.get("stop_reason") == "stop"))
+                                  np.asarray(rec["tokens"], np.int32), rec.get("stop_reason") == "stop",
+                                  rec.get("topk")))
     max_tokens = int(head["max_tokens"])
     bench_rows = collections.defaultdict(dict)
     for r in rows:
