@@ -404,7 +404,7 @@ def bench_report(results_file):
 # ------------------------------------------------------------------ build-corpus
 @main.command("build-corpus")
 @click.argument("inputs", nargs=-1, metavar="[INPUT]...")
-@click.option("--model", default=None, help="GGUF whose tokenizer (and, for --preset chat, answers) the "
+@click.option("--model", default=None, metavar="MODEL", help="GGUF whose tokenizer (and, for --preset chat, answers) the "
                                             "corpus is built with (default: SmolLM2-135M-Instruct).")
 @click.option("-o", "--out", "out_path", required=True, type=click.Path(dir_okay=False),
               help="The corpus file to write (replaced atomically).")

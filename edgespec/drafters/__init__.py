@@ -6,7 +6,7 @@ import inspect
 from .base import Drafter, StepResult
 from .suffix import SuffixConfig, SuffixDrafter
 
-NAMES = ("none", "suffix", "trigram", "adjacency")
+NAMES = ("none", "suffix", "trigram", "adjacency", "auto")
 """Every drafter `make_drafter` knows, in the order the CLI lists them."""
 
 
@@ -19,6 +19,9 @@ def _drafter_class(name: str):
     if name == "adjacency":
         from .adjacency import AdjacencyConfig, AdjacencyDrafter
         return AdjacencyDrafter, AdjacencyConfig
+    if name == "auto":
+        from .hybrid import HybridConfig, HybridDrafter
+        return HybridDrafter, HybridConfig
     raise ValueError(f"unknown drafter {name!r}; known drafters: {', '.join(NAMES)}")
 
 
@@ -51,6 +54,8 @@ def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), **kw) -> 
     "trigram"    TrigramDrafter: tri-gram matrix searched with MCTS (ADED)
     "adjacency"  AdjacencyDrafter: successor table refreshed from the model's
                  top-k (Token Recycling)
+    "auto"       HybridDrafter: the three above merged into one tree, retrieval
+                 first; the engine's gate keeps what pays
 
     n_vocab: the model's vocabulary size (needed by trigram and adjacency).
     corpora: compiled corpora (edgespec.corpus.Corpus) for drafters that use them.
