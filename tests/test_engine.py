@@ -68,18 +68,24 @@ def test_suffix_drafter_with_cost_gate_identical(model):
         assert r.tokens == ref.tokens
 
 
+_PLAIN: dict = {}   # plain-decoding references shared by the parametrized cases
+
+
 @pytest.mark.parametrize("name", ["trigram", "adjacency", "auto"])
 def test_other_drafters_identical_on_dev_prompts(model, name):
     """The tri-gram, adjacency and hybrid drafters, cost gate off (every proposed
-    node verified): greedy output equals plain decoding on 8 prompts of different
+    node verified, up to 32 per step): greedy output equals plain decoding on 6 prompts of different
     categories, and their drafts are really verified and sometimes accepted."""
     eng = model._engine_for(name)
     eng.config.cost_gate = False
     drafted = accepted = 0
     try:
-        for row in pick_prompts(8, seed=11):
+        for row in pick_prompts(6, seed=11):
             toks = prompt_of(model, row)
-            ref = plain(model, toks, max_tokens=64)
+            key = (row["question_id"], 64)
+            if key not in _PLAIN:
+                _PLAIN[key] = plain(model, toks, max_tokens=64)
+            ref = _PLAIN[key]
             r = model.generate(toks, max_tokens=64, drafter=name)
             assert r.tokens == ref.tokens, f"{name}: question {row['question_id']} ({row['category']}) diverged"
             drafted += r.n_draft_nodes
