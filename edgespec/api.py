@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -18,7 +19,7 @@ from .costmodel import CostCurve, calibration_key, load_or_measure
 from .drafters import make_drafter, split_drafter_name
 from .engine import Engine, EngineConfig, GenerationResult
 from .models import resolve_model
-from .verify import SamplingConfig
+from .verify import SamplingConfig, VerifyConfig
 
 Messages = Sequence[dict]
 
@@ -32,6 +33,8 @@ class SpecModel:
         loaded corpora) or a Drafter instance.
     corpora: paths of compiled corpora (`edgespec build-corpus`) for the drafters
         that use one; each is checked against this model's tokenizer.
+    verify: "exact" (default, lossless) or a LOSSY opt-in, "relaxed" or
+        "entropy", or a VerifyConfig (see edgespec.verify).
     n_ctx, n_gpu_layers, n_threads: llama.cpp settings (n_threads None = all cores).
     max_nodes: the largest verification batch (root + drafts).
     cost_gate: verify only drafts whose expected gain beats their measured cost.
@@ -42,7 +45,7 @@ class SpecModel:
     def __init__(self, model_path: str | None = None, *, drafter="suffix", n_ctx: int = 4096,
                  n_gpu_layers: int = 0, n_threads: int | None = None, max_nodes: int = 32,
                  cost_gate: bool = True, calibrate: bool = True, verbose: bool = False,
-                 progress=None, corpora: Sequence[str] = ()):
+                 progress=None, corpora: Sequence[str] = (), verify=None):
         self.model_path = resolve_model(model_path)
         self.backend = LlamaBackend(self.model_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                     n_threads=n_threads, max_nodes=max(EXACT_MAX_BATCH, max_nodes),
@@ -63,7 +66,10 @@ class SpecModel:
         self.cost: CostCurve | None = None
         if calibrate:
             self.cost = self.calibrate(progress=progress)
-        self.config = EngineConfig(max_nodes=min(max_nodes, self.backend.max_nodes), cost_gate=cost_gate)
+        if isinstance(verify, str):
+            verify = VerifyConfig(verify)
+        self.config = EngineConfig(max_nodes=min(max_nodes, self.backend.max_nodes), cost_gate=cost_gate,
+                                   verify=verify or VerifyConfig())
         self._engines: dict = {}
         self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
         self.engine = self._engine_for(drafter)
@@ -79,16 +85,23 @@ class SpecModel:
         return self.cost
 
     def _engine_for(self, drafter) -> Engine:
+        """The engine of a drafter: a Drafter, or a name such as "auto",
+        "suffix-nocorpus" (without the loaded corpora) or "auto@relaxed" (with a
+        lossy verification mode, see VerifyConfig)."""
         key = drafter if isinstance(drafter, str) else id(drafter)
         if key not in self._engines:
+            config = self.config
             if isinstance(drafter, str):
-                name, use_corpora = split_drafter_name(drafter)
+                base, _, mode = drafter.partition("@")
+                if mode:
+                    config = dataclasses.replace(self.config, verify=VerifyConfig(mode))
+                name, use_corpora = split_drafter_name(base)
                 d = make_drafter(name, n_vocab=self.vocab.n_vocab,
                                  corpora=self.corpora if use_corpora else ())
             else:
                 d = drafter
             d.warmup()
-            self._engines[key] = Engine(self.backend, d, self.cost, self.config)
+            self._engines[key] = Engine(self.backend, d, self.cost, config)
         return self._engines[key]
 
     def use_drafter(self, drafter) -> None:

@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from .verify import rouge_l
+
 LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-pld")
 DEFAULT_METHODS = ("none", "suffix") + LLAMA_METHODS
 WARMUP_PROMPT = "Say hello."
@@ -113,6 +115,7 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
     """'none,suffix,...' -> a list without duplicates; edgespec drafter names are
     checked against the drafter registry."""
     from .drafters import check_drafter_name
+    from .verify import VerifyConfig
 
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     methods: list[str] = []
@@ -121,7 +124,10 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
             continue
         if m not in LLAMA_METHODS:
             try:
-                check_drafter_name(m)
+                base, _, mode = m.partition("@")
+                check_drafter_name(base)
+                if mode:
+                    VerifyConfig(mode)
             except ValueError as e:
                 raise BenchError(f"unknown method {m!r}: {e}; or one of {', '.join(LLAMA_METHODS)}") from None
         methods.append(m)
@@ -303,6 +309,8 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
                        "method": m, "prompt_index": i - 1}
                 rec.update(r)
                 rec["identical_to_none"] = same
+                if base is not None and m not in LLAMA_METHODS and m != "none":
+                    rec["rouge_l_to_none"] = round(rouge_l(base["tokens"], r["tokens"]), 4)
                 results.append(rec)
                 if out is not None:
                     out.write(json.dumps(rec) + "\n")
@@ -364,6 +372,8 @@ def method_stats(rows: list[dict]) -> dict:
     if cmp:
         st["identical"] = sum(1 for x in cmp if x)
         st["n_compared"] = len(cmp)
+    rl = [r["rouge_l_to_none"] for r in rows if r.get("rouge_l_to_none") is not None]
+    st["rouge_l"] = sum(rl) / len(rl) if rl else None
     return st
 
 
@@ -372,7 +382,9 @@ def _table(title: str, rows: list[dict], methods: list[str]) -> list[str]:
     stats = {m: method_stats(v) for m, v in by_m.items() if v}
     n_prompts = max((s["n"] for s in stats.values()), default=0)
     base = stats.get("none")
-    cols = ("method", "tok/s", "acc/step", "speedup", "identical", "engine ms/step", "decode ms/step")
+    lossy = any(s.get("rouge_l") is not None and s["identical"] != s["n_compared"] for s in stats.values())
+    cols = ("method", "tok/s", "acc/step", "speedup", "identical") + (("ROUGE-L",) if lossy else ()) + \
+        ("engine ms/step", "decode ms/step")
     body = []
     for m in methods:
         if m not in stats:
@@ -383,7 +395,7 @@ def _table(title: str, rows: list[dict], methods: list[str]) -> list[str]:
         ident = "-" if m == "none" or s["identical"] is None else f"{s['identical']}/{s['n_compared']}"
         body.append((m, f"{s['tokens_per_s']:.1f}",
                      "-" if s["mean_accepted"] is None else f"{s['mean_accepted']:.2f}",
-                     speed, ident,
+                     speed, ident) + ((("-" if s.get("rouge_l") is None else f"{s['rouge_l']:.3f}"),) if lossy else ()) + (
                      "-" if s["engine_ms_per_step"] is None else f"{s['engine_ms_per_step']:.2f}",
                      "-" if s["decode_ms_per_step"] is None else f"{s['decode_ms_per_step']:.2f}"))
     widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(cols)]

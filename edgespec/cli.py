@@ -48,13 +48,13 @@ def _calibration_note():
 
 
 def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=None, max_nodes=32,
-               gate=True, calibrate=True, corpora=()):
+               gate=True, calibrate=True, corpora=(), verify="exact"):
     from .api import SpecModel
 
     with user_errors():
         return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                          max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
-                         progress=_calibration_note(), corpora=corpora)
+                         progress=_calibration_note(), corpora=corpora, verify=verify)
 
 
 def corpus_option(f):
@@ -93,6 +93,10 @@ def generation_options(f):
         click.option("--no-gate", is_flag=True, help="Verify every proposed node (up to --max-nodes) instead of "
                                                      "only those the cost gate expects to pay; for studies."),
         click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+        click.option("--verify", type=click.Choice(("exact", "relaxed", "entropy")), default="exact",
+                     show_default=True,
+                     help="exact = lossless. relaxed / entropy are LOSSY opt-ins (greedy only): they also accept "
+                          "retrieved draft tokens the model ranks close to its own choice, which changes the output."),
     ]
     f = corpus_option(backend_options(f))
     for o in reversed(opts):
@@ -181,7 +185,7 @@ def main():
 @click.option("--stats", is_flag=True, help="After the text, print speed, step and acceptance statistics to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the text and every statistic.")
 def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate,
-             stop, ctx, n_gpu_layers, threads, corpora, raw, stats, as_json):
+             stop, verify, ctx, n_gpu_layers, threads, corpora, raw, stats, as_json):
     """Generate an answer to PROMPT (`-` reads it from stdin).
 
     The prompt is wrapped as one user message in the model's chat template
@@ -201,7 +205,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
         raise click.UsageError("the prompt is empty")
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
     model = load_model(model_path, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
-                       max_nodes=max_nodes, gate=not no_gate, corpora=corpora)
+                       max_nodes=max_nodes, gate=not no_gate, corpora=corpora, verify=verify)
     try:
         with user_errors():
             result = model.generate(prompt, max_tokens=max_tokens, sampling=sampling, stop=list(stop), raw=raw,
@@ -227,7 +231,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
 @generation_options
 @click.option("--system", default=None, help="A system message that opens the conversation.")
 def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate,
-         stop, ctx, n_gpu_layers, threads, corpora, system):
+         stop, verify, ctx, n_gpu_layers, threads, corpora, system):
     """Chat with MODEL in the terminal.
 
     Each turn reuses the KV cache of the earlier ones.  Commands: /stats, /reset,
@@ -235,7 +239,7 @@ def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max
     """
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
     m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
-                   max_nodes=max_nodes, gate=not no_gate, corpora=corpora)
+                   max_nodes=max_nodes, gate=not no_gate, corpora=corpora, verify=verify)
     base = [{"role": "system", "content": system}] if system else []
     messages = list(base)
     totals = {"turns": 0, "tokens": 0, "decode_s": 0.0, "steps": 0, "draft_nodes": 0, "draft_accepted": 0,
@@ -354,8 +358,9 @@ def calibrate(model, ctx, n_gpu_layers, threads, as_json):
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False),
               help="JSON-lines prompts (question_id, category, turns); the first turn is used.")
 @click.option("--methods", default=",".join(("none", "suffix", "llama-cpp-python", "llama-cpp-python-pld")),
-              show_default=True, help="Comma-separated: edgespec drafters (none, suffix, trigram, adjacency; "
-                                      "NAME-nocorpus runs one without the --corpus files) and "
+              show_default=True, help="Comma-separated: edgespec drafters (none, suffix, trigram, adjacency, auto; "
+                                      "NAME-nocorpus runs one without the --corpus files, NAME@relaxed or "
+                                      "NAME@entropy with a lossy verification mode) and "
                                       "llama-cpp-python, llama-cpp-python-pld.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts (after --category).")

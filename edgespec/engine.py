@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import codecs
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,8 +33,8 @@ from .costmodel import AcceptanceModel, CostCurve
 from .drafters.base import Drafter, StepResult
 from .kernels.tree import first_child_slot, learn_step, plan_step
 from .kernels.tree import warmup as _warmup_tree_kernels
-from .tree import SOURCE_CARRY, DraftTree
-from .verify import SamplingConfig, sample_token
+from .tree import SOURCE_CARRY, SOURCE_CONTEXT, SOURCE_CORPUS, DraftTree
+from .verify import SamplingConfig, VerifyConfig, relaxed_accepts, sample_token
 
 
 @dataclass
@@ -46,10 +46,13 @@ class EngineConfig:
         False verifies every proposed node up to max_nodes (for tests and studies).
     carry_prob: drafter score given to carried tokens (re-verification of tokens
         already accepted once on a batch layout with holes).
+    verify: exact (lossless, the default) or one of the lossy opt-ins; see
+        verify.VerifyConfig.
     """
     max_nodes: int = 32
     cost_gate: bool = True
     carry_prob: float = 0.95
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
 
     def __post_init__(self):
         if not (1 <= self.max_nodes <= 256):
@@ -78,6 +81,8 @@ class GenerationResult:
     decode_call_s: float = 0.0    # time inside llama_decode (+ logits fetch)
     engine_s: float = 0.0         # decode_s - decode_call_s: drafting, gate, verify, bookkeeping
     drafter: str = "none"
+    verify: str = "exact"         # exact = lossless; relaxed / entropy change the output
+    n_relaxed: int = 0            # tokens accepted by a relaxed rule (not the model's own choice)
     topk: list | None = None      # with record_topk: the model's top-k ids at each generated position
 
     def to_dict(self) -> dict:
@@ -248,6 +253,30 @@ class Engine:
                          self.config.cost_gate, self._cond, self._q, self._sel, self._spar, self._o,
                          self._bp, self._d, self._lf, self._lc)
 
+    def _relaxed_child(self, logits, slot: int, nb: int, btok, tree: DraftTree, sel, order) -> int:
+        """Lossy verification (VerifyConfig): the best retrieved child of `slot`
+        that the relaxed rule accepts and whose subtree continues with
+        `lookahead` greedy matches, or -1."""
+        cfg = self.config.verify
+        bparent = self._bp
+        best, best_c = -np.inf, -1
+        for t in range(slot + 1, nb):
+            if bparent[t] != slot:
+                continue
+            if tree.source[sel[order[t]]] not in (SOURCE_CONTEXT, SOURCE_CORPUS):
+                continue
+            sc = relaxed_accepts(logits[slot], int(btok[t]), cfg)
+            if sc > best:
+                best, best_c = sc, t
+        if best_c < 0:
+            return -1
+        s2 = best_c
+        for _ in range(cfg.lookahead):
+            s2 = first_child_slot(bparent, nb, s2, int(np.argmax(logits[s2])), btok)
+            if s2 < 0:
+                return -1
+        return best_c
+
     # --------------------------------------------------------------------- run
     def run(self, prompt: np.ndarray, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
             stop: list[str] | None = None, reuse_prefix: bool = False, record_topk: int = 0):
@@ -268,6 +297,11 @@ class Engine:
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         rng = np.random.default_rng(sampling.seed) if not sampling.greedy else None
+        vcfg = self.config.verify
+        relax = not vcfg.exact
+        if relax and not sampling.greedy:
+            raise ValueError(f"--verify {vcfg.mode} applies to greedy decoding only (temperature 0)")
+        n_relaxed = 0
 
         t_start = time.perf_counter()
         n_common = 0
@@ -371,6 +405,11 @@ class Engine:
                     tok = sample_token(logits[slot], sampling, u)
                     accepted.append(tok)
                     c = first_child_slot(bparent, nb, slot, tok, btok) if k else -1
+                    if c < 0 and relax and k:
+                        c = self._relaxed_child(logits, slot, nb, btok, tree, sel, order)
+                        if c >= 0:          # LOSSY: commit the retrieved token instead
+                            accepted[-1] = int(btok[c])
+                            n_relaxed += 1
                     if c < 0:
                         break
                     if c != slot + 1:
@@ -457,7 +496,7 @@ class Engine:
             stop_reason=stop_reason or "length", n_reused_tokens=n_common,
             n_draft_steps=n_draft_steps, n_draft_nodes=n_draft_nodes, n_draft_accepted=n_draft_accepted,
             n_carried=n_carried, decode_call_s=t_decode_calls, engine_s=decode_s - t_decode_calls,
-            drafter=getattr(self.drafter, "name", "?"),
+            drafter=getattr(self.drafter, "name", "?"), verify=vcfg.mode, n_relaxed=n_relaxed,
             topk=np.concatenate(topk_log)[:n_gen + 1].tolist() if topk_log else None)
 
 

@@ -93,3 +93,96 @@ def sample_token(logits: np.ndarray, cfg: SamplingConfig, u: float) -> int:
     c = np.cumsum(p)
     i = int(np.searchsorted(c, u * c[-1], side="right"))
     return int(cand[min(i, len(cand) - 1)])
+
+
+# ----------------------------------------------------------------------------
+# Relaxed verification: LOSSY, opt-in.  The output is no longer what plain
+# decoding gives; `edgespec bench` reports how far it moves (identical outputs,
+# ROUGE-L against `none`) beside the speed.
+
+VERIFY_MODES = ("exact", "relaxed", "entropy")
+
+
+@dataclass
+class VerifyConfig:
+    """How draft tokens are accepted.
+
+    mode "exact" (default): a draft token is accepted only when it is the token
+        the model itself chooses (lossless).
+    mode "relaxed" (ReSpec-style, lossy): when no draft child carries the model's
+        greedy token, a child proposed by *retrieval* (a context or corpus match,
+        never a tri-gram or adjacency guess) is accepted if the model ranks it in
+        its top `top_k` with a log-probability within `tau` of the best, and the
+        draft tree continues below it with `lookahead` tokens that the model's
+        greedy choices confirm.
+    mode "entropy" (AASD-style, lossy): the same, but the retrieved child is
+        accepted when its probability is at least eps * exp(-H), H being the
+        entropy (nats) of the model's distribution there: the more uncertain the
+        model, the lower the bar.
+    Both relaxed modes apply to greedy decoding only.
+    """
+    mode: str = "exact"
+    top_k: int = 5
+    tau: float = 1.5
+    lookahead: int = 2
+    eps: float = 0.3
+
+    def __post_init__(self):
+        if self.mode not in VERIFY_MODES:
+            raise ValueError(f"verify mode must be one of {', '.join(VERIFY_MODES)}, got {self.mode!r}")
+        if self.top_k < 1:
+            raise ValueError("verify top_k must be >= 1")
+        if not self.tau >= 0:
+            raise ValueError("verify tau must be >= 0")
+        if self.lookahead < 0:
+            raise ValueError("verify lookahead must be >= 0")
+        if not (0.0 < self.eps <= 1.0):
+            raise ValueError("verify eps must be in (0, 1]")
+
+    @property
+    def exact(self) -> bool:
+        return self.mode == "exact"
+
+
+def relaxed_accepts(row: np.ndarray, token: int, cfg: VerifyConfig) -> float:
+    """Score of draft `token` under the relaxed rule at a position with logits
+    `row`: a value > -inf (its log-probability gap to the best token, <= 0) when
+    the rule accepts it, -inf otherwise."""
+    row = np.asarray(row)
+    best = float(row.max())
+    v = float(row[token])
+    if cfg.mode == "relaxed":
+        if v < best - cfg.tau:
+            return -np.inf
+        if int(np.count_nonzero(row > v)) >= cfg.top_k:
+            return -np.inf
+        return v - best
+    # entropy
+    x = row.astype(np.float64) - best
+    p = np.exp(x)
+    z = p.sum()
+    p /= z
+    h = float(-(p * (x - np.log(z))).sum())
+    if p[token] >= cfg.eps * np.exp(-h):
+        return v - best
+    return -np.inf
+
+
+def rouge_l(a, b) -> float:
+    """ROUGE-L F-measure of two token sequences (longest common subsequence)."""
+    a, b = list(a), list(b)
+    if not a or not b:
+        return 1.0 if a == b else 0.0
+    if a == b:
+        return 1.0
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    lcs = prev[-1]
+    if lcs == 0:
+        return 0.0
+    p, r = lcs / len(b), lcs / len(a)
+    return 2 * p * r / (p + r)

@@ -18,7 +18,7 @@ MAX_TOKENS = 64
 
 
 def _requests(model, rows):
-    reqs, real = [], []
+    reqs = []
     for i, row in enumerate(rows):
         toks = model.prompt_tokens([{"role": "user", "content": row["turns"][0]}])
         r = model.generate(toks, max_tokens=MAX_TOKENS, drafter="none", record_topk=8)

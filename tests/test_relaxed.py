@@ -1,0 +1,83 @@
+"""Relaxed verification (lossy opt-in): the acceptance rules on hand-made logits,
+and on the real model that only retrieved drafts are ever accepted by them and
+that exact mode is untouched."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from edgespec.drafters.base import Drafter
+from edgespec.engine import Engine
+from edgespec.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
+from edgespec.verify import SamplingConfig, VerifyConfig, relaxed_accepts, rouge_l
+
+from conftest import pick_prompts
+
+
+def test_relaxed_rule_top_k_and_tau():
+    row = np.array([5.0, 4.5, 1.0, 4.8, 0.0], np.float32)   # ranks: 0, 3, 1, 2 (by value 5, 4.8, 4.5, 1)
+    cfg = VerifyConfig("relaxed", top_k=3, tau=1.0, lookahead=0)
+    assert relaxed_accepts(row, 3, cfg) == pytest.approx(-0.2)
+    assert relaxed_accepts(row, 1, cfg) == pytest.approx(-0.5)
+    assert relaxed_accepts(row, 2, cfg) == -np.inf            # 4 below the best
+    assert relaxed_accepts(row, 1, VerifyConfig("relaxed", top_k=2, tau=1.0)) == -np.inf   # rank 2
+    assert relaxed_accepts(row, 1, VerifyConfig("relaxed", top_k=3, tau=0.4)) == -np.inf   # gap 0.5
+
+
+def test_entropy_rule_falls_with_entropy():
+    cfg = VerifyConfig("entropy", eps=0.3)
+    peaked = np.array([10.0, 7.0, 0.0, 0.0], np.float32)     # low entropy: p(1) ~ 0.05 < 0.3 * e^-H
+    flat = np.array([1.0, 0.9, 0.8, 0.8], np.float32)        # high entropy: the bar is low
+    assert relaxed_accepts(peaked, 1, cfg) == -np.inf
+    assert relaxed_accepts(flat, 1, cfg) > -np.inf
+
+
+def test_config_and_rouge():
+    with pytest.raises(ValueError):
+        VerifyConfig("sloppy")
+    assert VerifyConfig().exact and not VerifyConfig("entropy").exact
+    assert rouge_l([1, 2, 3], [1, 2, 3]) == 1.0
+    assert rouge_l([1, 2, 3, 4], [1, 9, 3, 4]) == pytest.approx(0.75)
+    assert rouge_l([1, 2], [3, 4]) == 0.0
+
+
+class _FixedDrafter(Drafter):
+    """Proposes one node, token `tok`, from the given source, at every step."""
+    name = "fixed"
+
+    def __init__(self, tok: int, source: int):
+        self.tok, self.source = tok, source
+
+    def propose(self, context, budget):
+        return DraftTree(np.array([self.tok], np.int32), np.array([-1], np.int32),
+                         np.array([0.9], np.float32), np.array([self.source], np.int8))
+
+
+@pytest.mark.model
+def test_only_retrieved_drafts_are_relaxed(model):
+    toks = model.prompt_tokens([{"role": "user", "content": pick_prompts(1)[0]["turns"][0]}])
+    ref = model.generate(toks, max_tokens=24, drafter="none")
+    anything = VerifyConfig("relaxed", top_k=model.vocab.n_vocab, tau=1e9, lookahead=0)
+    cfg = dataclasses.replace(model.config, cost_gate=False, verify=anything)
+    tok = 1234   # a token plain decoding does not produce here
+    assert tok not in ref.tokens
+
+    def run(source):
+        eng = Engine(model.backend, _FixedDrafter(tok, source), model.cost, cfg)
+        gen = eng.run(toks, max_tokens=24)
+        try:
+            while True:
+                next(gen)
+        except StopIteration as e:
+            eng.reset()
+            return e.value
+
+    r = run(SOURCE_TRIGRAM)            # a generated guess is never accepted by the relaxed rule
+    assert r.tokens == ref.tokens and r.n_relaxed == 0 and r.verify == "relaxed"
+    r = run(SOURCE_CONTEXT)            # a retrieved one is, under a rule that accepts anything
+    assert r.n_relaxed > 0 and tok in r.tokens and r.tokens != ref.tokens
+    eng = Engine(model.backend, _FixedDrafter(tok, SOURCE_CONTEXT), model.cost, cfg)
+    with pytest.raises(ValueError, match="greedy"):
+        next(eng.run(toks, max_tokens=4, sampling=SamplingConfig(temperature=0.7, seed=1)))
