@@ -318,6 +318,15 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
                 out.flush()
             speeds = "  ".join(f"{m} {rows[m]['tokens_per_s']:.1f} tok/s" for m in methods)
             say(f"[{i:>{width}}/{len(prompts)}] {p.category:<14} {speeds}")
+        # the acceptance model of each drafter after the run: predicted against
+        # observed acceptance per source (how well the cost gate's inputs held)
+        for m in methods:
+            if m in LLAMA_METHODS or m == "none":
+                continue
+            rec = {"kind": "calibration", "method": m, "rows": model._engine_for(m).acceptance.report()}
+            results.append(rec)
+            if out is not None:
+                out.write(json.dumps(rec) + "\n")
         return head, results
     finally:
         if out is not None:
@@ -336,6 +345,9 @@ def read_results(path: str) -> tuple[dict | None, list[dict]]:
         for lineno, rec in _json_objects(path, f):
             if rec.get("kind") == "header":
                 head = rec
+                continue
+            if rec.get("kind") == "calibration":
+                results.append(rec)
                 continue
             missing = [k for k in ("category", "method", "n_generated", "decode_s") if k not in rec]
             if missing:
@@ -419,6 +431,8 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
         (drafting, gate, verification, bookkeeping), averaged over prompts;
     decode ms/step: time inside llama_decode per step, averaged over prompts.
     """
+    results = list(results)
+    calib = [r for r in results if r.get("kind") == "calibration"]
     results = [r for r in results if r.get("kind", "result") == "result"]
     methods: list[str] = []
     cats: list[str] = []
@@ -439,6 +453,19 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
         out += _table(c, [r for r in results if r["category"] == c], methods)
         out.append("")
     out += _table("all", results, methods)
+    if calib:
+        out += ["", "acceptance calibration (draft nodes whose parent was accepted; predicted = the gate's "
+                    "estimate, observed = share accepted)",
+                f"{'method':<20} {'source':<10} {'tested':>8} {'predicted':>10} {'observed':>9}"]
+        for c in calib:
+            agg: dict = {}
+            for row in c["rows"]:
+                a = agg.setdefault(row["source"], [0, 0.0, 0.0])
+                a[0] += row["tested"]
+                a[1] += row["predicted"] * row["tested"]
+                a[2] += row["observed"] * row["tested"]
+            for src, (n, pr, ob) in agg.items():
+                out.append(f"{c['method']:<20} {src:<10} {n:>8} {pr / n:>10.3f} {ob / n:>9.3f}")
     return "\n".join(out)
 
 

@@ -223,11 +223,19 @@ PROMPTS = [
 def test_bench_writes_results_and_table(model_path, tmp_path):
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS)
     out = tmp_path / "results.jsonl"
-    r = invoke(["bench", "--prompts", str(prompts), "--methods", "none,suffix", "--max-tokens", "16",
+    r = invoke(["bench", "--prompts", str(prompts), "--methods", "none,suffix,suffix@relaxed", "--max-tokens", "16",
                 "--out", str(out)])
     assert r.exit_code == 0, r.output
     lines = [json.loads(x) for x in out.read_text().splitlines()]
-    head, rows = lines[0], lines[1:]
+    head, rows = lines[0], [x for x in lines[1:] if x["kind"] == "result"]
+    relaxed = [x for x in rows if x["method"] == "suffix@relaxed"]
+    rows = [x for x in rows if x["method"] != "suffix@relaxed"]
+    assert len(relaxed) == 2 and all(x["verify"] == "relaxed" and 0.0 <= x["rouge_l_to_none"] <= 1.0
+                                     for x in relaxed)
+    calib = {x["method"]: x for x in lines[1:] if x["kind"] == "calibration"}
+    assert set(calib) == {"suffix", "suffix@relaxed"}
+    assert sum(row["tested"] for row in calib["suffix"]["rows"]) > 0   # the copy prompt drafts
+    assert "acceptance calibration" in r.stdout
     assert head["kind"] == "header" and head["model"] == model_path
     for k in ("n_threads", "n_ctx", "llama_cpp_version", "date", "hostname", "cpu", "cost_curve"):
         assert k in head, k

@@ -42,6 +42,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     head, rows = read_results(a.results)
+    rows = [r for r in rows if r.get("kind", "result") == "result"]
     if head is None or not head.get("cost_curve"):
         sys.exit("the results file has no header with a cost curve (run `edgespec bench` to make one)")
     cost = CostCurve.from_json(head["cost_curve"])
