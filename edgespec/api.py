@@ -17,7 +17,7 @@ import numpy as np
 from .backend.llama import EXACT_MAX_BATCH, LlamaBackend
 from .costmodel import CostCurve, calibration_key, load_or_measure
 from .drafters import make_drafter, split_drafter_name
-from .engine import Engine, EngineConfig, GenerationResult
+from .engine import Engine, EngineConfig, GenerationResult, drain
 from .models import resolve_model
 from .verify import SamplingConfig, VerifyConfig
 
@@ -166,14 +166,8 @@ class SpecModel:
         """Generate a completion; returns a GenerationResult (text, tokens, timings).
         record_topk: K > 0 also returns the model's top-K ids at every generated
         position (result.topk; used by the bench to make replays exact)."""
-        gen = self._run(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter, record_topk)
-        while True:
-            try:
-                piece = next(gen)
-            except StopIteration as e:
-                return e.value
-            if on_text is not None:
-                on_text(piece)
+        return drain(self._run(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter, record_topk),
+                     on_text)
 
     def stream(self, prompt, **kw) -> Iterator[str]:
         """Yield text pieces as they are accepted; the result is in self.last_result."""

@@ -500,6 +500,18 @@ class Engine:
             topk=np.concatenate(topk_log)[:n_gen + 1].tolist() if topk_log else None)
 
 
+def drain(gen, on_text=None) -> GenerationResult:
+    """Run an Engine.run generator to the end: hand each text piece to on_text
+    (if given) and return the GenerationResult."""
+    while True:
+        try:
+            piece = next(gen)
+        except StopIteration as e:
+            return e.value
+        if on_text is not None:
+            on_text(piece)
+
+
 def sum_accepted(n_steps: int, n_draft_accepted: int) -> float:
     """Mean tokens committed per verification step (each step commits its bonus)."""
     return (n_steps + n_draft_accepted) / n_steps if n_steps else 0.0

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend.llama import SPLIT_KV_FREE_CELLS
+from .engine import drain
 
 _OFF_TEXT = 0
 """Token the fake logits favour after a slot that left the recorded text (only
@@ -163,13 +164,7 @@ def replay(engine, backend: ReplayBackend, requests, max_tokens: int, check: boo
         backend.set_truth(truth, r.topk, len(r.prompt))
         backend.model_s = 0.0
         t0 = time.perf_counter()
-        gen = engine.run(r.prompt, max_tokens=max_tokens)
-        while True:
-            try:
-                next(gen)
-            except StopIteration as e:
-                res = e.value
-                break
+        res = drain(engine.run(r.prompt, max_tokens=max_tokens))
         wall = time.perf_counter() - t0
         if check and list(res.tokens) != [int(t) for t in r.output]:
             raise AssertionError(f"replay of {r.key} diverged from the recorded output")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.engine import Engine, EngineConfig
+from edgespec.engine import Engine, EngineConfig, drain
 from edgespec.drafters import make_drafter
 
 from conftest import OracleDrafter, pick_prompts
@@ -113,7 +113,7 @@ def test_forced_tree_shapes_identical_and_kv_exact(model, shape):
         ref_logits = final_logits(model, none_engine, toks, ref.tokens)
         drafter = OracleDrafter(len(toks), ref.tokens, shape, be.n_vocab, width=4, depth=6, seed=k)
         eng = Engine(be, drafter, model.cost, EngineConfig(max_nodes=32, cost_gate=False))
-        res = _drain(eng.run(toks, max_tokens=64))
+        res = drain(eng.run(toks, max_tokens=64))
         assert res.tokens == ref.tokens, f"{shape}: question {row['question_id']} diverged"
         spec_logits = final_logits(model, eng, toks, res.tokens)
         assert np.array_equal(spec_logits, ref_logits), \
@@ -127,14 +127,6 @@ def test_forced_tree_shapes_identical_and_kv_exact(model, shape):
             assert res.n_draft_accepted == 0 and res.n_draft_nodes > 0
 
 
-def _drain(gen):
-    while True:
-        try:
-            next(gen)
-        except StopIteration as e:
-            return e.value
-
-
 def test_eog_inside_accepted_draft_ends_answer(model):
     """A short answer; the oracle drafts the rest of the answer, the end-of-generation
     token and junk after it, all in one chain: nothing after the EOG is emitted."""
@@ -145,7 +137,7 @@ def test_eog_inside_accepted_draft_ends_answer(model):
     drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=40,
                             extra=[eos, 1000, 1001, 1002])
     eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=48, cost_gate=False))
-    res = _drain(eng.run(toks, max_tokens=40))
+    res = drain(eng.run(toks, max_tokens=40))
     assert res.tokens == ref.tokens
     assert res.text == ref.text
     assert res.stop_reason == "stop"
@@ -161,7 +153,7 @@ def test_stop_string_and_max_tokens_inside_accepted_draft(model):
     cut = ref.text.index(stop)
     drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=40)
     eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=48, cost_gate=False))
-    res = _drain(eng.run(toks, max_tokens=40, stop=[stop]))
+    res = drain(eng.run(toks, max_tokens=40, stop=[stop]))
     assert res.stop_reason == "stop"
     assert res.text == ref.text[:cut]
     assert stop not in res.text
@@ -173,7 +165,7 @@ def test_stop_string_and_max_tokens_inside_accepted_draft(model):
     # max_tokens inside an accepted chain
     drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=30)
     eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=48, cost_gate=False))
-    res = _drain(eng.run(toks, max_tokens=7))
+    res = drain(eng.run(toks, max_tokens=7))
     assert res.tokens == ref.tokens[:7] and res.stop_reason == "length"
 
 
@@ -191,7 +183,7 @@ def test_full_context_stops_with_length(model):
         assert len(toks) + ref.n_generated >= n_ctx - 1
         drafter = make_drafter("suffix")
         eng = Engine(small.backend, drafter, small.cost, EngineConfig(max_nodes=32, cost_gate=False))
-        res = _drain(eng.run(toks, max_tokens=500))
+        res = drain(eng.run(toks, max_tokens=500))
         assert res.tokens == ref.tokens and res.stop_reason == "length"
         with pytest.raises(ValueError, match="does not fit the context"):
             small.generate("word " * (small.backend.n_ctx + 10), max_tokens=5)

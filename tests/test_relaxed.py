@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edgespec.drafters.base import Drafter
-from edgespec.engine import Engine
+from edgespec.engine import Engine, drain
 from edgespec.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
 from edgespec.verify import SamplingConfig, VerifyConfig, relaxed_accepts, rouge_l
 
@@ -66,13 +66,9 @@ def test_only_retrieved_drafts_are_relaxed(model):
 
     def run(source):
         eng = Engine(model.backend, _FixedDrafter(tok, source), model.cost, cfg)
-        gen = eng.run(toks, max_tokens=24)
-        try:
-            while True:
-                next(gen)
-        except StopIteration as e:
-            eng.reset()
-            return e.value
+        res = drain(eng.run(toks, max_tokens=24))
+        eng.reset()
+        return res
 
     r = run(SOURCE_TRIGRAM)            # a generated guess is never accepted by the relaxed rule
     assert r.tokens == ref.tokens and r.n_relaxed == 0 and r.verify == "relaxed"

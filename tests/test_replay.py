@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from edgespec.drafters import make_drafter
-from edgespec.engine import Engine, EngineConfig
+from edgespec.engine import Engine, EngineConfig, drain
 from edgespec.replay import ReplayBackend, ReplayRequest, replay
 
 from conftest import pick_prompts
@@ -47,12 +47,7 @@ def test_replay_matches_real_engine(model, recorded, name):
     real_eng = Engine(model.backend, drafter(), model.cost, model.config)
     real_steps = real_acc = 0
     for rq in reqs:
-        gen = real_eng.run(rq.prompt, max_tokens=MAX_TOKENS)
-        try:
-            while True:
-                next(gen)
-        except StopIteration as e:
-            res = e.value
+        res = drain(real_eng.run(rq.prompt, max_tokens=MAX_TOKENS))
         assert res.tokens == [int(t) for t in rq.output]
         real_steps += res.n_steps
         real_acc += res.n_draft_accepted

@@ -12,7 +12,7 @@ from edgespec.engine import Engine, EngineConfig
 from edgespec.verify import sample_token, sampling_distribution
 
 from conftest import OracleDrafter
-from test_engine import _drain
+from edgespec.engine import drain
 
 
 def chi2_critical(dof: int, alpha: float = 1e-3) -> float:
@@ -48,7 +48,7 @@ def test_same_seed_gives_same_text_as_plain_sampling(model, shape):
         ref = model.generate(toks, max_tokens=48, sampling=cfg, drafter="none")
         drafter = OracleDrafter(len(toks), ref.tokens, shape, model.backend.n_vocab, seed=seed)
         eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=24, cost_gate=False))
-        res = _drain(eng.run(toks, max_tokens=48, sampling=cfg))
+        res = drain(eng.run(toks, max_tokens=48, sampling=cfg))
         assert res.tokens == ref.tokens
         assert res.n_draft_accepted > 5
 

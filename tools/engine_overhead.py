@@ -15,7 +15,7 @@ import argparse
 
 from edgespec import EngineConfig, SpecModel
 from edgespec.drafters import make_drafter
-from edgespec.engine import Engine
+from edgespec.engine import Engine, drain
 
 PASSAGE = ("The committee met on Tuesday to review the budget. It approved the new library, "
            "delayed the road repairs, and asked for a report on the water supply by March. ")
@@ -34,13 +34,7 @@ def main() -> None:
     steps = nodes = 0
     eng_s = dec_s = 0.0
     while steps < a.steps:
-        gen = eng.run(toks, max_tokens=256)
-        while True:
-            try:
-                next(gen)
-            except StopIteration as e:
-                r = e.value
-                break
+        r = drain(eng.run(toks, max_tokens=256))
         steps += r.n_steps
         nodes += r.n_draft_nodes + r.n_steps
         eng_s += r.engine_s

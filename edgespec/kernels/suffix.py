@@ -232,21 +232,26 @@ def build_continuation_tree(tokens, n, ends, lens, n_matches, max_depth, max_nod
     if m == 0:
         return 0
 
-    # Probabilities; nodes were created parents-first, so cum[par] is ready.
     p = np.empty(m, np.float64)
-    neg_cum = np.empty(m, np.float64)
     for i in range(m):
         pi = par[i]
         parent_w = root_w if pi < 0 else weight[pi]
         leff = float(mlen[i] + depth[i] - 1)
         p[i] = weight[i] / parent_w * (leff / (leff + 2.0))
-        if pi < 0:
-            neg_cum[i] = -p[i]
-        else:
-            # x * p <= x for p <= 1 also after rounding, so the child never
-            # outranks its parent.
-            neg_cum[i] = neg_cum[pi] * p[i]
+    return _emit_by_path_prob(tok, par, p, mlen, m, max_nodes, out_tokens, out_parents, out_probs, out_mlen)
 
+
+@njit(cache=True)
+def _emit_by_path_prob(tok, par, p, extra, m, max_nodes, out_tokens, out_parents, out_probs, out_extra):
+    """Write the first max_nodes of m trie nodes (created parents first: par[i] < i,
+    -1 = root) in decreasing order of cumulative probability, re-indexing parents;
+    ``extra`` (match lengths or sources) travels with each node.  Returns the count."""
+    neg_cum = np.empty(m, np.float64)
+    for i in range(m):
+        pi = par[i]
+        # x * p <= x for p <= 1 also after rounding, so the child never
+        # outranks its parent.
+        neg_cum[i] = -p[i] if pi < 0 else neg_cum[pi] * p[i]
     # Stable sort: ties keep creation order, in which parents come first.
     order = np.argsort(neg_cum, kind="mergesort")
     new_index = np.empty(m, np.int64)
@@ -258,7 +263,7 @@ def build_continuation_tree(tokens, n, ends, lens, n_matches, max_depth, max_nod
         pi = par[i]
         out_parents[r] = -1 if pi < 0 else new_index[pi]
         out_probs[r] = p[i]
-        out_mlen[r] = mlen[i]
+        out_extra[r] = extra[i]
     return k_out
 
 
@@ -577,22 +582,7 @@ def merge_trees(a_tokens, a_parents, a_probs, a_source, ma,
         if s > 1.0:
             p[i] = p[i] / s
 
-    neg_cum = np.empty(m, np.float64)
-    for i in range(m):
-        pi = par[i]
-        neg_cum[i] = -p[i] if pi < 0 else neg_cum[pi] * p[i]
-    order = np.argsort(neg_cum, kind="mergesort")
-    new_index = np.empty(m, np.int64)
-    k_out = m if m < max_nodes else max_nodes
-    for r in range(k_out):
-        i = order[r]
-        new_index[i] = r
-        out_tokens[r] = tok[i]
-        pi = par[i]
-        out_parents[r] = -1 if pi < 0 else new_index[pi]
-        out_probs[r] = p[i]
-        out_source[r] = src[i]
-    return k_out
+    return _emit_by_path_prob(tok, par, p, src, m, max_nodes, out_tokens, out_parents, out_probs, out_source)
 
 
 def warmup() -> None:
