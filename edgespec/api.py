@@ -16,7 +16,7 @@ import numpy as np
 
 from .backend.llama import EXACT_MAX_BATCH, LlamaBackend
 from .costmodel import CostCurve, calibration_key, load_or_measure
-from .drafters import make_drafter, split_drafter_name
+from .drafters import make_drafter, parse_drafter_name
 from .engine import Engine, EngineConfig, GenerationResult, drain
 from .models import resolve_model
 from .verify import SamplingConfig, VerifyConfig
@@ -95,9 +95,9 @@ class SpecModel:
                 base, _, mode = drafter.partition("@")
                 if mode:
                     config = dataclasses.replace(self.config, verify=VerifyConfig(mode))
-                name, use_corpora = split_drafter_name(base)
+                name, use_corpora, switches = parse_drafter_name(base)
                 d = make_drafter(name, n_vocab=self.vocab.n_vocab,
-                                 corpora=self.corpora if use_corpora else ())
+                                 corpora=self.corpora if use_corpora else (), **switches)
             else:
                 d = drafter
             d.warmup()

@@ -359,7 +359,8 @@ def calibrate(model, ctx, n_gpu_layers, threads, as_json):
               help="JSON-lines prompts (question_id, category, turns); the first turn is used.")
 @click.option("--methods", default=",".join(("none", "suffix", "llama-cpp-python", "llama-cpp-python-pld")),
               show_default=True, help="Comma-separated: edgespec drafters (none, suffix, trigram, adjacency, auto; "
-                                      "NAME-nocorpus runs one without the --corpus files, NAME@relaxed or "
+                                      "NAME-nocorpus runs one without the --corpus files, NAME-noX / NAME+X "
+                                      "switches a component X off / on, e.g. auto-notrigram, NAME@relaxed or "
                                       "NAME@entropy with a lossy verification mode) and "
                                       "llama-cpp-python, llama-cpp-python-pld.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)

@@ -126,12 +126,26 @@ class _TextStream:
                 return True
         return False
 
+    def push_many(self, tokens: list[int]) -> bool:
+        """push() each token; stop at the first completed stop string.  Without
+        stop strings the pieces are joined and decoded in one call."""
+        if self.stop:
+            for t in tokens:
+                if self.push(t):
+                    return True
+            return False
+        if tokens:
+            piece = self.vocab.piece
+            self.text += self.dec.decode(b"".join([piece(t) for t in tokens]))
+        return False
+
     def finish(self) -> None:
         if self.stopped_at < 0:
             self.text += self.dec.decode(b"", final=True)
 
     def n_tokens_before_stop(self) -> int:
-        """Tokens whose text lies entirely before the stop string."""
+        """Tokens whose text lies entirely before the stop string (char_end is
+        kept only when there are stop strings, the only case with a stop)."""
         return sum(1 for e in self.char_end if e <= self.stopped_at)
 
     def delta(self, final: bool = False) -> str:
@@ -148,6 +162,15 @@ class _TextStream:
         d = self.text[self.emitted:end]
         self.emitted = end
         return d
+
+
+def _child(bparent: list, btok: list, slot: int, tok: int) -> int:
+    """Batch slot of the child of `slot` that carries `tok`, or -1 (plain lists:
+    the first child directly follows its parent in the layout, siblings later)."""
+    for t in range(slot + 1, len(btok)):
+        if bparent[t] == slot and btok[t] == tok:
+            return t
+    return -1
 
 
 def _merge_chain(tree: DraftTree, chain: np.ndarray, prob: float) -> DraftTree:
@@ -190,7 +213,8 @@ class Engine:
         self.overhead_rel = 0.02                 # EMA of engine time per step / t1
         self.eog = backend.vocab.eog_mask()
         n = self.config.max_nodes + 1
-        self._observes = type(drafter).observe is not Drafter.observe
+        obs = getattr(drafter, "observes", None)
+        self._observes = (type(drafter).observe is not Drafter.observe) if obs is None else bool(obs)
         self._topk = int(getattr(drafter, "topk", 0) or 0) if self._observes else 0
         if self._topk:
             from .kernels.topk import topk_rows
@@ -296,7 +320,8 @@ class Engine:
                              f"{be.n_ctx} tokens (raise it with --ctx / n_ctx)")
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
-        rng = np.random.default_rng(sampling.seed) if not sampling.greedy else None
+        greedy = sampling.greedy
+        rng = np.random.default_rng(sampling.seed) if not greedy else None
         vcfg = self.config.verify
         relax = not vcfg.exact
         if relax and not sampling.greedy:
@@ -342,25 +367,33 @@ class Engine:
         carry = np.zeros(0, np.int32)
         pending = -1
 
-        def emit(tok: int) -> bool:
-            """Append one committed token; return True when generation must stop."""
+        eog = self.eog
+
+        def emit(toks: list[int]) -> bool:
+            """Append committed tokens in order, stopping at the first end-of-
+            generation token, at max_tokens or at a completed stop string; return
+            True when generation must stop."""
             nonlocal stop_reason
-            if self.eog[tok]:
-                stop_reason = "stop"
-                return True
-            generated.append(tok)
-            if out.push(tok):
-                stop_reason = "stop"
-                return True
-            if len(generated) >= max_tokens:
+            cut = len(toks)
+            for i, tok in enumerate(toks):
+                if eog[tok]:
+                    cut = i
+                    stop_reason = "stop"
+                    break
+            room_left = max_tokens - len(generated)
+            if room_left <= cut:      # max_tokens is reached before any EOG
+                cut = room_left
                 stop_reason = "length"
-                return True
-            return False
+            toks = toks[:cut]
+            generated.extend(toks)
+            if out.push_many(toks):
+                stop_reason = "stop"
+            return stop_reason is not None
 
         ctx[n] = first
         n += 1
         pending = first
-        done = emit(first)
+        done = emit([first])
         d = out.delta()
         if d:
             yield d
@@ -400,11 +433,14 @@ class Engine:
                 slot = 0
                 accepted = []            # committed tokens this step (drafts, then bonus)
                 carried = None
+                bpl, btl = bparent[:nb].tolist(), btok.tolist()
                 while True:
-                    u = rng.random() if rng is not None else 0.0
-                    tok = sample_token(logits[slot], sampling, u)
+                    if greedy:
+                        tok = int(logits[slot].argmax())   # = sample_token(..., greedy), without the call
+                    else:
+                        tok = sample_token(logits[slot], sampling, rng.random())
                     accepted.append(tok)
-                    c = first_child_slot(bparent, nb, slot, tok, btok) if k else -1
+                    c = _child(bpl, btl, slot, tok)
                     if c < 0 and relax and k:
                         c = self._relaxed_child(logits, slot, nb, btok, tree, sel, order)
                         if c >= 0:          # LOSSY: commit the retrieved token instead
@@ -418,8 +454,8 @@ class Engine:
                         carried = [c]
                         s2 = c
                         while True:
-                            t2 = int(np.argmax(logits[s2]))
-                            c2 = first_child_slot(bparent, nb, s2, t2, btok)
+                            t2 = int(logits[s2].argmax())
+                            c2 = _child(bpl, btl, s2, t2)
                             if c2 < 0:
                                 carry = np.array([btok[x] for x in carried[1:]] + [t2], np.int32)
                                 break
@@ -448,24 +484,25 @@ class Engine:
                 na = len(accepted)
                 ctx[n:n + na] = accepted
                 n += na
-                for tok in accepted:
-                    if emit(tok):
-                        done = True
-                        break
+                done = emit(accepted)
                 pending = accepted[-1]
                 if self._observes:
                     if k == 0:
                         proposed, nacc, ntest = DraftTree.empty(), np.zeros(0, np.bool_), np.zeros(0, np.bool_)
                     else:
-                        proposed = DraftTree(tree.tokens[sel], self._spar[:k], tree.probs[sel], tree.source[sel])
+                        proposed = DraftTree.raw(tree.tokens[sel], self._spar[:k].copy(), tree.probs[sel],
+                                                 tree.source[sel])
                         nacc, ntest = self._nacc[:k].copy(), self._ntest[:k].copy()
-                    res = StepResult(ctx[:n], np.asarray(accepted, np.int32), proposed, nacc, ntest)
+                    res = StepResult(ctx[:n], np.asarray(accepted, np.int32), proposed, nacc, ntest,
+                                     plain_step_s=self.cost.t1_s if self.cost is not None else 0.0,
+                                     step_decode_s=t1 - t0)
                     if self._topk:
                         # the model's ranking after every committed slot's token: it is
                         # in the logits already, so this costs one partial sort per row
                         self._topk_rows(logits, self._rows, slot + 1, self._topk, self._tk)
                         res.topk_input = btok[:slot + 1].copy()
                         res.topk_tokens = self._tk[:slot + 1].copy()
+                        res.topk_logits = logits[self._rows[:slot + 1, None], res.topk_tokens]
                     self.drafter.observe(res)
                 d = out.delta()
                 step_other = (time.perf_counter() - t_step) - (t1 - t0)

@@ -52,6 +52,14 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @classmethod
+    def raw(cls, tokens, parents, probs, source) -> "DraftTree":
+        """Wrap arrays that already have the right dtypes and lengths, without
+        the conversions and checks of the constructor (the engine's hot path)."""
+        t = object.__new__(cls)
+        t.tokens, t.parents, t.probs, t.source = tokens, parents, probs, source
+        return t
+
     @staticmethod
     def empty() -> "DraftTree":
         """The empty proposal (one shared instance: treat it as read-only)."""

@@ -67,3 +67,99 @@ def test_components_switch():
     assert len(t) and set(t.source.tolist()) == {SOURCE_TRIGRAM}
     with pytest.raises(ValueError):
         HybridConfig(suffix=False, trigram=False, adjacency=False)
+
+
+def _step(d, ctx, proposed: DraftTree, got: int, topk_logits=None):
+    """Feed an observe(): the model chose `got` at the root; depth-1 nodes were tested."""
+    top = proposed.parents == -1
+    acc = top & (proposed.tokens == got)
+    x = np.zeros((0, 0), np.float32) if topk_logits is None else np.asarray(topk_logits, np.float32)
+    d.observe(StepResult(np.append(ctx, got).astype(np.int32), np.array([got], np.int32), proposed,
+                         acc, top.copy(), topk_logits=x))
+
+
+def test_entropy_trigger_scales_retrieval_where_it_fails():
+    d = HybridDrafter(V, config=HybridConfig(trigram=False, adjacency=False, ema=False))
+    assert d.topk == 8            # top-k rows are needed for the entropy
+    ctx = np.array([1, 2, 3, 4, 5, 9, 8, 1, 2, 3], np.int32)
+    d.begin(ctx)
+    sure = [[10.0] + [0.0] * 7]              # low entropy: one clear favourite
+    unsure = [[1.0] * 8]                     # high entropy: log(8)
+    for _ in range(30):
+        # confident model: the retrieved 4 is accepted
+        _step(d, ctx, d.propose(ctx, 8), 4, topk_logits=sure * 4)
+        t_sure = d.propose(ctx, 8)
+        _step(d, ctx, t_sure, 4, topk_logits=unsure * 4)
+        # unsure model: the retrieved 4 is rejected
+        t_unsure = d.propose(ctx, 8)
+        _step(d, ctx, t_unsure, 50, topk_logits=sure * 4)
+    p_sure = t_sure.probs[(t_sure.parents == -1) & (t_sure.tokens == 4)][0]
+    p_unsure = t_unsure.probs[(t_unsure.parents == -1) & (t_unsure.tokens == 4)][0]
+    assert p_unsure < 0.5 * p_sure
+    # without the switch the scores do not depend on the entropy
+    d2 = HybridDrafter(V, config=HybridConfig(trigram=False, adjacency=False, ema=False, entropy=False))
+    assert d2.topk == 0
+    d2.begin(ctx)
+    assert np.allclose(d2.propose(ctx, 8).probs, HybridDrafter(V, config=HybridConfig(
+        trigram=False, adjacency=False, ema=False, entropy=False)).propose(ctx, 8).probs)
+
+
+def test_position_ema_drops_failing_occurrences():
+    from edgespec.drafters import SuffixConfig, SuffixDrafter
+    d = SuffixDrafter(SuffixConfig(position_ema=True, ema_decay=0.5, ema_min=0.3))
+    assert d.observes
+    # "7 8" occurs twice before the end; continuations 20 (at 2) and 30 (at 6)
+    ctx = np.array([7, 8, 20, 1, 2, 7, 8, 30, 3, 4, 7, 8], np.int32)
+    d.begin(ctx)
+    t = d.propose(ctx, 16)
+    assert set(t.tokens[t.parents == -1].tolist()) == {20, 30}
+    for _ in range(2):         # the model keeps choosing 20: the occurrence before 30 fails
+        t = d.propose(ctx, 16)
+        top = t.parents == -1
+        d.observe(StepResult(np.append(ctx, 20).astype(np.int32), np.array([20], np.int32), t,
+                             top & (t.tokens == 20), top.copy()))
+    t = d.propose(ctx, 16)
+    assert t.tokens[t.parents == -1].tolist() == [20]
+    d.begin(ctx)               # a new request starts with fresh scores
+    t = d.propose(ctx, 16)
+    assert set(t.tokens[t.parents == -1].tolist()) == {20, 30}
+    # off by default: the plain suffix drafter is stateless
+    assert not SuffixDrafter().observes
+
+
+def test_drafter_spec_switches():
+    from edgespec.drafters import parse_drafter_name
+    assert parse_drafter_name("auto") == ("auto", True, {})
+    assert parse_drafter_name("suffix-nocorpus") == ("suffix", False, {})
+    assert parse_drafter_name("auto-notrigram-noentropy-nocorpus") == \
+        ("auto", False, {"trigram": False, "entropy": False})
+    assert parse_drafter_name("auto-noema+ema") == ("auto", True, {"ema": True})
+    for bad in ("auto-nofoo", "suffx", "suffix+trigram", "auto-"):
+        with pytest.raises(ValueError):
+            parse_drafter_name(bad)
+    d = make_drafter("auto", n_vocab=V, **parse_drafter_name("auto-notrigram-noema")[2])
+    assert len(d.parts) == 2 and not d.parts[0].config.position_ema
+
+
+def test_schedule_idles_a_part_whose_tokens_do_not_pay_for_its_time():
+    ctx = np.array([1, 2, 3, 1, 2, 3, 1, 2, 4, 5, 6, 1, 2], np.int32)
+
+    def run(plain_step_s):
+        d = HybridDrafter(V, config=HybridConfig(suffix=False, adjacency=False, entropy=False))
+        d.warmup()
+        d.begin(ctx)
+        kinds = []
+        for _ in range(40):
+            t = d.propose(ctx, 8)
+            kinds.append(len(t) > 0)
+            # the model never takes a tri-gram draft
+            d.observe(StepResult(np.append(ctx, 99).astype(np.int32), np.array([99], np.int32), t,
+                                 np.zeros(len(t), bool), t.parents == -1, plain_step_s=plain_step_s))
+        return d, kinds
+
+    d, kinds = run(1e-5)            # worthless tokens: the part goes idle, probing every 8th step
+    (name, gain, ms, idle), = d.schedule_report()
+    assert name == "trigram" and idle and gain < 0.5 and ms > 0
+    assert sum(kinds[-16:]) == 2
+    d, kinds = run(0.0)             # no plain-step time from the engine: no scheduling
+    assert all(kinds) and not d.schedule_report()[0][3]

@@ -22,7 +22,7 @@ import numpy as np
 from edgespec.api import SpecModel
 from edgespec.bench import load_prompts, read_results
 from edgespec.costmodel import CostCurve
-from edgespec.drafters import make_drafter, split_drafter_name
+from edgespec.drafters import make_drafter, parse_drafter_name
 from edgespec.engine import Engine, EngineConfig
 from edgespec.replay import ReplayBackend, ReplayRequest, replay
 
@@ -81,8 +81,8 @@ def main(argv=None) -> int:
     methods = ["none"] + [x for x in a.methods.split(",") if x and x != "none"]
     results = {}
     for meth in methods:
-        name, use_corpus = split_drafter_name(meth)
-        d = make_drafter(name, n_vocab=vocab.n_vocab, corpora=m.corpora if use_corpus else ())
+        name, use_corpus, switches = parse_drafter_name(meth)
+        d = make_drafter(name, n_vocab=vocab.n_vocab, corpora=m.corpora if use_corpus else (), **switches)
         d.warmup()
         be = ReplayBackend(vocab, m.backend.n_ctx, m.backend.max_nodes, cost, eog)
         eng = Engine(be, d, cost, EngineConfig(max_nodes=int(head["max_nodes"])))

@@ -16,6 +16,14 @@ writes), and the KV-cache bookkeeping of tree verification:
   other cell of the step.  The kept cells are then the first cells the batch
   used, in position order, exactly where plain decoding would have put them:
   that is what keeps greedy output token-identical (see shared/DESIGN.md §2).
+* Every llama_memory_seq_* call scans the whole cache (13-17 us at 4096
+  cells on the 2-core dev machine; seq_keep 110 us), so the sequences are
+  synced lazily: seqs 0.._synced-1 hold exactly seq 0's cells.  A batch gives
+  the leftmost path (the first-child chain, the one `keep` commits) every
+  already-synced seq beyond its own leaves, `keep(k)` removes the cells past
+  the kept chain with one call and empties only the seqs that left the chain
+  before slot k-1, and `seq_cp` runs only for seqs not in sync.  A step that
+  accepts nothing costs one scan.
 
 Return codes of llama.cpp become `BackendError`s with a clear message.
 """
@@ -228,6 +236,10 @@ class LlamaBackend:
         self._batch.seq_id = ctypes.cast(self._seq_rows, ctypes.POINTER(ctypes.POINTER(L.llama_seq_id)))
         self._batch.logits = self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
         self._arange_s = np.arange(S, dtype=np.int32)
+        self._synced = 1                       # seqs 0.._synced-1 equal seq 0
+        self._dirty = np.zeros(S, np.bool_)    # seq has cells but is not in sync
+        self._step_lc = np.ones(1, np.int32)   # seqs through each slot of the last batch
+        self._n_leaves = 1
         # Exactness on CPU (measured, llama.cpp in llama-cpp-python 0.3.36): a
         # one-token decode over >= 512 KV cells with more than one thread takes
         # ggml's split-KV flash-attention path, which sums attention in another
@@ -280,6 +292,8 @@ class LlamaBackend:
     # -------------------------------------------------------------- KV / decode
     def reset(self) -> None:
         L.llama_memory_clear(self.mem, True)
+        self._synced, self._n_leaves = 1, 1
+        self._dirty[:] = False
         if self.exact and self._single_threads != self.n_threads:
             L.llama_set_n_threads(self.ctx, self.n_threads, self.n_threads)
             self._single_threads = self.n_threads
@@ -298,6 +312,9 @@ class LlamaBackend:
         logits only at the very last token."""
         tokens = np.asarray(tokens, dtype=np.int32)
         n = len(tokens)
+        if n:          # cells go to seq 0 only: the other synced seqs fall behind
+            self._dirty[1:self._synced] = True
+            self._synced = 1
         if self.n_past + n > self.n_ctx:
             raise BackendError(f"{self.n_past + n} tokens do not fit the context of {self.n_ctx}")
         i = 0
@@ -337,14 +354,26 @@ class LlamaBackend:
             if want != self._single_threads:
                 L.llama_set_n_threads(self.ctx, want, self.n_threads)
                 self._single_threads = want
-        for s in range(1, n_leaves):
+        e = self._synced - n_leaves
+        if e > 0:
+            # seqs already in sync ride along the leftmost path (the nodes whose
+            # first leaf is 0), so they stay in sync when that chain is kept
+            left = leaf_first == 0
+            leaf_count = leaf_count + e * left
+            leaf_first = leaf_first + e * ~left
+            n_leaves += e
+        for s in range(self._synced, n_leaves):
+            if self._dirty[s]:
+                L.llama_memory_seq_rm(self.mem, s, -1, -1)
+                self._dirty[s] = False
             L.llama_memory_seq_cp(self.mem, 0, s, -1, -1)
         self._tok[:n] = tokens
         self._pos[:n] = self.n_past + depth
         self._nseq[:n] = leaf_count
         self._seq[:n] = leaf_first[:, None] + self._arange_s[None, :]
         self._logits[:n] = 1
-        self._n_leaves = n_leaves
+        self._synced = self._n_leaves = n_leaves
+        self._step_lc = leaf_count
         self._decode(n)
         self.n_outputs = n
 
@@ -363,9 +392,11 @@ class LlamaBackend:
         """After decode_tree: commit the first k slots (a seq-0 chain from the root)
         and free every other cell of the step."""
         base = self.n_past
-        L.llama_memory_seq_rm(self.mem, 0, base + k, -1)
-        if getattr(self, "_n_leaves", 1) > 1:
-            L.llama_memory_seq_keep(self.mem, 0)
+        L.llama_memory_seq_rm(self.mem, -1, base + k, -1)
+        through = int(self._step_lc[k - 1]) if k > 0 else self._n_leaves   # seqs 0..through-1 pass slot k-1
+        for s in range(through, self._n_leaves):              # seqs that left the chain earlier
+            L.llama_memory_seq_rm(self.mem, s, -1, -1)
+        self._synced = through
         self._n_leaves = 1
         self.n_past = base + k
 
@@ -373,4 +404,7 @@ class LlamaBackend:
         """Drop every cell beyond the committed prefix, in every sequence (used when
         a step is interrupted)."""
         L.llama_memory_seq_rm(self.mem, -1, self.n_past, -1)
-        self._n_leaves = 1
+        # the batch's seqs now hold only committed cells, but which of them got
+        # seq_cp before an interruption is unknown: treat all as behind
+        self._dirty[1:] = True
+        self._synced = self._n_leaves = 1

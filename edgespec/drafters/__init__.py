@@ -28,21 +28,52 @@ def _drafter_class(name: str):
 NO_CORPUS_SUFFIX = "-nocorpus"
 
 
-def split_drafter_name(name: str) -> tuple[str, bool]:
-    """"suffix" -> ("suffix", True); "suffix-nocorpus" -> ("suffix", False): the
-    second form runs the drafter without the loaded corpora (for side-by-side
-    comparisons in one bench run)."""
-    if name.endswith(NO_CORPUS_SUFFIX):
-        return name[:-len(NO_CORPUS_SUFFIX)], False
-    return name, True
+def _bool_fields(name: str) -> list[str]:
+    """The on/off switches of a drafter's config (its bool fields)."""
+    if name == "none":
+        return []
+    import dataclasses
+    _, config_cls = _drafter_class(name)
+    return [f.name for f in dataclasses.fields(config_cls) if f.type in ("bool", bool)]
+
+
+def parse_drafter_name(name: str) -> tuple[str, bool, dict]:
+    """Split a drafter spec into (drafter, use_corpora, config switches).
+
+    "auto"                         -> ("auto", True, {})
+    "suffix-nocorpus"              -> ("suffix", False, {}): without the loaded corpora
+    "auto-notrigram-noadjacency"   -> ("auto", True, {"trigram": False, "adjacency": False})
+    "auto+aasd"                    -> ("auto", True, {"aasd": True})
+
+    `-noX` / `+X` switch the bool field X of the drafter's config off / on, so
+    one bench run can hold an ablation side by side.  Raises ValueError for an
+    unknown drafter or switch."""
+    import re
+    parts = re.split(r"(?=[-+])", name)
+    base = parts[0]
+    if base not in NAMES:
+        raise ValueError(f"unknown drafter {name!r}; known drafters: {', '.join(NAMES)} "
+                         f"(add {NO_CORPUS_SUFFIX} to run one without the loaded corpora, "
+                         f"-noX / +X to switch a component X off / on)")
+    use_corpora, switches = True, {}
+    fields = _bool_fields(base)
+    for p in parts[1:]:
+        if p == NO_CORPUS_SUFFIX:
+            use_corpora = False
+            continue
+        on = p.startswith("+")
+        field = p[1:] if on else (p[3:] if p.startswith("-no") else "")
+        if field not in fields:
+            known = ", ".join(fields) or "none"
+            raise ValueError(f"drafter spec {name!r}: {p!r} is not a switch of {base!r} "
+                             f"(its switches: {known}; and -nocorpus)")
+        switches[field] = on
+    return base, use_corpora, switches
 
 
 def check_drafter_name(name: str) -> None:
-    """Raise ValueError unless `name` (optionally with -nocorpus) is a drafter."""
-    base, _ = split_drafter_name(name)
-    if base not in NAMES:
-        raise ValueError(f"unknown drafter {name!r}; known drafters: {', '.join(NAMES)} "
-                         f"(add {NO_CORPUS_SUFFIX} to run one without the loaded corpora)")
+    """Raise ValueError unless `name` is a drafter spec (see parse_drafter_name)."""
+    parse_drafter_name(name)
 
 
 def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), **kw) -> Drafter:
@@ -79,4 +110,4 @@ def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), **kw) -> 
     return cls(**args)
 
 
-__all__ = ["Drafter", "NAMES", "check_drafter_name", "split_drafter_name", "StepResult", "SuffixConfig", "SuffixDrafter", "make_drafter"]
+__all__ = ["Drafter", "NAMES", "check_drafter_name", "parse_drafter_name", "StepResult", "SuffixConfig", "SuffixDrafter", "make_drafter"]

@@ -27,6 +27,11 @@ class StepResult:
     topk_tokens: int32 [r, K]: the model's K most likely next tokens after each
                topk_input token, most likely first (K = the drafter's `topk`);
                both are empty when the drafter's `topk` is 0
+    topk_logits: float32 [r, K]: the model's logits of those tokens
+    plain_step_s: what one plain one-token step costs on this machine (the
+               engine's calibrated t1; 0 when not measured): the value of an
+               accepted draft token, for drafters that weigh their own time
+    step_decode_s: the measured time of this step's verification batch
     """
     context: np.ndarray
     accepted: np.ndarray
@@ -35,6 +40,9 @@ class StepResult:
     node_tested: np.ndarray
     topk_input: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     topk_tokens: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int32))
+    topk_logits: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    plain_step_s: float = 0.0
+    step_decode_s: float = 0.0
     extra: dict = field(default_factory=dict)
 
 
@@ -50,6 +58,8 @@ class Drafter:
     """
 
     name = "none"
+    observes: bool | None = None
+    """Whether the engine must call observe() (None: when the class overrides it)."""
     topk = 0
     """K > 0 asks the engine for the model's top-K next tokens at every committed
     slot of each step (StepResult.topk_input / topk_tokens)."""

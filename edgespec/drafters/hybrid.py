@@ -8,19 +8,54 @@ sharing the probability mass the retrieved branches leave over at each node
 acceptance model calibrates each source separately and its cost gate keeps,
 node by node, only what is expected to pay under the measured c(T): a weak
 tri-gram guess at depth 3 is cut while a long retrieved continuation stays.
+
+Two ReSpec ideas sit on the retrieval part (each switchable):
+
+* ``ema``: the suffix drafter keeps a moving average per match position and
+  stops proposing occurrences whose drafts keep failing (SuffixConfig.position_ema).
+* ``entropy``: a soft, calibrated retrieval trigger.  The model's recent
+  uncertainty is the mean entropy of its top-8 distribution over the last 4
+  committed positions (read from logits the verification computed anyway; the
+  full-vocabulary entropy would cost ~0.15 ms a row on the 2-core machine).
+  Per entropy bucket the drafter counts how its depth-1 retrieved drafts fared
+  against their scores, and scales those drafts' scores by the bucket's rate
+  relative to the overall rate (at most 1): where the model is too unsure for
+  copying to work, retrieved drafts score low and the cost gate drops them.
+
+``schedule`` (Graft's fixed budget, applied to drafting time): the gate already
+keeps only nodes whose verification pays, but *making* a proposal costs time
+too (the tri-gram MCTS ~65 us a step on the 2-core machine), and the gate's
+estimates are only estimates.  For the tri-gram and adjacency parts the drafter
+keeps a moving average, per step in which the part proposed, of its net value
+(draft tokens it added to the accepted path, minus the verification time of
+its verified nodes, in plain-step units) and of its propose() time.  A part
+whose value is worth less than its time proposes only every
+``SCHEDULE_PROBE``-th step until it pays again; it keeps observing, so its
+tables stay current.  The suffix part is always on (it is the cheap one).
 """
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..kernels.suffix import merge_trees
-from ..tree import DraftTree
+from ..kernels.topk import softmax_entropy
+from ..tree import SOURCE_ADJACENCY, SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_TRIGRAM, DraftTree
 from .adjacency import AdjacencyDrafter
 from .base import Drafter
-from .suffix import SuffixDrafter
+from .suffix import SuffixConfig, SuffixDrafter
 from .trigram import TrigramDrafter
+
+SCHEDULE_PROBE = 8                  # an idle part still proposes every 8th step
+SCHEDULE_ALPHA = 0.1                # weight of the newest step in the moving averages
+SCHEDULE_GAIN0 = 1.0                # parts start trusted (1 accepted token per step)
+ENTROPY_TOPK = 8                    # entropy of the model's top-8 distribution
+ENTROPY_MAX = float(np.log(ENTROPY_TOPK))
+ENTROPY_BUCKETS = 5
+ENTROPY_WINDOW = 4                  # committed positions in the recent mean
 
 
 @dataclass
@@ -29,6 +64,9 @@ class HybridConfig:
     suffix: bool = True
     trigram: bool = True
     adjacency: bool = True
+    ema: bool = True
+    entropy: bool = True
+    schedule: bool = True
     max_nodes: int = 64
 
     def __post_init__(self):
@@ -48,8 +86,10 @@ class HybridDrafter(Drafter):
     def __init__(self, n_vocab: int, corpora=(), config: HybridConfig | None = None):
         self.config = c = config if config is not None else HybridConfig()
         self.parts: list[Drafter] = []
+        self._suffix = None
         if c.suffix:
-            self.parts.append(SuffixDrafter(corpora=corpora))
+            self._suffix = SuffixDrafter(SuffixConfig(position_ema=c.ema), corpora=corpora)
+            self.parts.append(self._suffix)
         if c.trigram:
             self.parts.append(TrigramDrafter(n_vocab, corpora=corpora))
         self.topk = 0
@@ -57,6 +97,23 @@ class HybridDrafter(Drafter):
             adj = AdjacencyDrafter(n_vocab, corpora=corpora)
             self.parts.append(adj)
             self.topk = adj.topk
+        self._entropy = c.entropy and c.suffix
+        if self._entropy:
+            self.topk = max(self.topk, ENTROPY_TOPK)
+        self._h: deque = deque(maxlen=ENTROPY_WINDOW)
+        self._hbuf = np.zeros(ENTROPY_WINDOW, np.float64)
+        self._ent_pred = np.zeros(ENTROPY_BUCKETS)
+        self._ent_acc = np.zeros(ENTROPY_BUCKETS)
+        self._ent_last = (-1, 1.0)       # (bucket, factor) of the last proposal
+        # schedule: per part, sources, EMA of contributed tokens and of propose time
+        srcs = {SuffixDrafter: (SOURCE_CONTEXT, SOURCE_CORPUS), TrigramDrafter: (SOURCE_TRIGRAM,),
+                AdjacencyDrafter: (SOURCE_ADJACENCY,)}
+        self._sources = [srcs[type(p)] for p in self.parts]
+        self._gain = np.full(len(self.parts), SCHEDULE_GAIN0)
+        self._cost = np.zeros(len(self.parts))
+        self._idle = [False] * len(self.parts)
+        self._proposed = [False] * len(self.parts)
+        self._n_steps = 0
         n = c.max_nodes
         self._buf = [(np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.float32), np.zeros(n, np.int8))
                      for _ in range(2)]
@@ -66,6 +123,9 @@ class HybridDrafter(Drafter):
             p.warmup()
         t = DraftTree(np.array([5, 6], np.int32), np.array([-1, 0], np.int32),
                       np.array([0.5, 0.5], np.float32), np.array([0, 0], np.int8))
+        if self._entropy:
+            from ..kernels import topk
+            topk.warmup()
         a, b = self._buf
         merge_trees(t.tokens, t.parents, t.probs, t.source, 2, t.tokens, t.parents, t.probs, t.source, 2,
                     4, a[0], a[1], a[2], a[3])
@@ -73,10 +133,67 @@ class HybridDrafter(Drafter):
     def begin(self, prompt: np.ndarray) -> None:
         for p in self.parts:
             p.begin(prompt)
+        self._h.clear()
+        self._ent_last = (-1, 1.0)
 
     def observe(self, result) -> None:
         for p in self.parts:
-            p.observe(result)
+            if p.observes is None or p.observes:
+                p.observe(result)
+        if self._entropy:
+            self._observe_entropy(result)
+        if self.config.schedule and result.plain_step_s > 0:
+            self._observe_schedule(result)
+
+    # ------------------------------------------------------------ schedule
+    def _observe_schedule(self, result) -> None:
+        pr = result.proposed
+        k = len(pr)
+        acc_src = pr.source[result.node_accepted] if k else pr.source
+        # what each verified draft node added to this step's decode time
+        per_node = max(0.0, result.step_decode_s - result.plain_step_s) / k if k else 0.0
+        a = SCHEDULE_ALPHA
+        for i, p in enumerate(self.parts):
+            if not self._proposed[i] or p is self._suffix:
+                continue
+            srcs = self._sources[i]
+            g = sum(int((acc_src == s).sum()) for s in srcs)
+            nodes = sum(int((pr.source == s).sum()) for s in srcs) if k else 0
+            # net value in plain-step units: accepted tokens minus verify time of its nodes
+            self._gain[i] = (1 - a) * self._gain[i] + a * (g - nodes * per_node / result.plain_step_s)
+            self._idle[i] = self._gain[i] * result.plain_step_s < self._cost[i]
+
+    def schedule_report(self) -> list[tuple[str, float, float, bool]]:
+        """(part, draft tokens accepted per proposing step, propose ms, idle) per part."""
+        return [(p.name, float(self._gain[i]), float(self._cost[i] * 1e3), self._idle[i])
+                for i, p in enumerate(self.parts)]
+
+    # ------------------------------------------------------ entropy trigger
+    def _observe_entropy(self, result) -> None:
+        b, f = self._ent_last
+        pr = result.proposed
+        if b >= 0 and len(pr):
+            m = (pr.parents == -1) & (pr.source <= SOURCE_CORPUS) & result.node_tested
+            if m.any():
+                self._ent_pred[b] += float(pr.probs[m].sum()) / f
+                self._ent_acc[b] += float(result.node_accepted[m].sum())
+        x = result.topk_logits
+        r = len(x)
+        if r:
+            if r > len(self._hbuf):
+                self._hbuf = np.zeros(r, np.float64)
+            softmax_entropy(x, r, self._hbuf)
+            self._h.extend(self._hbuf[:r].tolist())
+
+    def _entropy_factor(self) -> tuple[int, float]:
+        """(bucket, score factor) for the current recent entropy."""
+        if not self._h:
+            return -1, 1.0
+        h = sum(self._h) / len(self._h)
+        b = min(int(h / ENTROPY_MAX * ENTROPY_BUCKETS), ENTROPY_BUCKETS - 1)
+        rate_b = (self._ent_acc[b] + 1.0) / (self._ent_pred[b] + 1.0)
+        rate = (self._ent_acc.sum() + 1.0) / (self._ent_pred.sum() + 1.0)
+        return b, float(min(1.0, max(0.05, rate_b / rate)))
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         budget = min(int(budget), self.config.max_nodes)
@@ -84,10 +201,23 @@ class HybridDrafter(Drafter):
             return DraftTree.empty()
         cur = None      # (tokens, parents, probs, source, m) of the merge so far
         k = 0
-        for p in self.parts:
+        if self._entropy:
+            self._ent_last = self._entropy_factor()
+        self._n_steps += 1
+        probe = self._n_steps % SCHEDULE_PROBE == 0
+        for i, p in enumerate(self.parts):
+            if self._idle[i] and not probe:
+                self._proposed[i] = False
+                continue
+            t0 = time.perf_counter()
             t = p.propose(context, budget)
+            self._cost[i] = (1 - SCHEDULE_ALPHA) * self._cost[i] + SCHEDULE_ALPHA * (time.perf_counter() - t0)
+            self._proposed[i] = True
             if len(t) == 0:
                 continue
+            if p is self._suffix and self._ent_last[1] < 1.0:
+                top = t.parents == -1
+                t.probs[top] *= self._ent_last[1]
             if cur is None:
                 cur = (t.tokens, t.parents, t.probs, t.source, len(t))
                 continue

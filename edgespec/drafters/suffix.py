@@ -48,7 +48,20 @@ class SuffixConfig:
     chance.  Corpus matches use max_match (capped by the corpus's sa_depth),
     max_matches and max_depth like context matches."""
 
+    position_ema: bool = False
+    """ReSpec-style memory per match position in the context: each occurrence
+    end ``e`` whose first continuation token was verified gets an exponential
+    moving average of "that token was the model's choice" (start 1, decay
+    ``ema_decay``); occurrences whose average fell below ``ema_min`` are no
+    longer proposed, so an anchor that keeps failing stops costing batch slots.
+    Off for `suffix` (the plain prompt-lookup baseline), on inside `auto`."""
+
+    ema_decay: float = 0.5
+    ema_min: float = 0.3
+
     def __post_init__(self):
+        if not (0.0 <= self.ema_decay < 1.0) or not (0.0 <= self.ema_min <= 1.0):
+            raise ValueError("SuffixConfig: ema_decay must be in [0, 1) and ema_min in [0, 1]")
         for name in ("min_match", "max_match", "max_matches", "max_depth", "max_nodes",
                      "corpus_min_match"):
             v = getattr(self, name)
@@ -128,6 +141,11 @@ class SuffixDrafter(Drafter):
                       for _ in range(3)]
         # Source of a fresh corpus tree (constant): preallocated.
         self._src_corpus = np.full(c.max_nodes, SOURCE_CORPUS, np.int8)
+        # position_ema: score per context position, and the occurrence ends
+        # (with their first continuation token) of the last proposal
+        self.observes = c.position_ema
+        self._ema = np.ones(0, np.float32)
+        self._last: list[tuple[int, int]] = []
 
     @property
     def n_corpora(self) -> int:
@@ -161,6 +179,10 @@ class SuffixDrafter(Drafter):
         m = 0
         k = _k.find_suffix_matches(ctx, n, c.min_match, c.max_match, c.max_matches,
                                    self._ends, self._lens)
+        if c.position_ema:
+            self._last = []
+            if k:
+                k = self._filter_by_ema(ctx, n, k)
         if k:
             m = _k.build_continuation_tree(ctx, n, self._ends, self._lens, k, c.max_depth,
                                            max_nodes, cur[0], cur[1], cur[2], self._mlen)
@@ -186,11 +208,45 @@ class SuffixDrafter(Drafter):
             cur, tmp = tmp, cur
         if m == 0:
             return DraftTree.empty()
-        return DraftTree(cur[0][:m].copy(), cur[1][:m].copy(),
-                         cur[2][:m].copy(), cur[3][:m].copy())
+        return DraftTree.raw(cur[0][:m].copy(), cur[1][:m].copy(),
+                             cur[2][:m].copy(), cur[3][:m].copy())
+
+    # ----------------------------------------------------- position_ema only
+    # Without it the drafter is stateless (the whole context arrives with every
+    # propose()) and `observes` is False, which spares the engine building a
+    # StepResult per step.
+    def _filter_by_ema(self, ctx: np.ndarray, n: int, k: int) -> int:
+        """Drop occurrences whose position score fell below ema_min; remember
+        the kept ones for observe()."""
+        if len(self._ema) < n:
+            grown = np.ones(max(2 * len(self._ema), n, 256), np.float32)
+            grown[:len(self._ema)] = self._ema
+            self._ema = grown
+        ema, lo = self._ema, self.config.ema_min
+        j = 0
+        last = []
+        for i in range(k):
+            e = int(self._ends[i])
+            if ema[e] < lo:
+                continue
+            self._ends[j], self._lens[j] = e, self._lens[i]
+            j += 1
+            last.append((e, int(ctx[e + 1])))
+        self._last = last
+        return j
 
     def begin(self, prompt: np.ndarray) -> None:
-        pass  # stateless: the whole context arrives with every propose()
+        self._ema[:] = 1.0
+        self._last = []
 
     def observe(self, result) -> None:
-        pass
+        if not self._last:
+            return
+        pr = result.proposed
+        verified = set(pr.tokens[pr.parents == -1].tolist()) if len(pr) else set()
+        got = int(result.accepted[0])
+        d = self.config.ema_decay
+        for e, tok in self._last:
+            if tok in verified:     # the model decided on this occurrence's draft
+                self._ema[e] = d * self._ema[e] + (1.0 - d) * (tok == got)
+        self._last = []
