@@ -13,6 +13,7 @@ import json
 import click
 
 from .drafters import NAMES as DRAFTERS
+from .drafters import parse_drafter_name
 CHAT_COMMANDS = {
     "/stats": "acceptance report and totals of this session",
     "/reset": "forget the conversation",
@@ -45,6 +46,18 @@ def _calibration_note():
                        "(once; cached afterwards)...", err=True)
             said.append(True)
     return cb
+
+
+class DrafterSpec(click.ParamType):
+    """A drafter name with optional switches (see drafters.parse_drafter_name)."""
+    name = "NAME"
+
+    def convert(self, value, param, ctx):
+        try:
+            parse_drafter_name(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        return value
 
 
 def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=None, max_nodes=32,
@@ -80,8 +93,10 @@ def generation_options(f):
     opts = [
         click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
                      help="Most tokens to generate (per answer in chat)."),
-        click.option("--drafter", type=click.Choice(DRAFTERS), default="suffix", show_default=True,
-                     help="Draft proposer; none = plain decoding through the same engine."),
+        click.option("--drafter", type=DrafterSpec(), default="suffix", show_default=True,
+                     help=f"Draft proposer: {', '.join(DRAFTERS)}; none = plain decoding through the same "
+                          "engine.  NAME-noX / NAME+X switch a component off / on (auto-notrigram), "
+                          "NAME-nocorpus ignores --corpus."),
         click.option("--temperature", type=float, default=0.0, show_default=True,
                      help="0 = greedy (output identical to --drafter none); > 0 samples."),
         click.option("--top-k", type=int, default=40, show_default=True, help="Sampling: keep the k most likely tokens (0 = off)."),

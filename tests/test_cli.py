@@ -112,6 +112,16 @@ def test_generate_usage_errors():
     assert r.exit_code == 2 and "[MODEL] PROMPT" in r.output
     r = invoke(["generate", "   "])
     assert r.exit_code == 2 and "empty" in r.output
+    r = invoke(["generate", "--drafter", "sufix", "prompt"])
+    assert r.exit_code == 2 and "unknown drafter 'sufix'" in r.output
+    r = invoke(["generate", "--drafter", "auto-nofoo", "prompt"])
+    assert r.exit_code == 2 and "not a switch of 'auto'" in r.output
+
+
+def test_drafter_spec_with_switches(model_path):
+    none = gen_json("--drafter", "none", "--max-tokens", "16", REPEAT_PROMPT)
+    d = gen_json("--drafter", "auto-notrigram-noadjacency", "--max-tokens", "16", REPEAT_PROMPT)
+    assert d["drafter"] == "auto" and d["tokens"] == none["tokens"]
 
 
 @pytest.mark.parametrize("kind", ["missing", "text", "truncated"])
