@@ -31,7 +31,7 @@ import numpy as np
 from .backend.llama import SPLIT_KV_FREE_CELLS, LlamaBackend
 from .costmodel import AcceptanceModel, CostCurve
 from .drafters.base import Drafter, StepResult
-from .kernels.tree import first_child_slot, learn_step, plan_step
+from .kernels.tree import learn_step, plan_step
 from .kernels.tree import warmup as _warmup_tree_kernels
 from .tree import SOURCE_CARRY, SOURCE_CONTEXT, SOURCE_CORPUS, DraftTree
 from .verify import SamplingConfig, VerifyConfig, relaxed_accepts, sample_token
@@ -213,8 +213,7 @@ class Engine:
         self.overhead_rel = 0.02                 # EMA of engine time per step / t1
         self.eog = backend.vocab.eog_mask()
         n = self.config.max_nodes + 1
-        obs = getattr(drafter, "observes", None)
-        self._observes = (type(drafter).observe is not Drafter.observe) if obs is None else bool(obs)
+        self._observes = drafter.wants_observe()
         self._topk = int(getattr(drafter, "topk", 0) or 0) if self._observes else 0
         if self._topk:
             from .kernels.topk import topk_rows
@@ -277,26 +276,25 @@ class Engine:
                          self.config.cost_gate, self._cond, self._q, self._sel, self._spar, self._o,
                          self._bp, self._d, self._lf, self._lc)
 
-    def _relaxed_child(self, logits, slot: int, nb: int, btok, tree: DraftTree, sel, order) -> int:
+    def _relaxed_child(self, logits, slot: int, bpl: list, btl: list, tree: DraftTree, sel, order) -> int:
         """Lossy verification (VerifyConfig): the best retrieved child of `slot`
         that the relaxed rule accepts and whose subtree continues with
         `lookahead` greedy matches, or -1."""
         cfg = self.config.verify
-        bparent = self._bp
         best, best_c = -np.inf, -1
-        for t in range(slot + 1, nb):
-            if bparent[t] != slot:
+        for t in range(slot + 1, len(btl)):
+            if bpl[t] != slot:
                 continue
             if tree.source[sel[order[t]]] not in (SOURCE_CONTEXT, SOURCE_CORPUS):
                 continue
-            sc = relaxed_accepts(logits[slot], int(btok[t]), cfg)
+            sc = relaxed_accepts(logits[slot], btl[t], cfg)
             if sc > best:
                 best, best_c = sc, t
         if best_c < 0:
             return -1
         s2 = best_c
         for _ in range(cfg.lookahead):
-            s2 = first_child_slot(bparent, nb, s2, int(np.argmax(logits[s2])), btok)
+            s2 = _child(bpl, btl, s2, int(logits[s2].argmax()))
             if s2 < 0:
                 return -1
         return best_c
@@ -324,7 +322,7 @@ class Engine:
         rng = np.random.default_rng(sampling.seed) if not greedy else None
         vcfg = self.config.verify
         relax = not vcfg.exact
-        if relax and not sampling.greedy:
+        if relax and not greedy:
             raise ValueError(f"--verify {vcfg.mode} applies to greedy decoding only (temperature 0)")
         n_relaxed = 0
 
@@ -442,9 +440,9 @@ class Engine:
                     accepted.append(tok)
                     c = _child(bpl, btl, slot, tok)
                     if c < 0 and relax and k:
-                        c = self._relaxed_child(logits, slot, nb, btok, tree, sel, order)
+                        c = self._relaxed_child(logits, slot, bpl, btl, tree, sel, order)
                         if c >= 0:          # LOSSY: commit the retrieved token instead
-                            accepted[-1] = int(btok[c])
+                            accepted[-1] = btl[c]
                             n_relaxed += 1
                     if c < 0:
                         break

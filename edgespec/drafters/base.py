@@ -73,5 +73,12 @@ class Drafter:
     def observe(self, result: StepResult) -> None:
         pass
 
+    def wants_observe(self) -> bool:
+        """Whether observe() must be called: `observes` when set, else whether
+        the class overrides observe()."""
+        if self.observes is not None:
+            return bool(self.observes)
+        return type(self).observe is not Drafter.observe
+
     def warmup(self) -> None:
         """Compile numba kernels with real dtypes, so no request pays for JIT."""

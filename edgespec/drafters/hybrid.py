@@ -138,7 +138,7 @@ class HybridDrafter(Drafter):
 
     def observe(self, result) -> None:
         for p in self.parts:
-            if p.observes is None or p.observes:
+            if p.wants_observe():
                 p.observe(result)
         if self._entropy:
             self._observe_entropy(result)
@@ -164,7 +164,7 @@ class HybridDrafter(Drafter):
             self._idle[i] = self._gain[i] * result.plain_step_s < self._cost[i]
 
     def schedule_report(self) -> list[tuple[str, float, float, bool]]:
-        """(part, draft tokens accepted per proposing step, propose ms, idle) per part."""
+        """(part, net value per proposing step in plain-step units, propose ms, idle) per part."""
         return [(p.name, float(self._gain[i]), float(self._cost[i] * 1e3), self._idle[i])
                 for i, p in enumerate(self.parts)]
 
@@ -230,4 +230,4 @@ class HybridDrafter(Drafter):
         if cur is None or cur[4] == 0:
             return DraftTree.empty()
         m = cur[4]
-        return DraftTree(cur[0][:m].copy(), cur[1][:m].copy(), cur[2][:m].copy(), cur[3][:m].copy())
+        return DraftTree.raw(cur[0][:m].copy(), cur[1][:m].copy(), cur[2][:m].copy(), cur[3][:m].copy())

@@ -123,18 +123,6 @@ def layout_preorder(parents, q, out_order, out_bparent, out_depth, out_leaf_firs
     return nl
 
 
-@njit(cache=True)
-def first_child_slot(bparent, n, slot, token, tokens):
-    """The slot of the child of `slot` that carries `token`, or -1.
-
-    Children of a slot appear after it in preorder; scanning all later slots is
-    cheap for the tree sizes used here (< 256)."""
-    for t in range(slot + 1, n):
-        if bparent[t] == slot and tokens[t] == token:
-            return t
-    return -1
-
-
 def warmup() -> None:
     parents = np.array([-1, 0, -1], np.int32)
     cond = np.array([0.9, 0.5, 0.3], np.float32)
@@ -145,7 +133,6 @@ def warmup() -> None:
     o = np.zeros(4, np.int64); bp = np.zeros(4, np.int64); d = np.zeros(4, np.int32)
     lf = np.zeros(4, np.int32); lc = np.zeros(4, np.int32)
     layout_preorder(parents, q, o, bp, d, lf, lc)
-    first_child_slot(bp, 4, 0, 5, np.zeros(4, np.int32))
     n_c = np.zeros((5, 10)); n_f = np.zeros((5, 10, 4))
     src = np.zeros(3, np.int8)
     spar = np.zeros(3, np.int32)
