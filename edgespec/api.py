@@ -96,7 +96,7 @@ class SpecModel:
                 if mode:
                     config = dataclasses.replace(self.config, verify=VerifyConfig(mode))
                 name, use_corpora, switches = parse_drafter_name(base)
-                d = make_drafter(name, n_vocab=self.vocab.n_vocab,
+                d = make_drafter(name, n_vocab=self.vocab.n_vocab, model_path=self.model_path,
                                  corpora=self.corpora if use_corpora else (), **switches)
             else:
                 d = drafter

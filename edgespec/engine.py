@@ -337,13 +337,20 @@ class Engine:
         else:
             be.truncate(n_common)
         self.kv_tokens = prompt[:n_common].copy()
+        k_pre = int(getattr(self.drafter, "prefill_topk", 0) or 0)
+        pre = None
+        if k_pre:
+            m_pre = len(prompt) - n_common
+            pre = (np.full((m_pre, k_pre), -1, np.int32), np.zeros((m_pre, k_pre), np.float32))
         try:
-            be.prefill(prompt[n_common:])
+            be.prefill(prompt[n_common:], topk_out=pre)
         except BaseException:
             self.reset()
             raise
         self.kv_tokens = prompt.copy()
         self.drafter.begin(prompt)
+        if pre is not None:
+            self.drafter.observe_prefill(n_common, pre[0], pre[1])
         first = sample_token(be.logits()[0], sampling, rng.random() if rng is not None else 0.0)
         topk_log: list = []
         if record_topk:

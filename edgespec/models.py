@@ -32,11 +32,12 @@ def default_model_path() -> str:
 _GGUF_TYPE_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
 
-def check_gguf(path: str) -> None:
+def check_gguf(path: str) -> tuple[dict, int]:
     """Raise ModelFileError with a one-line reason unless `path` looks like a
     complete GGUF file: magic, version, a parsable metadata header, and tensor
     data offsets inside the file (so a truncated download is caught before
-    llama.cpp maps it)."""
+    llama.cpp maps it).  Returns ({tensor name: (dims, ggml type, offset in the
+    data section)}, start of the data section)."""
     if not os.path.exists(path):
         raise ModelFileError(f"model file not found: {path}")
     if not os.path.isfile(path):
@@ -54,12 +55,23 @@ def check_gguf(path: str) -> None:
                 raise ModelFileError(f"unsupported GGUF version {version}: {path}")
             if n_tensors > 1_000_000 or n_kv > 1_000_000:
                 raise ModelFileError(f"corrupt GGUF header (implausible counts): {path}")
-            _check_body(f, size, n_tensors, n_kv, path)
+            return _check_body(f, size, n_tensors, n_kv, path)
     except OSError as e:
         raise ModelFileError(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str) -> None:
+def gguf_tensor(path: str, name: str) -> tuple[list[int], int, int]:
+    """(dims, ggml type id, absolute file offset) of one tensor of a GGUF file,
+    from the header alone (edgespec.embeddings maps token_embd.weight this way:
+    a generic GGUF reader parses the whole vocabulary first, ~2.8 s)."""
+    tensors, data_start = check_gguf(path)
+    if name not in tensors:
+        raise ModelFileError(f"{path} has no tensor {name}")
+    dims, ggml_type, off = tensors[name]
+    return dims, ggml_type, data_start + off
+
+
+def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
     def need(n: int) -> bytes:
         b = f.read(n)
         if len(b) < n:
@@ -100,17 +112,21 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str) -> None:
         if v:
             alignment = int(v)
     max_off = 0
+    tensors = {}
     for _ in range(n_tensors):
-        read_str()
+        name = read_str().decode("utf-8", "replace")
         (nd,) = struct.unpack("<I", need(4))
         if nd > 8:
             raise ModelFileError(f"corrupt GGUF tensor info: {path}")
-        need(8 * nd + 4)
+        dims = list(struct.unpack(f"<{nd}Q", need(8 * nd)))
+        (ggml_type,) = struct.unpack("<I", need(4))
         (off,) = struct.unpack("<Q", need(8))
+        tensors[name] = (dims, ggml_type, off)
         max_off = max(max_off, off)
     data_start = (f.tell() + alignment - 1) // alignment * alignment
     if n_tensors and data_start + max_off >= size:
         raise ModelFileError(f"truncated GGUF file (tensor data missing, file is {size} bytes): {path}")
+    return tensors, data_start
 
 
 def resolve_model(path: str | None) -> str:

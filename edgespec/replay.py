@@ -106,8 +106,11 @@ class ReplayBackend:
     def rollback(self) -> None:
         pass
 
-    def prefill(self, tokens, want_last_logits: bool = True) -> None:
+    def prefill(self, tokens, want_last_logits: bool = True, topk_out=None) -> None:
         n = len(tokens)
+        if topk_out is not None:     # the replay knows no rankings at prompt positions
+            topk_out[0][:] = -1
+            topk_out[1][:] = 0.0
         self.n_past += n
         self.model_s += self.table[1] * 0   # prefill time is not part of decode speed
         self._set_rows(np.array([self._next(self.n_past)], np.int64), np.array([self.n_past], np.int64))

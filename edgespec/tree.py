@@ -29,8 +29,10 @@ SOURCE_CORPUS = 1    # suffix match in a compiled corpus
 SOURCE_TRIGRAM = 2
 SOURCE_ADJACENCY = 3
 SOURCE_CARRY = 4     # tokens accepted last step off the batch's first path, re-verified
-N_SOURCES = 5
-SOURCE_NAMES = ("context", "corpus", "trigram", "adjacency", "carry")
+SOURCE_BRANCH = 5    # the model's own alternatives beside a retrieved continuation (AASD, AdaPLD)
+SOURCE_SEMANTIC = 6  # continuation of an embedding-similar anchor (AdaPLD fallback)
+N_SOURCES = 7
+SOURCE_NAMES = ("context", "corpus", "trigram", "adjacency", "carry", "branch", "semantic")
 
 
 @dataclass

@@ -82,7 +82,8 @@ def main(argv=None) -> int:
     results = {}
     for meth in methods:
         name, use_corpus, switches = parse_drafter_name(meth)
-        d = make_drafter(name, n_vocab=vocab.n_vocab, corpora=m.corpora if use_corpus else (), **switches)
+        d = make_drafter(name, n_vocab=vocab.n_vocab, model_path=m.model_path,
+                         corpora=m.corpora if use_corpus else (), **switches)
         d.warmup()
         be = ReplayBackend(vocab, m.backend.n_ctx, m.backend.max_nodes, cost, eog)
         eng = Engine(be, d, cost, EngineConfig(max_nodes=int(head["max_nodes"])))

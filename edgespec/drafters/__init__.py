@@ -76,7 +76,8 @@ def check_drafter_name(name: str) -> None:
     parse_drafter_name(name)
 
 
-def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), **kw) -> Drafter:
+def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), model_path: str | None = None,
+                 **kw) -> Drafter:
     """Build a drafter by name.
 
     "none"       the base Drafter, which proposes nothing
@@ -90,6 +91,8 @@ def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), **kw) -> 
 
     n_vocab: the model's vocabulary size (needed by trigram and adjacency).
     corpora: compiled corpora (edgespec.corpus.Corpus) for drafters that use them.
+    model_path: the GGUF, for drafters that read the model's token embeddings
+        (auto's semantic fallback; without it that part is left out).
     Other keywords are fields of the drafter's config, e.g.
     make_drafter("suffix", max_nodes=32).
     """
@@ -107,6 +110,8 @@ def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), **kw) -> 
         if n_vocab is None:
             raise ValueError(f"drafter {name!r} needs n_vocab (the model's vocabulary size)")
         args["n_vocab"] = int(n_vocab)
+    if "model_path" in params:
+        args["model_path"] = model_path
     return cls(**args)
 
 

@@ -64,8 +64,17 @@ class Drafter:
     """K > 0 asks the engine for the model's top-K next tokens at every committed
     slot of each step (StepResult.topk_input / topk_tokens)."""
 
+    prefill_topk = 0
+    """K > 0 asks the engine for the model's top-K next tokens after every
+    prompt position it prefills (AASD); they arrive in observe_prefill()."""
+
     def begin(self, prompt: np.ndarray) -> None:
         pass
+
+    def observe_prefill(self, start: int, topk_tokens: np.ndarray, topk_logits: np.ndarray) -> None:
+        """With prefill_topk: after begin(), the model's ranking after each prompt
+        position from `start` on (row i: after prompt[start + i]; the positions
+        before `start` were decoded in an earlier turn and kept in the KV cache)."""
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         return DraftTree.empty()

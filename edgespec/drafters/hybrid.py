@@ -43,9 +43,12 @@ import numpy as np
 
 from ..kernels.suffix import merge_trees
 from ..kernels.topk import softmax_entropy
-from ..tree import SOURCE_ADJACENCY, SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_TRIGRAM, DraftTree
+from ..tree import (SOURCE_ADJACENCY, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_SEMANTIC,
+                    SOURCE_TRIGRAM, DraftTree)
 from .adjacency import AdjacencyDrafter
 from .base import Drafter
+from .branch import BranchDrafter
+from .semantic import SemanticDrafter
 from .suffix import SuffixConfig, SuffixDrafter
 from .trigram import TrigramDrafter
 
@@ -67,10 +70,13 @@ class HybridConfig:
     ema: bool = True
     entropy: bool = True
     schedule: bool = True
+    branch: bool = True
+    aasd: bool = True
+    semantic: bool = True
     max_nodes: int = 64
 
     def __post_init__(self):
-        if not (self.suffix or self.trigram or self.adjacency):
+        if not (self.suffix or self.trigram or self.adjacency or self.branch or self.aasd or self.semantic):
             raise ValueError("HybridConfig: enable at least one component")
         if isinstance(self.max_nodes, bool) or not isinstance(self.max_nodes, (int, np.integer)) \
                 or self.max_nodes < 1:
@@ -79,24 +85,38 @@ class HybridConfig:
 
 
 class HybridDrafter(Drafter):
-    """suffix + trigram + adjacency, merged in that priority order."""
+    """suffix, semantic, branch, trigram, adjacency: merged in that priority order.
+
+    ``HybridDrafter(n_vocab, corpora=(), config=None, model_path=None,
+    embeddings=None)``: the semantic fallback compares tokens by the model's
+    own embeddings, read from ``model_path`` (a GGUF) or given as a
+    TokenEmbeddings; with neither it is left out."""
 
     name = "auto"
 
-    def __init__(self, n_vocab: int, corpora=(), config: HybridConfig | None = None):
+    def __init__(self, n_vocab: int, corpora=(), config: HybridConfig | None = None,
+                 model_path: str | None = None, embeddings=None):
         self.config = c = config if config is not None else HybridConfig()
         self.parts: list[Drafter] = []
         self._suffix = None
         if c.suffix:
             self._suffix = SuffixDrafter(SuffixConfig(position_ema=c.ema), corpora=corpora)
             self.parts.append(self._suffix)
+        if c.semantic and (embeddings is not None or model_path is not None):
+            if embeddings is None:
+                from ..embeddings import TokenEmbeddings
+                embeddings = TokenEmbeddings(model_path)
+            self.parts.append(SemanticDrafter(embeddings, max_nodes=c.max_nodes))
+        self.prefill_topk = 0
+        if c.branch or c.aasd:
+            br = BranchDrafter(aasd=c.aasd, branch=c.branch, max_nodes=c.max_nodes)
+            self.parts.append(br)
+            self.prefill_topk = br.prefill_topk
         if c.trigram:
             self.parts.append(TrigramDrafter(n_vocab, corpora=corpora))
-        self.topk = 0
         if c.adjacency:
-            adj = AdjacencyDrafter(n_vocab, corpora=corpora)
-            self.parts.append(adj)
-            self.topk = adj.topk
+            self.parts.append(AdjacencyDrafter(n_vocab, corpora=corpora))
+        self.topk = max(p.topk for p in self.parts)
         self._entropy = c.entropy and c.suffix
         if self._entropy:
             self.topk = max(self.topk, ENTROPY_TOPK)
@@ -107,7 +127,8 @@ class HybridDrafter(Drafter):
         self._ent_last = (-1, 1.0)       # (bucket, factor) of the last proposal
         # schedule: per part, sources, EMA of contributed tokens and of propose time
         srcs = {SuffixDrafter: (SOURCE_CONTEXT, SOURCE_CORPUS), TrigramDrafter: (SOURCE_TRIGRAM,),
-                AdjacencyDrafter: (SOURCE_ADJACENCY,)}
+                AdjacencyDrafter: (SOURCE_ADJACENCY,), BranchDrafter: (SOURCE_BRANCH,),
+                SemanticDrafter: (SOURCE_SEMANTIC,)}
         self._sources = [srcs[type(p)] for p in self.parts]
         self._gain = np.full(len(self.parts), SCHEDULE_GAIN0)
         self._cost = np.zeros(len(self.parts))
@@ -135,6 +156,11 @@ class HybridDrafter(Drafter):
             p.begin(prompt)
         self._h.clear()
         self._ent_last = (-1, 1.0)
+
+    def observe_prefill(self, start, topk_tokens, topk_logits) -> None:
+        for p in self.parts:
+            if p.prefill_topk:
+                p.observe_prefill(start, topk_tokens, topk_logits)
 
     def observe(self, result) -> None:
         for p in self.parts:

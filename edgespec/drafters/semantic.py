@@ -1,0 +1,118 @@
+"""Semantic fallback anchoring (AdaPLD): when the end of the context occurs
+nowhere earlier, anchor on a *similar* earlier pair of tokens instead.
+
+Lexical retrieval needs an exact repeat of at least two tokens.  When there is
+none, this part looks for an earlier position whose last two tokens are close
+to the context's last two in the model's own input-embedding space (cosine of
+centred embeddings, edgespec.embeddings; " The quick" ~ " the rapid") and
+proposes what followed there.  Only tokens that occur in the context are ever
+compared: the part keeps their embeddings in one growing matrix, so a step
+costs one (distinct tokens x dim) product and one scan of the context.
+
+Its nodes carry SOURCE_SEMANTIC: the engine calibrates them apart from exact
+retrieval, and in ``auto`` the schedule idles the part when it does not pay.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import anchor as _a
+from ..kernels import suffix as _k
+from ..tree import SOURCE_SEMANTIC, DraftTree
+from .base import Drafter
+
+SEMANTIC_MIN_SIM = 0.6     # both tokens of an anchor at least this similar
+SEMANTIC_ANCHORS = 4
+SEMANTIC_DEPTH = 6
+
+
+class SemanticDrafter(Drafter):
+    """Continuations of embedding-similar anchors, when no exact match exists."""
+
+    name = "semantic"
+
+    def __init__(self, embeddings, max_nodes: int = 64, min_sim: float = SEMANTIC_MIN_SIM):
+        self.emb = embeddings
+        self.min_sim = float(min_sim)
+        nv = int(embeddings.n_vocab)
+        # similarity of every seen token to the context's last / previous token
+        self._s_last = np.full(nv, -1.0, np.float32)
+        self._s_prev = np.full(nv, -1.0, np.float32)
+        self._q = (-1, 0)            # (last token, seen count) of the last call
+        self._seen = np.zeros(nv, np.bool_)
+        self._ids = np.zeros(256, np.int64)
+        self._vecs = np.zeros((256, embeddings.dim), np.float32)
+        self._u = 0                  # distinct tokens seen
+        self._scanned = 0            # context positions already added
+        self._ctx_id = None
+        self._ends = np.zeros(SEMANTIC_ANCHORS, np.int32)
+        self._score = np.zeros(SEMANTIC_ANCHORS, np.float32)
+        self._lens = np.full(SEMANTIC_ANCHORS, 2, np.int32)
+        self._m = np.zeros(2, np.int32)
+        self._out = (np.zeros(max_nodes, np.int32), np.zeros(max_nodes, np.int32),
+                     np.zeros(max_nodes, np.float32), np.zeros(max_nodes, np.int32))
+        self._src = np.full(max_nodes, SOURCE_SEMANTIC, np.int8)
+
+    def warmup(self) -> None:
+        _a.warmup()
+        _k.warmup()
+
+    def begin(self, prompt: np.ndarray) -> None:
+        self._scanned = 0           # seen tokens stay (their vectors do not change)
+        self._q = (-1, 0)
+
+    def _add(self, tokens: np.ndarray) -> None:
+        new = np.unique(tokens[(tokens >= 0) & (tokens < len(self._seen))])
+        new = new[~self._seen[new]]
+        if len(new) == 0:
+            return
+        u, k = self._u, len(new)
+        if u + k > len(self._ids):
+            cap = max(2 * len(self._ids), u + k)
+            ids = np.zeros(cap, np.int64)
+            vecs = np.zeros((cap, self._vecs.shape[1]), np.float32)
+            ids[:u], vecs[:u] = self._ids[:u], self._vecs[:u]
+            self._ids, self._vecs = ids, vecs
+        self._ids[u:u + k] = new
+        self._vecs[u:u + k] = self.emb.rows(new)
+        self._seen[new] = True
+        self._u = u + k
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        n = len(context)
+        cap = min(int(budget), len(self._src))
+        if cap <= 0 or n < 4:
+            return DraftTree.empty()
+        ctx = np.ascontiguousarray(context, dtype=np.int32)
+        if _k.find_suffix_matches(ctx, n, 2, 2, 1, self._m, self._m[1:]):
+            return DraftTree.empty()        # an exact match exists: retrieval's case
+        if self._scanned > n:
+            self._scanned = 0
+        self._add(ctx[self._scanned:n])
+        self._scanned = n
+        u = self._u
+        last, prev = int(ctx[n - 1]), int(ctx[n - 2])
+        if prev == self._q[0]:
+            # the last token of the previous call is now the one before: its
+            # similarities are known for the tokens seen then (a step that
+            # accepted no draft, the usual case where this part is asked)
+            self._s_last, self._s_prev = self._s_prev, self._s_last
+            u0 = self._q[1]
+            if u0 < u:
+                ids = self._ids[u0:u]
+                self._s_prev[ids] = self._vecs[u0:u] @ self.emb.rows([prev])[0]
+        else:
+            self._s_prev[self._ids[:u]] = self._vecs[:u] @ self.emb.rows([prev])[0]
+        self._s_last[self._ids[:u]] = self._vecs[:u] @ self.emb.rows([last])[0]
+        self._q = (last, u)
+        k = _a.soft_anchors(ctx, n, self._s_last, self._s_prev, self.min_sim, SEMANTIC_ANCHORS,
+                            self._ends, self._score)
+        if k == 0:
+            return DraftTree.empty()
+        t, par, pr, mlen = self._out
+        m = _k.build_continuation_tree(ctx, n, self._ends, self._lens, k, SEMANTIC_DEPTH, cap,
+                                       t, par, pr, mlen)
+        if m == 0:
+            return DraftTree.empty()
+        pr[:m][par[:m] == -1] *= float(self._score[0])
+        return DraftTree.raw(t[:m].copy(), par[:m].copy(), pr[:m].copy(), self._src[:m].copy())

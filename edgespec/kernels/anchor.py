@@ -1,0 +1,158 @@
+"""Kernels of the anchored drafters: the model's own alternatives beside a
+retrieved continuation (AASD / AdaPLD branch drafting) and soft, embedding
+based anchors when the context has no exact match (AdaPLD semantic fallback).
+
+Pure functions over numpy arrays; the drafters in drafters/branch.py and
+drafters/semantic.py own the state.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _child_of(tok, par, m, parent, t):
+    """Index of the node among tok/par[:m] with this parent and token, or -1."""
+    for i in range(m):
+        if par[i] == parent and tok[i] == t:
+            return i
+    return -1
+
+
+@njit(cache=True)
+def build_branch_tree(ctx, n, ends, n_matches, alt_tok, alt_p, n_known, max_depth, max_alt,
+                      max_nodes, out_tokens, out_parents, out_probs):
+    """The model's alternatives at the positions a retrieved continuation copies.
+
+    Parameters
+    ----------
+    ctx : int32 [>= n]       the context; the root is ``ctx[n-1]``.
+    ends : int32 [>= n_matches]   end positions ``e`` of earlier occurrences of
+                             the context's suffix (``find_suffix_matches``):
+                             retrieval drafts ``ctx[e+1], ctx[e+2], ...``.
+    alt_tok : int32 [>= n_known, K]  the model's K most likely next tokens after
+                             each context position (most likely first; -1 =
+                             unknown); row p is the ranking the model gave when
+                             it had read ``ctx[:p+1]``.
+    alt_p : float32 [>= n_known, K]  their probabilities.
+    n_known : int            rows ``>= n_known`` are treated as unknown.
+    max_depth : int          alternatives are offered at depths 1..max_depth of
+                             the retrieved continuation.
+    max_alt : int            at most this many alternatives per position.
+    max_nodes : int          output capacity (clamped to the arrays).
+
+    For each occurrence ``e`` and depth ``d = 0 .. max_depth-1`` with
+    ``p = e + d`` a known row and ``p + 1 <= n - 1``: the retrieved path
+    ``ctx[e+1 .. e+d]`` (nodes with probability 0: the retrieval tree already
+    holds them, and ``merge_trees`` keeps the larger probability), then as its
+    children the tokens of row p other than ``ctx[p+1]`` with the model's
+    probability.  Where the model disagreed with the text (its top choice is
+    not the copied token) the alternative it preferred comes first.
+
+    Returns the node count; parents precede children, siblings are distinct.
+    """
+    cap = min(max_nodes, out_tokens.shape[0], out_parents.shape[0], out_probs.shape[0])
+    n = min(n, ctx.shape[0])
+    n_known = min(n_known, alt_tok.shape[0], alt_p.shape[0])
+    k_alt = alt_tok.shape[1]
+    m = 0
+    for j in range(min(n_matches, ends.shape[0])):
+        e = ends[j]
+        if e < 0:
+            continue
+        parent = -1
+        for d in range(max_depth):
+            p = e + d
+            if p + 1 > n - 1 or p >= n_known or alt_tok[p, 0] < 0:
+                break
+            if d > 0:           # descend along the retrieved token ctx[p]
+                c = _child_of(out_tokens, out_parents, m, parent, ctx[p])
+                if c < 0:
+                    if m >= cap:
+                        return m
+                    out_tokens[m] = ctx[p]
+                    out_parents[m] = parent
+                    out_probs[m] = 0.0
+                    c = m
+                    m += 1
+                parent = c
+            copied = ctx[p + 1]
+            taken = 0
+            for r in range(k_alt):
+                if taken >= max_alt:
+                    break
+                t = alt_tok[p, r]
+                if t < 0:
+                    break
+                if t == copied:
+                    continue
+                taken += 1
+                c = _child_of(out_tokens, out_parents, m, parent, t)
+                if c >= 0:
+                    if alt_p[p, r] > out_probs[c]:
+                        out_probs[c] = alt_p[p, r]
+                    continue
+                if m >= cap:
+                    return m
+                out_tokens[m] = t
+                out_parents[m] = parent
+                out_probs[m] = alt_p[p, r]
+                m += 1
+    return m
+
+
+@njit(cache=True)
+def soft_anchors(ctx, n, sim_last, sim_prev, min_sim, max_out, out_end, out_score):
+    """Positions whose last two tokens are *similar* to the context's last two.
+
+    sim_last, sim_prev : float32 [n_vocab]  similarity of every token to
+                         ``ctx[n-1]`` and to ``ctx[n-2]`` (cosine of token
+                         embeddings; entries of tokens never seen may hold
+                         anything below ``min_sim``).
+    A position ``i`` (``1 <= i <= n-2``) qualifies when
+    ``sim_last[ctx[i]] >= min_sim`` and ``sim_prev[ctx[i-1]] >= min_sim`` and it
+    is not an exact match of both tokens (exact matches are retrieval's);
+    its score is the mean of the two similarities.  Writes the best
+    ``max_out`` (score descending, ties the more recent) to out_end/out_score
+    and returns their count.
+    """
+    n = min(n, ctx.shape[0])
+    cap = min(max_out, out_end.shape[0], out_score.shape[0])
+    if n < 3 or cap <= 0:
+        return 0
+    a, b = ctx[n - 1], ctx[n - 2]
+    k = 0
+    for i in range(n - 2, 0, -1):
+        s1 = sim_last[ctx[i]]
+        if s1 < min_sim:
+            continue
+        s0 = sim_prev[ctx[i - 1]]
+        if s0 < min_sim:
+            continue
+        if ctx[i] == a and ctx[i - 1] == b:
+            continue
+        s = 0.5 * (s0 + s1)
+        if k == cap and s <= out_score[k - 1]:
+            continue
+        q = k if k < cap else cap - 1
+        while q > 0 and out_score[q - 1] < s:
+            out_end[q] = out_end[q - 1]
+            out_score[q] = out_score[q - 1]
+            q -= 1
+        out_end[q] = i
+        out_score[q] = s
+        if k < cap:
+            k += 1
+    return k
+
+
+def warmup() -> None:
+    ctx = np.array([1, 2, 3, 1, 2, 4, 1, 2], np.int32)
+    ends = np.array([1, 4], np.int32)
+    alt_tok = np.full((8, 4), -1, np.int32)
+    alt_p = np.zeros((8, 4), np.float32)
+    out = (np.zeros(8, np.int32), np.zeros(8, np.int32), np.zeros(8, np.float32))
+    build_branch_tree(ctx, 8, ends, 2, alt_tok, alt_p, 8, 3, 2, 8, *out)
+    sim = np.zeros(8, np.float32)
+    soft_anchors(ctx, 8, sim, sim, 0.5, 4, np.zeros(4, np.int32), np.zeros(4, np.float32))
