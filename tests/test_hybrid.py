@@ -168,3 +168,24 @@ def test_schedule_idles_a_part_whose_tokens_do_not_pay_for_its_time():
     assert sum(kinds[-16:]) == 2
     d, kinds = run(0.0)             # no plain-step time from the engine: no scheduling
     assert all(kinds) and not d.schedule_report()[0][3]
+
+
+def test_graft_continues_retrieval_from_a_confident_drafted_leaf():
+    from edgespec.tree import SOURCE_CONTEXT
+    d = HybridDrafter(V, config=HybridConfig(trigram=False, adjacency=False, branch=False, aasd=False))
+    d.warmup()
+    ctx = np.array([7, 8, 9, 10, 11, 5, 6, 7], np.int32)
+    # one tri-gram leaf "8" after the root 7 (likely), one retrieved leaf "3"
+    tok = np.array([8, 3], np.int32)
+    par = np.array([-1, -1], np.int32)
+    pr = np.array([0.8, 0.1], np.float32)
+    src = np.array([SOURCE_TRIGRAM, SOURCE_CONTEXT], np.int8)
+    t, p, q, s = d._graft(ctx, tok, par, pr, src, 16)
+    # "7 8" occurred at the start: what followed (9 10 11 5) hangs under the tri-gram leaf
+    assert t.tolist() == [8, 3, 9, 10, 11, 5] and p.tolist() == [-1, -1, 0, 2, 3, 4]
+    assert s[2:].tolist() == [SOURCE_CONTEXT] * 4 and (q[2:] > 0).all()
+    DraftTree(t, p, q, s)            # a valid tree (parents first, distinct siblings)
+    # a retrieved or unlikely leaf is no graft point; a tiny budget leaves no room
+    src2 = np.array([SOURCE_CONTEXT, SOURCE_TRIGRAM], np.int8)
+    assert len(d._graft(ctx, tok, par, pr, src2, 16)[0]) == 2
+    assert len(d._graft(ctx, tok, par, pr, src, 3)[0]) == 2

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels import suffix as _sk
 from ..kernels.suffix import merge_trees
 from ..kernels.topk import softmax_entropy
 from ..tree import (SOURCE_ADJACENCY, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_SEMANTIC,
@@ -52,6 +53,11 @@ from .semantic import SemanticDrafter
 from .suffix import SuffixConfig, SuffixDrafter
 from .trigram import TrigramDrafter
 
+GRAFT_RESERVE = 8                   # at most 8 slots of a proposal go to grafts
+GRAFT_POINTS = 2                    # from the 2 most probable drafted leaves
+GRAFT_MIN_CUM = 0.05                # whose path is at least this likely
+GRAFT_DEPTH = 4
+GRAFT_FROM = (SOURCE_TRIGRAM, SOURCE_ADJACENCY, SOURCE_BRANCH, SOURCE_SEMANTIC)
 SCHEDULE_PROBE = 8                  # an idle part still proposes every 8th step
 SCHEDULE_ALPHA = 0.1                # weight of the newest step in the moving averages
 SCHEDULE_GAIN0 = 1.0                # parts start trusted (1 accepted token per step)
@@ -73,6 +79,7 @@ class HybridConfig:
     branch: bool = True
     aasd: bool = True
     semantic: bool = True
+    graft: bool = True
     max_nodes: int = 64
 
     def __post_init__(self):
@@ -135,6 +142,10 @@ class HybridDrafter(Drafter):
         self._idle = [False] * len(self.parts)
         self._proposed = [False] * len(self.parts)
         self._n_steps = 0
+        self._g_ends = np.zeros(4, np.int32)
+        self._g_lens = np.zeros(4, np.int32)
+        self._g_buf = (np.zeros(GRAFT_RESERVE, np.int32), np.zeros(GRAFT_RESERVE, np.int32),
+                       np.zeros(GRAFT_RESERVE, np.float32), np.zeros(GRAFT_RESERVE, np.int32))
         n = c.max_nodes
         self._buf = [(np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.float32), np.zeros(n, np.int8))
                      for _ in range(2)]
@@ -256,4 +267,70 @@ class HybridDrafter(Drafter):
         if cur is None or cur[4] == 0:
             return DraftTree.empty()
         m = cur[4]
-        return DraftTree.raw(cur[0][:m].copy(), cur[1][:m].copy(), cur[2][:m].copy(), cur[3][:m].copy())
+        tree = (cur[0][:m].copy(), cur[1][:m].copy(), cur[2][:m].copy(), cur[3][:m].copy())
+        if self.config.graft:
+            tree = self._graft(context, *tree, budget)
+        return DraftTree.raw(*tree)
+
+    # --------------------------------------------------------------- graft
+    def _graft(self, context, tok, par, pr, src, budget):
+        """Graft's prune-then-graft: retrieval continued from the best drafted leaves.
+
+        Retrieval alone anchors at the root.  A confident tri-gram, adjacency,
+        branch or semantic leaf is a position retrieval never looked from: with
+        its path appended to the context, the end of that hypothetical context
+        may occur earlier, and what followed there is grafted under the leaf
+        (source context).  The slots come from the tail of the merged
+        proposal (its least probable nodes, pruned), at most GRAFT_RESERVE of
+        the budget; the engine's gate then judges grafted nodes like any other.
+        """
+        m = len(tok)
+        reserve = min(GRAFT_RESERVE, budget // 4)
+        lim = min(m, budget - reserve)
+        if reserve <= 0 or lim <= 0:
+            return tok, par, pr, src
+        cum = np.empty(m)
+        leaf = np.ones(m, np.bool_)
+        for i in range(m):
+            q = par[i]
+            cum[i] = pr[i] * (cum[q] if q >= 0 else 1.0)
+            if q >= 0:
+                leaf[q] = False
+        points = [i for i in np.argsort(-cum[:lim], kind="stable")
+                  if leaf[i] and src[i] in GRAFT_FROM and cum[i] >= GRAFT_MIN_CUM][:GRAFT_POINTS]
+        if not points:
+            return tok, par, pr, src
+        ctx = np.ascontiguousarray(context, dtype=np.int32)
+        grafts = []
+        room = reserve
+        for i in points:
+            path = []
+            q = i
+            while q >= 0:
+                path.append(tok[q])
+                q = par[q]
+            ext = np.concatenate([ctx, np.array(path[::-1], np.int32)])
+            k = _sk.find_suffix_matches(ext, len(ext), 2, 32, 4, self._g_ends, self._g_lens)
+            if k == 0:
+                continue
+            g = self._g_buf
+            mc = _sk.build_continuation_tree(ext, len(ext), self._g_ends, self._g_lens, k, GRAFT_DEPTH,
+                                             room, g[0], g[1], g[2], g[3])
+            if mc:
+                grafts.append((i, g[0][:mc].copy(), g[1][:mc].copy(), g[2][:mc].copy()))
+                room -= mc
+            if room <= 0:
+                break
+        if not grafts:
+            return tok, par, pr, src
+        total = reserve - room
+        keep = min(m, budget - total)          # every graft point is < lim <= keep
+        toks, pars, probs = [tok[:keep]], [par[:keep]], [pr[:keep]]
+        base = keep
+        for i, gt, gp, gq in grafts:
+            toks.append(gt)
+            pars.append(np.where(gp < 0, i, gp + base).astype(np.int32))
+            probs.append(gq)
+            base += len(gt)
+        srcs = np.concatenate([src[:keep], np.full(total, SOURCE_CONTEXT, np.int8)])
+        return np.concatenate(toks), np.concatenate(pars), np.concatenate(probs), srcs

@@ -7,7 +7,9 @@ to the context's last two in the model's own input-embedding space (cosine of
 centred embeddings, edgespec.embeddings; " The quick" ~ " the rapid") and
 proposes what followed there.  Only tokens that occur in the context are ever
 compared: the part keeps their embeddings in one growing matrix, so a step
-costs one (distinct tokens x dim) product and one scan of the context.
+costs one (distinct tokens x dim) product, in a numba loop rather than BLAS
+(OpenBLAS threads spin after a call and slow llama.cpp's next decode), and one
+scan of the context.
 
 Its nodes carry SOURCE_SEMANTIC: the engine calibrates them apart from exact
 retrieval, and in ``auto`` the schedule idles the part when it does not pay.
@@ -97,13 +99,11 @@ class SemanticDrafter(Drafter):
             # similarities are known for the tokens seen then (a step that
             # accepted no draft, the usual case where this part is asked)
             self._s_last, self._s_prev = self._s_prev, self._s_last
-            u0 = self._q[1]
-            if u0 < u:
-                ids = self._ids[u0:u]
-                self._s_prev[ids] = self._vecs[u0:u] @ self.emb.rows([prev])[0]
+            if self._q[1] < u:
+                _a.scatter_sims(self._vecs, self._ids, self._q[1], u, self.emb.rows([prev])[0], self._s_prev)
         else:
-            self._s_prev[self._ids[:u]] = self._vecs[:u] @ self.emb.rows([prev])[0]
-        self._s_last[self._ids[:u]] = self._vecs[:u] @ self.emb.rows([last])[0]
+            _a.scatter_sims(self._vecs, self._ids, 0, u, self.emb.rows([prev])[0], self._s_prev)
+        _a.scatter_sims(self._vecs, self._ids, 0, u, self.emb.rows([last])[0], self._s_last)
         self._q = (last, u)
         k = _a.soft_anchors(ctx, n, self._s_last, self._s_prev, self.min_sim, SEMANTIC_ANCHORS,
                             self._ends, self._score)
