@@ -178,3 +178,24 @@ def test_prefill_rankings_match_the_logits(model):
     assert (ids >= 0).all() and (np.diff(vals, axis=1) <= 0).all()
     be.reset()
     model.engine.reset()
+
+
+def test_auto_with_aasd_is_identical_and_keeps_prompt_rankings(model):
+    """auto+aasd through the real engine, cost gate off (every proposed node
+    verified): greedy output equals plain decoding, and the branch part holds
+    the model's ranking at every prompt position after the prefill."""
+    from conftest import pick_prompts
+    eng = model._engine_for("auto+aasd")
+    eng.config.cost_gate = False
+    try:
+        for row in pick_prompts(3, seed=5):
+            toks = model.prompt_tokens([{"role": "user", "content": row["turns"][0]}])
+            ref = model.generate(toks, max_tokens=48, drafter="none")
+            r = model.generate(toks, max_tokens=48, drafter="auto+aasd")
+            assert r.tokens == ref.tokens, row["question_id"]
+            br = next(p for p in eng.drafter.parts if p.name == "branch")
+            assert (br._tok[:len(toks) - 1, 0] >= 0).all()
+            # the ranking after the last prompt token starts with the first generated token
+            assert br._tok[len(toks) - 1, 0] == ref.tokens[0]
+    finally:
+        eng.config.cost_gate = True

@@ -59,7 +59,8 @@ def test_budget_and_prefix_order():
 
 
 def test_components_switch():
-    only_tri = make_drafter("auto", n_vocab=V, suffix=False, adjacency=False, branch=False, aasd=False)
+    only_tri = make_drafter("auto", n_vocab=V, suffix=False, adjacency=False, branch=False, aasd=False,
+                            graft=False)
     assert only_tri.topk == 0 and len(only_tri.parts) == 1
     ctx = np.array([1, 2, 3, 1, 2, 3, 1, 2], np.int32)
     only_tri.begin(ctx)
@@ -69,7 +70,8 @@ def test_components_switch():
         HybridConfig(suffix=False, trigram=False, adjacency=False, branch=False, aasd=False, semantic=False)
     # without a model path the semantic part is left out; branch/aasd are one part
     d = make_drafter("auto", n_vocab=V, trigram=False, adjacency=False)
-    assert [p.name for p in d.parts] == ["suffix", "branch"] and d.prefill_topk == 4
+    assert [p.name for p in d.parts] == ["suffix", "branch"] and d.prefill_topk == 0
+    assert make_drafter("auto", n_vocab=V, aasd=True).prefill_topk == 4
 
 
 def _step(d, ctx, proposed: DraftTree, got: int, topk_logits=None):

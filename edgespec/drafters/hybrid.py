@@ -77,7 +77,7 @@ class HybridConfig:
     entropy: bool = True
     schedule: bool = True
     branch: bool = True
-    aasd: bool = True
+    aasd: bool = False      # opt-in (auto+aasd): ~17% more prefill time, no decode gain measured on CPU
     semantic: bool = True
     graft: bool = True
     max_nodes: int = 64
