@@ -4,9 +4,9 @@ The semantic fallback (drafters/semantic.py) compares tokens by the cosine of
 their input embeddings.  The matrix is memory-mapped straight from the file
 (edgespec.models finds its offset in the header) and rows are dequantized by
 the `gguf` package (the llama.cpp project's Python GGUF library, which knows
-every ggml tensor type), and only the rows of tokens that actually occur are
-dequantized and kept, so a 49k x 576 table costs a few hundred rows, not
-113 MB.
+every ggml tensor type); only the rows of tokens that actually occur are
+dequantized (and kept by the semantic drafter), so a 49k x 576 table costs a
+few hundred rows, not 113 MB.
 
 Raw embeddings of most models share a large common direction (for SmolLM2-135M
 two random tokens have cosine 0.46 on median), so rows are centred on the mean
@@ -62,7 +62,6 @@ class TokenEmbeddings:
         sample = self._dense(np.arange(0, self.n_vocab, step))
         self.mean = sample.mean(axis=0)
         self.dim = int(sample.shape[1])
-        self._cache: dict[int, np.ndarray] = {}
 
     @classmethod
     def from_matrix(cls, matrix: np.ndarray) -> "TokenEmbeddings":
@@ -75,17 +74,12 @@ class TokenEmbeddings:
         return np.asarray(rows, np.float32).reshape(len(idx), -1)
 
     def rows(self, tokens) -> np.ndarray:
-        """Centred unit vectors of these tokens (out-of-range ids give zeros)."""
+        """Centred unit vectors of these tokens (out-of-range ids give zeros).
+        Nothing is cached here: the semantic drafter keeps the rows it asked for."""
         tokens = np.asarray(tokens, np.int64).ravel()
         out = np.zeros((len(tokens), self.dim), np.float32)
-        missing = [t for t in set(tokens.tolist()) if t not in self._cache and 0 <= t < self.n_vocab]
-        if missing:
-            x = self._dense(np.array(missing, np.int64)) - self.mean
-            x /= np.linalg.norm(x, axis=1, keepdims=True) + 1e-9
-            for t, v in zip(missing, x):
-                self._cache[t] = v
-        for i, t in enumerate(tokens.tolist()):
-            v = self._cache.get(t)
-            if v is not None:
-                out[i] = v
+        ok = (tokens >= 0) & (tokens < self.n_vocab)
+        if ok.any():
+            x = self._dense(tokens[ok]) - self.mean
+            out[ok] = x / (np.linalg.norm(x, axis=1, keepdims=True) + 1e-9)
         return out

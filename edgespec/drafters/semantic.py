@@ -41,12 +41,12 @@ class SemanticDrafter(Drafter):
         self._s_last = np.full(nv, -1.0, np.float32)
         self._s_prev = np.full(nv, -1.0, np.float32)
         self._q = (-1, 0)            # (last token, seen count) of the last call
-        self._seen = np.zeros(nv, np.bool_)
+        # the distinct tokens seen so far: token -> row of _ids/_vecs (-1: unseen)
+        self._slot = np.full(nv, -1, np.int64)
         self._ids = np.zeros(256, np.int64)
         self._vecs = np.zeros((256, embeddings.dim), np.float32)
         self._u = 0                  # distinct tokens seen
         self._scanned = 0            # context positions already added
-        self._ctx_id = None
         self._ends = np.zeros(SEMANTIC_ANCHORS, np.int32)
         self._score = np.zeros(SEMANTIC_ANCHORS, np.float32)
         self._lens = np.full(SEMANTIC_ANCHORS, 2, np.int32)
@@ -64,8 +64,8 @@ class SemanticDrafter(Drafter):
         self._q = (-1, 0)
 
     def _add(self, tokens: np.ndarray) -> None:
-        new = np.unique(tokens[(tokens >= 0) & (tokens < len(self._seen))])
-        new = new[~self._seen[new]]
+        new = np.unique(tokens[(tokens >= 0) & (tokens < len(self._slot))])
+        new = new[self._slot[new] < 0]
         if len(new) == 0:
             return
         u, k = self._u, len(new)
@@ -77,7 +77,7 @@ class SemanticDrafter(Drafter):
             self._ids, self._vecs = ids, vecs
         self._ids[u:u + k] = new
         self._vecs[u:u + k] = self.emb.rows(new)
-        self._seen[new] = True
+        self._slot[new] = np.arange(u, u + k)
         self._u = u + k
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
@@ -100,10 +100,10 @@ class SemanticDrafter(Drafter):
             # accepted no draft, the usual case where this part is asked)
             self._s_last, self._s_prev = self._s_prev, self._s_last
             if self._q[1] < u:
-                _a.scatter_sims(self._vecs, self._ids, self._q[1], u, self.emb.rows([prev])[0], self._s_prev)
+                _a.scatter_sims(self._vecs, self._ids, self._q[1], u, self._vecs[self._slot[prev]], self._s_prev)
         else:
-            _a.scatter_sims(self._vecs, self._ids, 0, u, self.emb.rows([prev])[0], self._s_prev)
-        _a.scatter_sims(self._vecs, self._ids, 0, u, self.emb.rows([last])[0], self._s_last)
+            _a.scatter_sims(self._vecs, self._ids, 0, u, self._vecs[self._slot[prev]], self._s_prev)
+        _a.scatter_sims(self._vecs, self._ids, 0, u, self._vecs[self._slot[last]], self._s_last)
         self._q = (last, u)
         k = _a.soft_anchors(ctx, n, self._s_last, self._s_prev, self.min_sim, SEMANTIC_ANCHORS,
                             self._ends, self._score)
