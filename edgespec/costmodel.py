@@ -1,9 +1,12 @@
 """What verification costs on this machine, and how likely a draft is accepted.
 
 CostCurve: the measured time of one llama_decode of T tokens (logits at all of
-them) relative to T = 1, for the loaded model and settings on this machine.  It
-is measured once (`calibrate`), cached on disk under a key made of the model
-file, the settings and the machine, and re-measured by `edgespec calibrate`.
+them) relative to T = 1, for the loaded model and settings on this machine, at
+a few context lengths (attention over a longer context makes a batch dearer
+relative to one token: on the 2-core machine c(8) is 2.7 after 300 cells and
+3.7 after 2000).  It is measured once (`calibrate`), cached on disk under a key
+made of the model file, the settings and the machine, and re-measured by
+`edgespec calibrate`.
 
 AcceptanceModel: per session, what fraction of verified draft nodes of each
 source, drafter-score bucket and depth were accepted.  Its estimates start from
@@ -23,8 +26,9 @@ import numpy as np
 
 from .tree import N_SOURCES, SOURCE_NAMES
 
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 DEFAULT_TS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
+DEFAULT_PREFIXES = (300, 1000, 2000)
 
 
 def cache_dir() -> str:
@@ -57,58 +61,104 @@ def calibration_key(model_path: str, n_gpu_layers: int, n_threads: int, extra: s
 
 @dataclass
 class CostCurve:
-    """ts: the measured batch sizes (ascending, starting at 1); rel: time(T)/time(1);
-    t1_s: seconds of one single-token decode past the first 256 KV cells;
+    """ts: the measured batch sizes (ascending, starting at 1); rel: time(T)/time(1)
+    after meta["prefix"] KV cells (the shortest measured context);
+    t1_s: seconds of one single-token decode there (past the first 256 KV cells);
     t1_short_s: the same within the first 256 cells, where the exact backend
-    still decodes single tokens with every thread (see backend/llama.py)."""
+    still decodes single tokens with every thread (see backend/llama.py);
+    longer: the same measurement after longer contexts, ascending, as dicts
+    {"n_kv", "t1_s", "rel"}."""
     ts: list
     rel: list
     t1_s: float
     meta: dict = field(default_factory=dict)
     t1_short_s: float = 0.0
+    longer: list = field(default_factory=list)
 
-    def table(self, max_t: int, short: bool = False) -> np.ndarray:
-        """cost[T] for T = 0..max_t (cost[0] = 0), linear between measured points and
-        extrapolated from the last two beyond them."""
+    def contexts(self) -> list[tuple[int, float, list]]:
+        """(KV cells, t1_s, rel) of every measured context, ascending."""
+        return [(int(self.meta.get("prefix", 300)), self.t1_s, self.rel)] + \
+            [(int(d["n_kv"]), float(d["t1_s"]), d["rel"]) for d in self.longer]
+
+    def _weights(self, n_kv):
+        """Interpolation between the measured contexts: (i, j, w) with the
+        estimate (1 - w) * ctx[i] + w * ctx[j]; linear in the number of KV cells
+        (attention work grows linearly with it), clamped below the first
+        context and extrapolated at most to twice the last one."""
+        cs = [c[0] for c in self.contexts()]
+        if n_kv is None or len(cs) == 1 or n_kv <= cs[0]:
+            return 0, 0, 0.0
+        n = min(float(n_kv), 2.0 * cs[-1])
+        j = next((k for k in range(1, len(cs)) if n <= cs[k]), len(cs) - 1)
+        i = j - 1
+        return i, j, (n - cs[i]) / max(1, cs[j] - cs[i])
+
+    def t1_at(self, n_kv: int | None = None) -> float:
+        """Seconds of one single-token decode (past 256 cells) with n_kv cells in use."""
+        i, j, w = self._weights(n_kv)
+        ctx = self.contexts()
+        return max(1e-6, (1 - w) * ctx[i][1] + w * ctx[j][1])
+
+    def table(self, max_t: int, short: bool = False, n_kv: int | None = None) -> np.ndarray:
+        """cost[T] for T = 0..max_t (cost[0] = 0) in units of one single-token
+        decode at the same context, linear between measured points and
+        extrapolated from the last two beyond them; with n_kv, interpolated
+        between the measured contexts."""
+        i, j, w = self._weights(n_kv)
+        ctx = self.contexts()
+        out = self._rel_table(ctx[i][2], max_t)
+        if w:
+            out = (1 - w) * out + w * self._rel_table(ctx[j][2], max_t)
+            out[1:] = np.maximum.accumulate(out[1:])
+        out[0] = 0.0
+        out[1] = 1.0
+        if short and self.t1_short_s > 0:
+            out[1] = min(1.0, self.t1_short_s / self.t1_s)
+        return out
+
+    def _rel_table(self, rel, max_t: int) -> np.ndarray:
         ts = np.asarray(self.ts, np.float64)
-        rel = np.asarray(self.rel, np.float64)
+        rel = np.asarray(rel, np.float64)
         T = np.arange(max_t + 1, dtype=np.float64)
         out = np.interp(T, ts, rel)
         if len(ts) >= 2 and max_t > ts[-1]:
             slope = (rel[-1] - rel[-2]) / (ts[-1] - ts[-2])
             hi = T > ts[-1]
             out[hi] = rel[-1] + slope * (T[hi] - ts[-1])
-        out[0] = 0.0
-        if short and self.t1_short_s > 0:
-            out[1] = min(1.0, self.t1_short_s / self.t1_s)
         return out
 
     def to_json(self) -> dict:
         return {"ts": list(map(int, self.ts)), "rel": [round(float(r), 4) for r in self.rel],
-                "t1_s": self.t1_s, "t1_short_s": self.t1_short_s, "meta": self.meta}
+                "t1_s": self.t1_s, "t1_short_s": self.t1_short_s, "meta": self.meta,
+                "longer": [{"n_kv": int(d["n_kv"]), "t1_s": float(d["t1_s"]),
+                            "rel": [round(float(r), 4) for r in d["rel"]]} for d in self.longer]}
 
     @staticmethod
     def from_json(d: dict) -> "CostCurve":
         c = CostCurve(list(d["ts"]), list(d["rel"]), float(d["t1_s"]), dict(d.get("meta", {})),
-                      float(d.get("t1_short_s", 0.0)))
-        if not c.ts or c.ts[0] != 1 or len(c.ts) != len(c.rel) or any(r <= 0 for r in c.rel):
+                      float(d.get("t1_short_s", 0.0)), list(d.get("longer", [])))
+        if not c.ts or c.ts[0] != 1:
             raise ValueError("malformed cost curve")
+        last = -1
+        for n, t1, rel in c.contexts():
+            if len(rel) != len(c.ts) or any(r <= 0 for r in rel) or t1 <= 0 or n <= last:
+                raise ValueError("malformed cost curve")
+            last = n
         return c
 
     def describe(self) -> str:
-        cells = "  ".join(f"T={t}:{r:.2f}" for t, r in zip(self.ts, self.rel))
         short = f"; one token within the first 256 cells: {self.t1_short_s * 1000:.2f} ms" if self.t1_short_s else ""
-        return f"c(T) relative to one token ({self.t1_s * 1000:.2f} ms{short}): {cells}"
+        lines = []
+        for n, t1, rel in self.contexts():
+            cells = "  ".join(f"T={t}:{r:.2f}" for t, r in zip(self.ts, rel))
+            lines.append(f"after {n} KV cells, relative to one token ({t1 * 1000:.2f} ms): {cells}")
+        return "c(T)" + short + "\n" + "\n".join(lines)
 
 
-def measure_cost_curve(backend, ts=DEFAULT_TS, prefix: int = 300, reps: int = 5,
-                       progress=None) -> CostCurve:
-    """Time decodes of T tokens (chains, logits at every token) after a prefix of
-    `prefix` tokens; the median of `reps` repetitions per T, interleaved so that
-    machine noise spreads over all sizes."""
-    prefix = max(1, min(prefix, backend.n_ctx - max(ts) - 2, backend.n_ctx // 2))
-    ts = [t for t in ts if t <= backend.max_nodes and backend.n_ctx > prefix + t + 1]
-    rng = np.random.default_rng(0)
+def _measure_at(backend, ts, prefix: int, reps: int, rng, tick) -> tuple[float, list]:
+    """(t1_s, rel) after a random prefix of `prefix` tokens: the median of `reps`
+    decodes of T-token chains per T, interleaved so that machine noise spreads
+    over all sizes."""
     backend.reset()
     pre = rng.integers(100, min(backend.n_vocab, 20000), size=prefix).astype(np.int32)
     backend.prefill(pre, want_last_logits=False)
@@ -125,21 +175,7 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefix: int = 300, reps: int = 5,
             backend.keep(0)
             if r:
                 times[t].append(dt)
-        if progress:
-            progress(r, reps)
-    # single tokens within the first 256 cells
-    backend.reset()
-    backend.prefill(pre[:min(100, prefix)], want_last_logits=False)
-    short = []
-    for r in range(3 * reps + 1):
-        t0 = time.perf_counter()
-        backend.decode_tree(one[:1] * 500, zeros[:1], zeros[:1], one[:1], 1)
-        backend.logits()
-        dt = time.perf_counter() - t0
-        backend.keep(0)
-        if r:
-            short.append(dt)
-    backend.reset()
+        tick()
     med = {t: float(np.median(v)) for t, v in times.items()}
     t1 = med[1]
     rel = [max(med[t] / t1, 1e-3) for t in ts]
@@ -147,8 +183,51 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefix: int = 300, reps: int = 5,
     for i in range(1, len(rel)):
         rel[i] = max(rel[i], rel[i - 1])
     rel[0] = 1.0
-    return CostCurve(ts, rel, t1, {"prefix": prefix, "reps": reps, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")},
-                     float(np.median(short)))
+    return t1, rel
+
+
+def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: int = 5,
+                       progress=None) -> CostCurve:
+    """Time decodes of T tokens (chains, logits at every token) after each of
+    `prefixes` KV cells (capped by the context size), and single tokens within
+    the first 256 cells.  progress(done, total) is called after every round."""
+    cap = min(backend.n_ctx - max(ts) - 2, backend.n_ctx // 2)
+    kept = []
+    for p in sorted({max(1, min(p, cap)) for p in prefixes}):
+        if not kept or p >= 1.5 * kept[-1]:     # a context capped next to another adds nothing
+            kept.append(p)
+    prefixes = kept
+    ts = [t for t in ts if t <= backend.max_nodes and backend.n_ctx > prefixes[0] + t + 1]
+    rng = np.random.default_rng(0)
+    total = len(prefixes) * (reps + 1) + 1
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        if progress:
+            progress(done[0], total)
+
+    at = [(p,) + _measure_at(backend, ts, p, reps, rng, tick) for p in prefixes]
+    # single tokens within the first 256 cells
+    one = np.ones(1, np.int32)
+    zeros = np.zeros(1, np.int32)
+    backend.reset()
+    pre = rng.integers(100, min(backend.n_vocab, 20000), size=min(100, prefixes[0])).astype(np.int32)
+    backend.prefill(pre, want_last_logits=False)
+    short = []
+    for r in range(3 * reps + 1):
+        t0 = time.perf_counter()
+        backend.decode_tree(one * 500, zeros, zeros, one, 1)
+        backend.logits()
+        dt = time.perf_counter() - t0
+        backend.keep(0)
+        if r:
+            short.append(dt)
+    backend.reset()
+    tick()
+    p0, t1, rel = at[0]
+    return CostCurve(ts, rel, t1, {"prefix": p0, "reps": reps, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")},
+                     float(np.median(short)), [{"n_kv": p, "t1_s": t, "rel": r} for p, t, r in at[1:]])
 
 
 def load_or_measure(backend, key: str, remeasure: bool = False, progress=None) -> CostCurve:

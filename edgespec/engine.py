@@ -36,6 +36,8 @@ from .kernels.tree import warmup as _warmup_tree_kernels
 from .tree import SOURCE_CARRY, SOURCE_CONTEXT, SOURCE_CORPUS, DraftTree
 from .verify import SamplingConfig, VerifyConfig, relaxed_accepts, sample_token
 
+COST_BUCKET = 128     # the cost gate's table is re-interpolated every 128 context cells
+
 
 @dataclass
 class EngineConfig:
@@ -243,11 +245,34 @@ class Engine:
     def set_cost(self, cost: CostCurve | None) -> None:
         self.cost = cost
         n = self.config.max_nodes + 1
+        self._tables: dict = {}     # context bucket -> cost table
         if cost is None:   # no measurement: assume verification costs like plain decoding
             self.cost_table = self.cost_table_short = np.arange(n + 1, dtype=np.float64)
         else:
             self.cost_table = cost.table(n)
             self.cost_table_short = cost.table(n, short=True)
+
+    def _cost_at(self, n_past: int) -> np.ndarray:
+        """The cost table for a batch laid after n_past committed cells: the
+        short regime's (one-token steps with every thread) up to 256 cells,
+        then interpolated between the calibrated contexts in 128-cell buckets."""
+        if n_past + 1 <= SPLIT_KV_FREE_CELLS:
+            return self.cost_table_short
+        if self.cost is None:
+            return self.cost_table
+        return self._bucket(n_past)[0]
+
+    def _bucket(self, n_past: int):
+        b = n_past // COST_BUCKET
+        t = self._tables.get(b)
+        if t is None:
+            n_kv = b * COST_BUCKET + COST_BUCKET // 2
+            t = self._tables[b] = (self.cost.table(self.config.max_nodes + 1, n_kv=n_kv), self.cost.t1_at(n_kv))
+        return t
+
+    def _t1(self, n_past: int) -> float:
+        """Seconds of one plain (single-thread, exact) step at this context."""
+        return self._bucket(n_past)[1]
 
     @property
     def kv_tokens(self) -> np.ndarray:
@@ -270,7 +295,7 @@ class Engine:
             return 0, 1
         self._alloc(m)
         acc = self.acceptance
-        table = self.cost_table_short if self.backend.n_past + 1 <= SPLIT_KV_FREE_CELLS else self.cost_table
+        table = self._cost_at(self.backend.n_past)
         return plan_step(tree.parents, tree.probs, tree.source, acc.n_c, acc.a_c, acc.n_f, acc.a_f,
                          acc.K0, acc.K1, table, self.overhead_rel, min(budget, self.config.max_nodes),
                          self.config.cost_gate, self._cond, self._q, self._sel, self._spar, self._o,
@@ -499,7 +524,7 @@ class Engine:
                                                  tree.source[sel])
                         nacc, ntest = self._nacc[:k].copy(), self._ntest[:k].copy()
                     res = StepResult(ctx[:n], np.asarray(accepted, np.int32), proposed, nacc, ntest,
-                                     plain_step_s=self.cost.t1_s if self.cost is not None else 0.0,
+                                     plain_step_s=self._t1(n) if self.cost is not None else 0.0,
                                      step_decode_s=t1 - t0)
                     if self._topk:
                         # the model's ranking after every committed slot's token: it is
@@ -512,7 +537,7 @@ class Engine:
                 d = out.delta()
                 step_other = (time.perf_counter() - t_step) - (t1 - t0)
                 if self.cost is not None:
-                    self.overhead_rel = 0.9 * self.overhead_rel + 0.1 * (step_other / self.cost.t1_s)
+                    self.overhead_rel = 0.9 * self.overhead_rel + 0.1 * (step_other / self._t1(n))
                 if d:
                     yield d
         except BaseException:

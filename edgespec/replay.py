@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend.llama import SPLIT_KV_FREE_CELLS
-from .engine import drain
+from .engine import COST_BUCKET, drain
 
 _OFF_TEXT = 0
 """Token the fake logits favour after a slot that left the recorded text (only
@@ -54,8 +54,9 @@ class ReplayBackend:
         self.topk = None
         self.n_prompt = 0
         self.truth = np.zeros(0, np.int32)
-        self.table = cost.table(max_nodes + 1) * cost.t1_s
+        self.cost = cost
         self.table_short = cost.table(max_nodes + 1, short=True) * cost.t1_s
+        self._tables: dict = {}                      # context bucket -> seconds per batch size
         self.model_s = 0.0
         self.n_decodes = 0
 
@@ -111,8 +112,7 @@ class ReplayBackend:
         if topk_out is not None:     # the replay knows no rankings at prompt positions
             topk_out[0][:] = -1
             topk_out[1][:] = 0.0
-        self.n_past += n
-        self.model_s += self.table[1] * 0   # prefill time is not part of decode speed
+        self.n_past += n                    # prefill time is not part of decode speed
         self._set_rows(np.array([self._next(self.n_past)], np.int64), np.array([self.n_past], np.int64))
 
     def decode_tree(self, tokens, depth, leaf_first, leaf_count, n_leaves) -> None:
@@ -134,9 +134,21 @@ class ReplayBackend:
                 hot[s] = self._next(base + d + 1)
                 pos[s] = base + d + 1
         self._set_rows(hot, pos)
-        short = n == 1 and base + 1 <= SPLIT_KV_FREE_CELLS
-        self.model_s += (self.table_short if short else self.table)[n]
+        if n == 1 and base + 1 <= SPLIT_KV_FREE_CELLS:
+            self.model_s += self.table_short[1]
+        else:
+            self.model_s += self.seconds(base)[n]
         self.n_decodes += 1
+
+    def seconds(self, n_past: int) -> np.ndarray:
+        """Modelled seconds of a batch of T tokens after n_past cells, T = 0..max_nodes + 1
+        (the engine's context buckets)."""
+        b = n_past // COST_BUCKET
+        t = self._tables.get(b)
+        if t is None:
+            n_kv = b * COST_BUCKET + COST_BUCKET // 2
+            t = self._tables[b] = self.cost.table(self.max_nodes + 1, n_kv=n_kv) * self.cost.t1_at(n_kv)
+        return t
 
     def logits(self) -> np.ndarray:
         return self._logits[:self.n_outputs]

@@ -11,7 +11,7 @@ from edgespec.drafters.base import StepResult
 from edgespec.drafters.branch import BranchDrafter
 from edgespec.drafters.semantic import SemanticDrafter
 from edgespec.embeddings import TokenEmbeddings
-from edgespec.kernels.anchor import build_branch_tree, soft_anchors
+from edgespec.kernels.anchor import build_branch_tree, path_probs, soft_anchors, softmax_rows
 from edgespec.tree import SOURCE_BRANCH, SOURCE_SEMANTIC, DraftTree
 
 I32 = np.int32
@@ -88,6 +88,25 @@ def step(context, accepted, topk_tokens, topk_logits):
     return StepResult(ctx, np.array(accepted, I32), DraftTree.empty(), np.zeros(0, bool), np.zeros(0, bool),
                       topk_input=np.array(context[len(context) - len(accepted) - 1:][:len(topk_tokens)], I32),
                       topk_tokens=np.array(topk_tokens, I32), topk_logits=np.array(topk_logits, np.float32))
+
+
+def test_softmax_rows_write_into_their_positions():
+    # two rows of kept logits (largest first): log(2), 0 -> 2/3, 1/3; equal -> 1/2 each
+    x = np.array([[np.log(2.0), 0.0], [5.0, 5.0]], np.float32)
+    out = np.full((4, 3), -1.0, np.float32)
+    softmax_rows(x, out, 1, 2)
+    np.testing.assert_allclose(out[1:3, :2], [[2 / 3, 1 / 3], [0.5, 0.5]], rtol=1e-6)
+    assert (out[0] == -1).all() and (out[3] == -1).all() and (out[1:3, 2] == -1).all()
+
+
+def test_path_probs_multiply_down_the_tree_and_mark_leaves():
+    #   0 (0.5) -> 1 (0.4) -> 3 (0.5);  0 -> 2 (0.2);  4 (0.25) a second root
+    par = np.array([-1, 0, 0, 1, -1], np.int32)
+    pr = np.array([0.5, 0.4, 0.2, 0.5, 0.25], np.float32)
+    cum, leaf = np.full(5, 9.0), np.zeros(5, np.bool_)
+    path_probs(par, pr, 5, cum, leaf)
+    np.testing.assert_allclose(cum, [0.5, 0.2, 0.1, 0.1, 0.25], rtol=1e-6)
+    assert leaf.tolist() == [False, False, True, True, True]
 
 
 def test_branch_drafter_keeps_prefill_and_verification_rankings_by_position():

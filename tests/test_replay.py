@@ -70,6 +70,7 @@ def test_replay_matches_real_engine(model, recorded, name):
     out2 = replay(eng2, be2, reqs[:1], MAX_TOKENS)
     n = len(reqs[0].output)
     assert out2[0]["n_steps"] == (n if reqs[0].stopped_on_eog else n - 1)
+    n0, c = len(reqs[0].prompt), model.cost
     assert out2[0]["model_s"] == pytest.approx(sum(
-        (model.cost.table(9, short=True) if len(reqs[0].prompt) + j + 1 <= 256 else model.cost.table(9))[1]
-        for j in range(out2[0]["n_steps"])) * model.cost.t1_s)
+        min(c.t1_short_s, c.t1_s) if n0 + j + 1 <= 256 else c.t1_at((n0 + j) // 128 * 128 + 64)
+        for j in range(out2[0]["n_steps"])))

@@ -71,15 +71,6 @@ class BranchDrafter(Drafter):
             p[:len(self._p)] = self._p
             self._tok, self._p = tok, p
 
-    @staticmethod
-    def _probs(logits: np.ndarray) -> np.ndarray:
-        """Softmax over the K kept logits of each row (an upper bound of the
-        full-vocabulary probability, good enough for a score the engine
-        calibrates)."""
-        x = np.asarray(logits, np.float64)
-        e = np.exp(x - x[:, :1])
-        return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
-
     def _store(self, start: int, tok: np.ndarray, logits: np.ndarray) -> None:
         r = len(tok)
         if r == 0:
@@ -89,7 +80,9 @@ class BranchDrafter(Drafter):
         self._tok[start:start + r, :k] = tok[:, :k]
         self._tok[start:start + r, k:] = -1
         if logits.shape[0] == r and logits.ndim == 2 and logits.shape[1] >= k:
-            self._p[start:start + r, :k] = self._probs(logits[:, :k])
+            # softmax over the K kept logits of each row: an upper bound of the
+            # full-vocabulary probability, good enough for a score the engine calibrates
+            _a.softmax_rows(np.ascontiguousarray(logits[:, :k], dtype=np.float32), self._p, start, k)
         else:        # ids without logits: a rank-based guess (the engine calibrates it)
             self._p[start:start + r, :k] = 1.0 / (np.arange(k, dtype=np.float32) + 2.0)
 

@@ -41,11 +41,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels import anchor as _ak
 from ..kernels import suffix as _sk
 from ..kernels.suffix import merge_trees
 from ..kernels.topk import softmax_entropy
-from ..tree import (SOURCE_ADJACENCY, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_SEMANTIC,
-                    SOURCE_TRIGRAM, DraftTree)
+from ..tree import (N_SOURCES, SOURCE_ADJACENCY, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_CORPUS,
+                    SOURCE_SEMANTIC, SOURCE_TRIGRAM, DraftTree)
 from .adjacency import AdjacencyDrafter
 from .base import Drafter
 from .branch import BranchDrafter
@@ -58,6 +59,7 @@ GRAFT_POINTS = 2                    # from the 2 most probable drafted leaves
 GRAFT_MIN_CUM = 0.05                # whose path is at least this likely
 GRAFT_DEPTH = 4
 GRAFT_FROM = (SOURCE_TRIGRAM, SOURCE_ADJACENCY, SOURCE_BRANCH, SOURCE_SEMANTIC)
+_GRAFT_FROM_MASK = np.isin(np.arange(N_SOURCES), GRAFT_FROM)
 SCHEDULE_PROBE = 8                  # an idle part still proposes every 8th step
 SCHEDULE_ALPHA = 0.1                # weight of the newest step in the moving averages
 SCHEDULE_GAIN0 = 1.0                # parts start trusted (1 accepted token per step)
@@ -129,8 +131,9 @@ class HybridDrafter(Drafter):
             self.topk = max(self.topk, ENTROPY_TOPK)
         self._h: deque = deque(maxlen=ENTROPY_WINDOW)
         self._hbuf = np.zeros(ENTROPY_WINDOW, np.float64)
-        self._ent_pred = np.zeros(ENTROPY_BUCKETS)
-        self._ent_acc = np.zeros(ENTROPY_BUCKETS)
+        self._ent_pred = [0.0] * ENTROPY_BUCKETS     # per bucket: predicted and accepted
+        self._ent_acc = [0.0] * ENTROPY_BUCKETS      # depth-1 retrieved drafts
+        self._ent_tot = [0.0, 0.0]                   # their sums over the buckets
         self._ent_last = (-1, 1.0)       # (bucket, factor) of the last proposal
         # schedule: per part, sources, EMA of contributed tokens and of propose time
         srcs = {SuffixDrafter: (SOURCE_CONTEXT, SOURCE_CORPUS), TrigramDrafter: (SOURCE_TRIGRAM,),
@@ -147,6 +150,8 @@ class HybridDrafter(Drafter):
         self._g_buf = (np.zeros(GRAFT_RESERVE, np.int32), np.zeros(GRAFT_RESERVE, np.int32),
                        np.zeros(GRAFT_RESERVE, np.float32), np.zeros(GRAFT_RESERVE, np.int32))
         n = c.max_nodes
+        self._g_cum = np.zeros(n, np.float64)
+        self._g_leaf = np.zeros(n, np.bool_)
         self._buf = [(np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.float32), np.zeros(n, np.int8))
                      for _ in range(2)]
 
@@ -186,16 +191,20 @@ class HybridDrafter(Drafter):
     def _observe_schedule(self, result) -> None:
         pr = result.proposed
         k = len(pr)
-        acc_src = pr.source[result.node_accepted] if k else pr.source
+        if k:
+            acc_n = np.bincount(pr.source[result.node_accepted], minlength=N_SOURCES)
+            node_n = np.bincount(pr.source, minlength=N_SOURCES)
         # what each verified draft node added to this step's decode time
         per_node = max(0.0, result.step_decode_s - result.plain_step_s) / k if k else 0.0
         a = SCHEDULE_ALPHA
         for i, p in enumerate(self.parts):
             if not self._proposed[i] or p is self._suffix:
                 continue
-            srcs = self._sources[i]
-            g = sum(int((acc_src == s).sum()) for s in srcs)
-            nodes = sum(int((pr.source == s).sum()) for s in srcs) if k else 0
+            g = nodes = 0
+            if k:
+                for s in self._sources[i]:
+                    g += int(acc_n[s])
+                    nodes += int(node_n[s])
             # net value in plain-step units: accepted tokens minus verify time of its nodes
             self._gain[i] = (1 - a) * self._gain[i] + a * (g - nodes * per_node / result.plain_step_s)
             self._idle[i] = self._gain[i] * result.plain_step_s < self._cost[i]
@@ -212,8 +221,11 @@ class HybridDrafter(Drafter):
         if b >= 0 and len(pr):
             m = (pr.parents == -1) & (pr.source <= SOURCE_CORPUS) & result.node_tested
             if m.any():
-                self._ent_pred[b] += float(pr.probs[m].sum()) / f
-                self._ent_acc[b] += float(result.node_accepted[m].sum())
+                p, a = float(pr.probs[m].sum()) / f, float(result.node_accepted[m].sum())
+                self._ent_pred[b] += p
+                self._ent_acc[b] += a
+                self._ent_tot[0] += p
+                self._ent_tot[1] += a
         x = result.topk_logits
         r = len(x)
         if r:
@@ -229,8 +241,8 @@ class HybridDrafter(Drafter):
         h = sum(self._h) / len(self._h)
         b = min(int(h / ENTROPY_MAX * ENTROPY_BUCKETS), ENTROPY_BUCKETS - 1)
         rate_b = (self._ent_acc[b] + 1.0) / (self._ent_pred[b] + 1.0)
-        rate = (self._ent_acc.sum() + 1.0) / (self._ent_pred.sum() + 1.0)
-        return b, float(min(1.0, max(0.05, rate_b / rate)))
+        rate = (self._ent_tot[1] + 1.0) / (self._ent_tot[0] + 1.0)
+        return b, min(1.0, max(0.05, rate_b / rate))
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         budget = min(int(budget), self.config.max_nodes)
@@ -289,17 +301,15 @@ class HybridDrafter(Drafter):
         lim = min(m, budget - reserve)
         if reserve <= 0 or lim <= 0:
             return tok, par, pr, src
-        cum = np.empty(m)
-        leaf = np.ones(m, np.bool_)
-        for i in range(m):
-            q = par[i]
-            cum[i] = pr[i] * (cum[q] if q >= 0 else 1.0)
-            if q >= 0:
-                leaf[q] = False
-        points = [i for i in np.argsort(-cum[:lim], kind="stable")
-                  if leaf[i] and src[i] in GRAFT_FROM and cum[i] >= GRAFT_MIN_CUM][:GRAFT_POINTS]
-        if not points:
+        if not _GRAFT_FROM_MASK[src[:lim]].any():     # retrieval alone: nothing to graft under
             return tok, par, pr, src
+        cum, leaf = self._g_cum[:m], self._g_leaf[:m]
+        _ak.path_probs(par, pr, m, cum, leaf)
+        ok = leaf[:lim] & _GRAFT_FROM_MASK[src[:lim]] & (cum[:lim] >= GRAFT_MIN_CUM)
+        cand = np.flatnonzero(ok)
+        if len(cand) == 0:
+            return tok, par, pr, src
+        points = cand[np.argsort(-cum[cand], kind="stable")[:GRAFT_POINTS]]
         ctx = np.ascontiguousarray(context, dtype=np.int32)
         grafts = []
         room = reserve

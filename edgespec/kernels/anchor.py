@@ -163,6 +163,33 @@ def scatter_sims(vecs, ids, lo, hi, q, out):
         out[ids[j]] = s
 
 
+@njit(cache=True)
+def softmax_rows(x, out, start, k):
+    """out[start + i, :k] = softmax of x[i, :k] for every row i of x (x holds
+    the kept top logits of a position, largest first, so x[i, 0] is the max)."""
+    for i in range(x.shape[0]):
+        s = 0.0
+        for j in range(k):
+            s += np.exp(np.float64(x[i, j]) - x[i, 0])
+        for j in range(k):
+            out[start + i, j] = np.exp(np.float64(x[i, j]) - x[i, 0]) / s
+
+
+@njit(cache=True)
+def path_probs(par, pr, m, cum, leaf):
+    """cum[i] = product of pr over node i's root path, leaf[i] = i has no child;
+    parents precede their children (DraftTree order)."""
+    for i in range(m):
+        leaf[i] = True
+    for i in range(m):
+        q = par[i]
+        if q >= 0:
+            cum[i] = pr[i] * cum[q]
+            leaf[q] = False
+        else:
+            cum[i] = pr[i]
+
+
 def warmup() -> None:
     ctx = np.array([1, 2, 3, 1, 2, 4, 1, 2], np.int32)
     ends = np.array([1, 4], np.int32)
@@ -173,3 +200,5 @@ def warmup() -> None:
     sim = np.zeros(8, np.float32)
     soft_anchors(ctx, 8, sim, sim, 0.5, 4, np.zeros(4, np.int32), np.zeros(4, np.float32))
     scatter_sims(np.zeros((2, 3), np.float32), np.zeros(2, np.int64), 0, 2, np.zeros(3, np.float32), sim)
+    softmax_rows(np.zeros((2, 4), np.float32), alt_p, 0, 4)
+    path_probs(out[1], out[2], 8, np.zeros(8), np.zeros(8, np.bool_))

@@ -1,0 +1,103 @@
+"""The verify cost curve: interpolation between measured contexts (hand-written
+curves), its measurement on the real backend, and the engine's gate reading the
+table of the context it is at."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.costmodel import CostCurve, measure_cost_curve
+from edgespec.engine import Engine, EngineConfig, drain
+from edgespec.drafters import make_drafter
+
+TS = [1, 2, 4, 8]
+
+
+def curve():
+    # after 300 cells a batch of 8 costs 3x one token; after 1300 cells 5x,
+    # and one token 10 ms -> 20 ms
+    return CostCurve(TS, [1.0, 1.2, 1.8, 3.0], 0.010, {"prefix": 300}, 0.005,
+                     [{"n_kv": 1300, "t1_s": 0.020, "rel": [1.0, 1.4, 2.6, 5.0]}])
+
+
+def test_table_without_context_is_the_shortest_measured_curve():
+    t = curve().table(10)
+    # linear between measured sizes, extrapolated from the last two (slope 0.3 per token)
+    assert t[:9] == pytest.approx([0, 1.0, 1.2, 1.5, 1.8, 2.1, 2.4, 2.7, 3.0])
+    assert t[10] == pytest.approx(3.6)
+
+
+def test_table_interpolates_between_contexts():
+    c = curve()
+    mid = c.table(8, n_kv=800)           # halfway between 300 and 1300 cells
+    assert mid[8] == pytest.approx(4.0) and mid[2] == pytest.approx(1.3) and mid[1] == 1.0
+    assert c.t1_at(800) == pytest.approx(0.015)
+    # below the first context: the first curve; at a measured one: that curve
+    assert c.table(8, n_kv=100)[8] == pytest.approx(3.0) and c.t1_at(100) == pytest.approx(0.010)
+    assert c.table(8, n_kv=1300)[8] == pytest.approx(5.0)
+    # beyond the last: extrapolated linearly (attention grows with the cells), at most to twice it
+    assert c.table(8, n_kv=2300)[8] == pytest.approx(7.0)
+    assert c.t1_at(2300) == pytest.approx(0.030)
+    assert c.table(8, n_kv=10_000)[8] == pytest.approx(c.table(8, n_kv=2600)[8]) == pytest.approx(7.6)
+    # short regime: one token with every thread, relative to the single-thread t1
+    assert c.table(8, short=True)[1] == pytest.approx(0.5)
+
+
+def test_interpolated_table_never_falls_with_T():
+    # noise made the longer curve dip at T=4; an interpolated cost must stay monotone
+    c = CostCurve(TS, [1.0, 1.2, 1.8, 3.0], 0.01, {"prefix": 300}, 0.0,
+                  [{"n_kv": 1300, "t1_s": 0.02, "rel": [1.0, 3.0, 2.0, 4.0]}])
+    t = c.table(8, n_kv=1000)
+    assert np.all(np.diff(t[1:]) >= 0)
+
+
+def test_json_round_trip_and_malformed_curves():
+    c = curve()
+    d = CostCurve.from_json(c.to_json())
+    assert d.contexts() == c.contexts() and d.t1_short_s == c.t1_short_s
+    # a cache written before context-dependent curves still loads (one context)
+    old = {"ts": TS, "rel": [1.0, 1.2, 1.8, 3.0], "t1_s": 0.01, "meta": {"prefix": 300}}
+    assert CostCurve.from_json(old).table(8, n_kv=2000)[8] == pytest.approx(3.0)
+    for bad in ({"n_kv": 200, "t1_s": 0.02, "rel": [1, 2, 3, 4]},      # not after the first context
+                {"n_kv": 900, "t1_s": 0.02, "rel": [1, 2, 3]},         # wrong length
+                {"n_kv": 900, "t1_s": 0.0, "rel": [1, 2, 3, 4]}):      # no time
+        with pytest.raises(ValueError):
+            CostCurve.from_json(dict(c.to_json(), longer=[bad]))
+
+
+def test_measure_on_the_real_backend(model):
+    """Contexts are capped by the context size, one within 1.5x of the previous is
+    skipped (400 after 300); every curve starts at 1 and rises."""
+    be = model.backend
+    c = measure_cost_curve(be, ts=(1, 2, 4), prefixes=(300, 400, 600, 5000), reps=1)
+    cap = min(be.n_ctx - 4 - 2, be.n_ctx // 2)
+    assert [n for n, _, _ in c.contexts()] == [300, 600, cap]
+    for _, t1, rel in c.contexts():
+        assert t1 > 0 and rel[0] == 1.0 and rel == sorted(rel)
+    assert c.t1_short_s > 0
+    assert be.n_past == 0           # the backend is left empty
+
+
+def test_gate_reads_the_cost_of_its_context(model):
+    """The same copyable answer is drafted under a curve where batches are cheap
+    and decoded plainly where the curve for the context says they never pay."""
+    prompt = model.prompt_tokens([{"role": "user", "content": "Repeat exactly: " + ", ".join(
+        f"item {i} is {w}" for i, w in enumerate(["red", "green", "blue", "amber", "teal", "plum"] * 7))}])
+    n0 = len(prompt)
+    assert 256 < n0 < 1000
+    flat = [1.0, 1.0, 1.0, 1.0]
+    steep = [1.0, 2.0, 4.0, 8.0]            # a batch of T costs T plain steps: drafting cannot pay
+    eng = Engine(model.backend, make_drafter("suffix"), None, EngineConfig(max_nodes=16))
+    try:
+        results = {}
+        for name, longer_n in (("cheap here", 4 * n0), ("dear here", n0 // 2 + 128)):
+            # below `longer_n` cells the interpolation is still near the flat curve
+            eng.set_cost(CostCurve(TS, flat, 0.01, {"prefix": n0 // 2}, 0.0,
+                                   [{"n_kv": longer_n, "t1_s": 0.01, "rel": steep}]))
+            eng.reset()
+            results[name] = drain(eng.run(prompt, max_tokens=48))
+        assert results["cheap here"].n_draft_accepted > 10
+        assert results["dear here"].n_draft_nodes == 0
+        assert results["cheap here"].tokens == results["dear here"].tokens
+    finally:
+        eng.reset()
