@@ -26,9 +26,10 @@ import numpy as np
 
 from .tree import N_SOURCES, SOURCE_NAMES
 
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 DEFAULT_TS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 DEFAULT_PREFIXES = (300, 1000, 2000)
+SHORT_PREFIX = 100      # the short regime (<= 256 cells) is measured after 100 cells
 
 
 def cache_dir() -> str:
@@ -66,6 +67,8 @@ class CostCurve:
     t1_s: seconds of one single-token decode there (past the first 256 KV cells);
     t1_short_s: the same within the first 256 cells, where the exact backend
     still decodes single tokens with every thread (see backend/llama.py);
+    short_rel: time(T)/t1_short_s there (measured after 100 cells, in the same
+    interleaved rounds as its own single tokens; empty in old caches);
     longer: the same measurement after longer contexts, ascending, as dicts
     {"n_kv", "t1_s", "rel"}."""
     ts: list
@@ -74,6 +77,7 @@ class CostCurve:
     meta: dict = field(default_factory=dict)
     t1_short_s: float = 0.0
     longer: list = field(default_factory=list)
+    short_rel: list = field(default_factory=list)
 
     def contexts(self) -> list[tuple[int, float, list]]:
         """(KV cells, t1_s, rel) of every measured context, ascending."""
@@ -104,6 +108,11 @@ class CostCurve:
         decode at the same context, linear between measured points and
         extrapolated from the last two beyond them; with n_kv, interpolated
         between the measured contexts."""
+        if short and self.t1_short_s > 0 and self.short_rel:
+            # the short regime's own curve, in units of t1_s like every table
+            out = self._rel_table(self.short_rel, max_t) * (self.t1_short_s / self.t1_s)
+            out[0] = 0.0
+            return out
         i, j, w = self._weights(n_kv)
         ctx = self.contexts()
         out = self._rel_table(ctx[i][2], max_t)
@@ -131,13 +140,16 @@ class CostCurve:
         return {"ts": list(map(int, self.ts)), "rel": [round(float(r), 4) for r in self.rel],
                 "t1_s": self.t1_s, "t1_short_s": self.t1_short_s, "meta": self.meta,
                 "longer": [{"n_kv": int(d["n_kv"]), "t1_s": float(d["t1_s"]),
-                            "rel": [round(float(r), 4) for r in d["rel"]]} for d in self.longer]}
+                            "rel": [round(float(r), 4) for r in d["rel"]]} for d in self.longer],
+                "short_rel": [round(float(r), 4) for r in self.short_rel]}
 
     @staticmethod
     def from_json(d: dict) -> "CostCurve":
         c = CostCurve(list(d["ts"]), list(d["rel"]), float(d["t1_s"]), dict(d.get("meta", {})),
-                      float(d.get("t1_short_s", 0.0)), list(d.get("longer", [])))
+                      float(d.get("t1_short_s", 0.0)), list(d.get("longer", [])), list(d.get("short_rel", [])))
         if not c.ts or c.ts[0] != 1:
+            raise ValueError("malformed cost curve")
+        if c.short_rel and (len(c.short_rel) != len(c.ts) or any(r <= 0 for r in c.short_rel)):
             raise ValueError("malformed cost curve")
         last = -1
         for n, t1, rel in c.contexts():
@@ -147,8 +159,14 @@ class CostCurve:
         return c
 
     def describe(self) -> str:
-        short = f"; one token within the first 256 cells: {self.t1_short_s * 1000:.2f} ms" if self.t1_short_s else ""
+        short = ""
         lines = []
+        if self.t1_short_s and self.short_rel:
+            cells = "  ".join(f"T={t}:{r:.2f}" for t, r in zip(self.ts, self.short_rel))
+            lines.append(f"after {SHORT_PREFIX} KV cells (one token on every thread), relative to one token "
+                         f"({self.t1_short_s * 1000:.2f} ms): {cells}")
+        elif self.t1_short_s:
+            short = f"; one token within the first 256 cells: {self.t1_short_s * 1000:.2f} ms"
         for n, t1, rel in self.contexts():
             cells = "  ".join(f"T={t}:{r:.2f}" for t, r in zip(self.ts, rel))
             lines.append(f"after {n} KV cells, relative to one token ({t1 * 1000:.2f} ms): {cells}")
@@ -167,6 +185,12 @@ def _measure_at(backend, ts, prefix: int, reps: int, rng, tick) -> tuple[float, 
     zeros = np.zeros(max(ts), np.int32)
     for r in range(reps + 1):  # first round is a warm-up
         for t in ts:
+            # every timed decode follows a one-token decode, as a step follows
+            # a plain step in generation (right after a large batch a one-token
+            # decode measured 10-30% slower on the 2-core machine)
+            backend.decode_tree(one[:1] * 500, zeros[:1], zeros[:1], one[:1], 1)
+            backend.logits()
+            backend.keep(0)
             toks = rng.integers(100, min(backend.n_vocab, 20000), size=t).astype(np.int32)
             t0 = time.perf_counter()
             backend.decode_tree(toks, np.arange(t, dtype=np.int32), zeros[:t], one[:t], 1)
@@ -199,7 +223,7 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: 
     prefixes = kept
     ts = [t for t in ts if t <= backend.max_nodes and backend.n_ctx > prefixes[0] + t + 1]
     rng = np.random.default_rng(0)
-    total = len(prefixes) * (reps + 1) + 1
+    total = (len(prefixes) + 1) * (reps + 1)
     done = [0]
 
     def tick():
@@ -208,26 +232,13 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: 
             progress(done[0], total)
 
     at = [(p,) + _measure_at(backend, ts, p, reps, rng, tick) for p in prefixes]
-    # single tokens within the first 256 cells
-    one = np.ones(1, np.int32)
-    zeros = np.zeros(1, np.int32)
+    # the short regime: one-token decodes with every thread (backend/llama.py),
+    # so its own curve, its singles timed in the same rounds as its batches
+    t1_short, short_rel = _measure_at(backend, ts, min(SHORT_PREFIX, prefixes[0]), reps, rng, tick)
     backend.reset()
-    pre = rng.integers(100, min(backend.n_vocab, 20000), size=min(100, prefixes[0])).astype(np.int32)
-    backend.prefill(pre, want_last_logits=False)
-    short = []
-    for r in range(3 * reps + 1):
-        t0 = time.perf_counter()
-        backend.decode_tree(one * 500, zeros, zeros, one, 1)
-        backend.logits()
-        dt = time.perf_counter() - t0
-        backend.keep(0)
-        if r:
-            short.append(dt)
-    backend.reset()
-    tick()
     p0, t1, rel = at[0]
     return CostCurve(ts, rel, t1, {"prefix": p0, "reps": reps, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")},
-                     float(np.median(short)), [{"n_kv": p, "t1_s": t, "rel": r} for p, t, r in at[1:]])
+                     t1_short, [{"n_kv": p, "t1_s": t, "rel": r} for p, t, r in at[1:]], short_rel)
 
 
 def load_or_measure(backend, key: str, remeasure: bool = False, progress=None) -> CostCurve:

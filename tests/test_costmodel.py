@@ -39,8 +39,15 @@ def test_table_interpolates_between_contexts():
     assert c.table(8, n_kv=2300)[8] == pytest.approx(7.0)
     assert c.t1_at(2300) == pytest.approx(0.030)
     assert c.table(8, n_kv=10_000)[8] == pytest.approx(c.table(8, n_kv=2600)[8]) == pytest.approx(7.6)
-    # short regime: one token with every thread, relative to the single-thread t1
+    # short regime, old caches (no curve of its own): one token with every
+    # thread relative to the single-thread t1, batches as after 300 cells
     assert c.table(8, short=True)[1] == pytest.approx(0.5)
+    assert c.table(8, short=True)[8] == pytest.approx(3.0)
+    # with its own curve (relative to its 5 ms token), in units of the 10 ms t1
+    c.short_rel = [1.0, 2.0, 3.0, 5.0]
+    t = c.table(8, short=True)
+    assert t[1] == pytest.approx(0.5) and t[2] == pytest.approx(1.0) and t[8] == pytest.approx(2.5)
+    assert c.table(8)[2] == pytest.approx(1.2)          # the other regime is unchanged
 
 
 def test_interpolated_table_never_falls_with_T():
@@ -54,7 +61,9 @@ def test_interpolated_table_never_falls_with_T():
 def test_json_round_trip_and_malformed_curves():
     c = curve()
     d = CostCurve.from_json(c.to_json())
-    assert d.contexts() == c.contexts() and d.t1_short_s == c.t1_short_s
+    assert d.contexts() == c.contexts() and d.t1_short_s == c.t1_short_s and d.short_rel == []
+    c.short_rel = [1.0, 1.5, 2.0, 3.0]
+    assert CostCurve.from_json(c.to_json()).short_rel == c.short_rel
     # a cache written before context-dependent curves still loads (one context)
     old = {"ts": TS, "rel": [1.0, 1.2, 1.8, 3.0], "t1_s": 0.01, "meta": {"prefix": 300}}
     assert CostCurve.from_json(old).table(8, n_kv=2000)[8] == pytest.approx(3.0)
@@ -63,6 +72,8 @@ def test_json_round_trip_and_malformed_curves():
                 {"n_kv": 900, "t1_s": 0.0, "rel": [1, 2, 3, 4]}):      # no time
         with pytest.raises(ValueError):
             CostCurve.from_json(dict(c.to_json(), longer=[bad]))
+    with pytest.raises(ValueError):
+        CostCurve.from_json(dict(c.to_json(), short_rel=[1.0, 2.0]))
 
 
 def test_measure_on_the_real_backend(model):
@@ -74,7 +85,7 @@ def test_measure_on_the_real_backend(model):
     assert [n for n, _, _ in c.contexts()] == [300, 600, cap]
     for _, t1, rel in c.contexts():
         assert t1 > 0 and rel[0] == 1.0 and rel == sorted(rel)
-    assert c.t1_short_s > 0
+    assert c.t1_short_s > 0 and c.short_rel[0] == 1.0 and len(c.short_rel) == 3
     assert be.n_past == 0           # the backend is left empty
 
 
