@@ -43,7 +43,7 @@ def _calibration_note():
     def cb(r, reps):
         if not said:
             click.echo("measuring the verify cost c(T) for this model on this machine "
-                       "(once, about half a minute on 2 cores; cached afterwards)...", err=True)
+                       "(once, under a minute on 2 cores; cached afterwards)...", err=True)
             said.append(True)
     return cb
 

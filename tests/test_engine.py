@@ -240,3 +240,23 @@ def test_plan_step_ignores_stale_scratch_entries():
                       cost, 0.0, 16, True, cond, q, sel, spar, o, bp, d, lf, lc)
     assert k == 3 and sorted(sel[:k]) == [0, 1, 2]
     assert list(spar[:3]) == [-1, 0, 1] and nl == 1
+
+
+def test_plan_step_discounts_a_source_whose_scores_run_high():
+    """A source whose nodes were accepted at half their score (in buckets 0.8-0.9)
+    gets half its score as the prior in a bucket it was never tested in; an
+    untested source keeps its score."""
+    from edgespec.kernels.tree import plan_step
+    n_c = np.zeros((5, 10)); a_c = np.zeros((5, 10)); n_f = np.zeros((5, 10, 4))
+    n_c[2, 8] = 1000.0; a_c[2, 8] = 425.0             # score mass 850 -> factor (425+4)/(850+4) ~ 0.502
+    cost = np.arange(40, dtype=np.float64)             # a CPU-like curve; only the estimates matter here
+    cond = np.zeros(8); q = np.zeros(8)
+    sel = np.zeros(9, np.int64); spar = np.zeros(9, np.int32)
+    o = np.zeros(9, np.int64); bp = np.zeros(9, np.int64); d = np.zeros(9, np.int32)
+    lf = np.zeros(9, np.int32); lc = np.zeros(9, np.int32)
+    parents = np.array([-1, -1], np.int32)
+    probs = np.array([0.35, 0.35], np.float32)          # bucket 3: no counts for either source
+    plan_step(parents, probs, np.array([2, 1], np.int8), n_c, a_c, n_f, n_f.copy(), 4.0, 8.0,
+              cost, 0.0, 8, True, cond, q, sel, spar, o, bp, d, lf, lc)
+    assert cond[0] == pytest.approx(0.35 * 429 / 854, rel=1e-5)
+    assert cond[1] == pytest.approx(0.35, rel=1e-5)

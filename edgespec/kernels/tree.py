@@ -154,8 +154,8 @@ def plan_step(parents, probs, source, n_c, a_c, n_f, a_f, k0, k1, cost, overhead
     Calibrates each draft node's score into P(accepted | parent accepted) with the
     acceptance counts (coarse: source x score bucket; fine: x depth bucket;
     estimate = (accepted + k * prior) / (tested + k), the prior being the
-    drafter's score for the coarse level and the coarse estimate for the fine
-    one), multiplies along paths, picks the subtree to verify (gate: best
+    drafter's score times its source's accepted/score ratio for the coarse
+    level and the coarse estimate for the fine one), multiplies along paths, picks the subtree to verify (gate: best
     expected tokens per unit of cost; no gate: the lim-1 likeliest nodes), and
     lays it out.  Returns (k, n_leaves): k = 0 means a plain one-token step.
     out_sel[:k] are the chosen node indices (ascending), out_spar their parents
@@ -165,6 +165,19 @@ def plan_step(parents, probs, source, n_c, a_c, n_f, a_f, k0, k1, cost, overhead
     m = parents.shape[0]
     nsb = n_c.shape[1]
     ndb = n_f.shape[2]
+    # source level: how the source's scores fared over all its tested nodes
+    # (accepted / score mass, the score of a bucket taken at its centre), so a
+    # source whose scores run high is discounted in buckets it has rarely been
+    # tested in; k0 pseudo-nodes keep the factor at 1 until evidence comes in
+    nsrc = n_c.shape[0]
+    factor = np.ones(nsrc)
+    for s in range(nsrc):
+        acc = 0.0
+        mass = 0.0
+        for b in range(nsb):
+            acc += a_c[s, b]
+            mass += n_c[s, b] * (b + 0.5) / nsb
+        factor[s] = (acc + k0) / (mass + k0)
     depth = np.empty(m, np.int64)
     for i in range(m):
         p = parents[i]
@@ -173,7 +186,8 @@ def plan_step(parents, probs, source, n_c, a_c, n_f, a_f, k0, k1, cost, overhead
         sb = min(max(int(sc * nsb), 0), nsb - 1)
         db = min(depth[i] - 1, ndb - 1)
         s = source[i]
-        coarse = (a_c[s, sb] + k0 * sc) / (n_c[s, sb] + k0)
+        prior = min(sc * factor[s], 0.999)
+        coarse = (a_c[s, sb] + k0 * prior) / (n_c[s, sb] + k0)
         fine = (a_f[s, sb, db] + k1 * coarse) / (n_f[s, sb, db] + k1)
         fine = min(max(fine, 0.0), 0.999)
         out_cond[i] = fine
