@@ -134,8 +134,8 @@ class ReplayBackend:
                 hot[s] = self._next(base + d + 1)
                 pos[s] = base + d + 1
         self._set_rows(hot, pos)
-        if n == 1 and base + 1 <= SPLIT_KV_FREE_CELLS:
-            self.model_s += self.table_short[1]
+        if base + 1 <= SPLIT_KV_FREE_CELLS:      # the short regime's own curve, as the gate uses
+            self.model_s += self.table_short[n]
         else:
             self.model_s += self.seconds(base)[n]
         self.n_decodes += 1
