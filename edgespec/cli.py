@@ -36,15 +36,20 @@ def user_errors():
         raise click.ClickException(msg) from None
 
 
-def _calibration_note():
-    """A progress callback that says once, on stderr, that c(T) is being measured."""
+def _calibration_note(intro: str | None = "measuring the verify cost c(T) for this model on this machine "
+                      "(once, under a minute on 2 cores; cached afterwards)..."):
+    """A progress callback for the c(T) measurement: says once, on stderr, what
+    is going on, then (on a terminal) counts the measurement rounds."""
     said = []
+    tty = click.get_text_stream("stderr").isatty()
 
-    def cb(r, reps):
+    def cb(done, total):
         if not said:
-            click.echo("measuring the verify cost c(T) for this model on this machine "
-                       "(once, under a minute on 2 cores; cached afterwards)...", err=True)
+            if intro:
+                click.echo(intro, err=True)
             said.append(True)
+        if tty:
+            click.echo(f"\r  c(T): round {done} of {total}", err=True, nl=done >= total)
     return cb
 
 
@@ -358,7 +363,7 @@ def calibrate(model, ctx, n_gpu_layers, threads, as_json):
         if not as_json:
             click.echo(f"measuring c(T) for {m.model_path} with {m.backend.n_threads} threads...", err=True)
         with user_errors():
-            curve = m.calibrate(remeasure=True)
+            curve = m.calibrate(remeasure=True, progress=None if as_json else _calibration_note(None))
         if as_json:
             click.echo(json.dumps(curve.to_json(), default=_json_default))
         else:
