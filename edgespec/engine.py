@@ -50,17 +50,24 @@ class EngineConfig:
         already accepted once on a batch layout with holes).
     verify: exact (lossless, the default) or one of the lossy opt-ins; see
         verify.VerifyConfig.
+    gate_overhead: None (default) lets the gate count the engine's own time per
+        step as measured (a moving average, in plain-step units); a number fixes
+        it, so that two runs of the same drafter on the same outputs (a real
+        one and an offline replay) take the same gate decisions.
     """
     max_nodes: int = 32
     cost_gate: bool = True
     carry_prob: float = 0.95
     verify: VerifyConfig = field(default_factory=VerifyConfig)
+    gate_overhead: float | None = None
 
     def __post_init__(self):
         if not (1 <= self.max_nodes <= 256):
             raise ValueError(f"max_nodes must be in 1..256, got {self.max_nodes}")
         if not (0.0 < self.carry_prob <= 1.0):
             raise ValueError("carry_prob must be in (0, 1]")
+        if self.gate_overhead is not None and not (0.0 <= self.gate_overhead < 10.0):
+            raise ValueError(f"gate_overhead must be in [0, 10) plain steps, got {self.gate_overhead}")
 
 
 @dataclass
@@ -297,7 +304,9 @@ class Engine:
         acc = self.acceptance
         table = self._cost_at(self.backend.n_past)
         return plan_step(tree.parents, tree.probs, tree.source, acc.n_c, acc.a_c, acc.n_f, acc.a_f,
-                         acc.K0, acc.K1, table, self.overhead_rel, min(budget, self.config.max_nodes),
+                         acc.K0, acc.K1, table,
+                         self.overhead_rel if self.config.gate_overhead is None else self.config.gate_overhead,
+                         min(budget, self.config.max_nodes),
                          self.config.cost_gate, self._cond, self._q, self._sel, self._spar, self._o,
                          self._bp, self._d, self._lf, self._lc)
 

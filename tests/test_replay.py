@@ -21,7 +21,9 @@ def _requests(model, rows):
     reqs = []
     for i, row in enumerate(rows):
         toks = model.prompt_tokens([{"role": "user", "content": row["turns"][0]}])
-        r = model.generate(toks, max_tokens=MAX_TOKENS, drafter="none", record_topk=8)
+        # recorded past MAX_TOKENS: drafts that reach beyond the cut are judged
+        # by the recorded continuation, as the real model judges them
+        r = model.generate(toks, max_tokens=MAX_TOKENS + 48, drafter="none", record_topk=8)
         assert len(r.topk) >= len(r.tokens) and all(len(x) == 8 for x in r.topk)
         assert [x[0] for x in r.topk[:len(r.tokens)]] == list(r.tokens)   # greedy = rank 0
         reqs.append(ReplayRequest(str(i), row["category"], toks, np.asarray(r.tokens, np.int32),
@@ -37,39 +39,42 @@ def recorded(model):
 
 @pytest.mark.parametrize("name", ["suffix", "adjacency"])
 def test_replay_matches_real_engine(model, recorded, name):
+    """With the gate's overhead term fixed in both (EngineConfig.gate_overhead),
+    the replay takes exactly the real engine's decisions: the same steps and the
+    same accepted drafts on every request.  (With the live, measured overhead
+    the two differ where a tree sits at the gate's break-even: on short
+    contexts a 2-token batch costs about 1.9 one-token steps, so a single
+    retrieved node with an estimated 0.87 acceptance flips with the timing.)"""
     reqs = recorded
     eog = int(np.nonzero(model.vocab.eog_mask())[0][0])
+    config = EngineConfig(max_nodes=model.config.max_nodes, gate_overhead=0.02)
 
     def drafter():
         return make_drafter(name, n_vocab=model.vocab.n_vocab)
 
     # the real engine on these prompts, fresh acceptance statistics
-    real_eng = Engine(model.backend, drafter(), model.cost, model.config)
-    real_steps = real_acc = 0
+    real_eng = Engine(model.backend, drafter(), model.cost, config)
+    real = []
     for rq in reqs:
         res = drain(real_eng.run(rq.prompt, max_tokens=MAX_TOKENS))
-        assert res.tokens == [int(t) for t in rq.output]
-        real_steps += res.n_steps
-        real_acc += res.n_draft_accepted
+        assert res.tokens == [int(t) for t in rq.output[:MAX_TOKENS]]
+        real.append((res.n_steps, res.n_draft_nodes, res.n_draft_accepted))
     real_eng.reset()
 
     be = ReplayBackend(model.vocab, model.backend.n_ctx, model.backend.max_nodes, model.cost, eog)
-    eng = Engine(be, drafter(), model.cost, EngineConfig(max_nodes=model.config.max_nodes))
+    eng = Engine(be, drafter(), model.cost, config)
     rows_out = replay(eng, be, reqs, MAX_TOKENS)         # raises if an output diverges
-    steps = sum(r["n_steps"] for r in rows_out)
-    acc = sum(r["n_draft_accepted"] for r in rows_out)
+    rep = [(r["n_steps"], r["n_draft_nodes"], r["n_draft_accepted"]) for r in rows_out]
     if name == "suffix":
-        assert acc > 0, "the suffix drafter found nothing on summarization/rag/extraction prompts"
-    # the gate sees slightly different engine timings in the replay, so allow a little
-    assert abs(steps - real_steps) <= 0.05 * real_steps + 2
-    assert abs(acc - real_acc) <= 0.1 * real_acc + 3
+        assert sum(x[2] for x in rep) > 0, "the suffix drafter found nothing on summarization/rag/extraction prompts"
+    assert rep == real
 
     # plain decoding in the replay: one step per token, modelled time = that many c(1)
     be2 = ReplayBackend(model.vocab, model.backend.n_ctx, model.backend.max_nodes, model.cost, eog)
     eng2 = Engine(be2, make_drafter("none"), model.cost, EngineConfig(max_nodes=model.config.max_nodes))
     out2 = replay(eng2, be2, reqs[:1], MAX_TOKENS)
     n = len(reqs[0].output)
-    assert out2[0]["n_steps"] == (n if reqs[0].stopped_on_eog else n - 1)
+    assert out2[0]["n_steps"] == (n if reqs[0].stopped_on_eog and n < MAX_TOKENS else MAX_TOKENS - 1)
     n0, c = len(reqs[0].prompt), model.cost
     assert out2[0]["model_s"] == pytest.approx(sum(
         min(c.t1_short_s, c.t1_s) if n0 + j + 1 <= 256 else c.t1_at((n0 + j) // 128 * 128 + 64)
