@@ -252,21 +252,16 @@ class Engine:
     def set_cost(self, cost: CostCurve | None) -> None:
         self.cost = cost
         n = self.config.max_nodes + 1
-        self._tables: dict = {}     # context bucket -> cost table
-        if cost is None:   # no measurement: assume verification costs like plain decoding
-            self.cost_table = self.cost_table_short = np.arange(n + 1, dtype=np.float64)
-        else:
-            self.cost_table = cost.table(n)
-            self.cost_table_short = cost.table(n, short=True)
+        self._tables: dict = {}     # context bucket -> (cost table, t1)
+        # no measurement: assume verification costs like plain decoding, everywhere
+        self.cost_table_short = np.arange(n + 1, dtype=np.float64) if cost is None else cost.table(n, short=True)
 
     def _cost_at(self, n_past: int) -> np.ndarray:
         """The cost table for a batch laid after n_past committed cells: the
         short regime's (one-token steps with every thread) up to 256 cells,
         then interpolated between the calibrated contexts in 128-cell buckets."""
-        if n_past + 1 <= SPLIT_KV_FREE_CELLS:
+        if n_past + 1 <= SPLIT_KV_FREE_CELLS or self.cost is None:
             return self.cost_table_short
-        if self.cost is None:
-            return self.cost_table
         return self._bucket(n_past)[0]
 
     def _bucket(self, n_past: int):

@@ -301,11 +301,12 @@ class HybridDrafter(Drafter):
         lim = min(m, budget - reserve)
         if reserve <= 0 or lim <= 0:
             return tok, par, pr, src
-        if not _GRAFT_FROM_MASK[src[:lim]].any():     # retrieval alone: nothing to graft under
+        drafted = _GRAFT_FROM_MASK[src[:lim]]
+        if not drafted.any():                           # retrieval alone: nothing to graft under
             return tok, par, pr, src
         cum, leaf = self._g_cum[:m], self._g_leaf[:m]
         _ak.path_probs(par, pr, m, cum, leaf)
-        ok = leaf[:lim] & _GRAFT_FROM_MASK[src[:lim]] & (cum[:lim] >= GRAFT_MIN_CUM)
+        ok = leaf[:lim] & drafted & (cum[:lim] >= GRAFT_MIN_CUM)
         cand = np.flatnonzero(ok)
         if len(cand) == 0:
             return tok, par, pr, src

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .topk import push_sorted
+
 
 @njit(cache=True)
 def _child_of(tok, par, m, parent, t):
@@ -132,18 +134,7 @@ def soft_anchors(ctx, n, sim_last, sim_prev, min_sim, max_out, out_end, out_scor
             continue
         if ctx[i] == a and ctx[i - 1] == b:
             continue
-        s = 0.5 * (s0 + s1)
-        if k == cap and s <= out_score[k - 1]:
-            continue
-        q = k if k < cap else cap - 1
-        while q > 0 and out_score[q - 1] < s:
-            out_end[q] = out_end[q - 1]
-            out_score[q] = out_score[q - 1]
-            q -= 1
-        out_end[q] = i
-        out_score[q] = s
-        if k < cap:
-            k += 1
+        k = push_sorted(out_score, out_end, k, cap, 0.5 * (s0 + s1), i)
     return k
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .topk import push_sorted
+
 
 @njit(cache=True)
 def find_suffix_matches(tokens, n, min_len, max_len, max_matches, out_end, out_len):
@@ -87,21 +89,9 @@ def find_suffix_matches(tokens, n, min_len, max_len, max_matches, out_end, out_l
             length += 1
         if length < min_len:
             continue
-        if count == max_matches and length <= out_len[count - 1]:
-            # Full, and not strictly better than the worst kept entry; a tie
-            # loses because this occurrence is older.
-            continue
-        # Insertion sort step.  j starts at the slot that is free (or, when
-        # full, at the last slot, whose entry is being evicted).
-        j = count if count < max_matches else max_matches - 1
-        while j > 0 and out_len[j - 1] < length:
-            out_end[j] = out_end[j - 1]
-            out_len[j] = out_len[j - 1]
-            j -= 1
-        out_end[j] = e
-        out_len[j] = length
-        if count < max_matches:
-            count += 1
+        # Kept sorted by length; when full, a tie with the worst kept entry
+        # loses because this occurrence is older.
+        count = push_sorted(out_len, out_end, count, max_matches, length, e)
         if count == max_matches and out_len[count - 1] >= max_len:
             # Every kept entry already has the maximal length; older
             # occurrences can at best tie and ties go to the more recent.

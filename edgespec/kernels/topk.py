@@ -20,6 +20,27 @@ _BLOCK = 64
 compiler vectorise the check; 16 and 32 were 3-4x slower on the dev machine)."""
 
 
+@njit(cache=True, inline="always")
+def push_sorted(keys, items, k, cap, key, item):
+    """Insert (key, item) into the buffer keys[:k] / items[:k], kept sorted by
+    key descending with at most cap entries; return the new count.  Ties keep
+    the earlier entry first, and when the buffer is full an entry that does
+    not beat the worst kept key is dropped.  The bounded "best n so far"
+    step of the drafters' kernels (suffix matches, soft anchors, MCTS nodes).
+    Inlined into the callers at numba's IR level: as a separate call, soft
+    anchors took 9.6 us instead of 5.7 on a 4,000-token context."""
+    if k == cap and key <= keys[k - 1]:
+        return k
+    j = k if k < cap else cap - 1
+    while j > 0 and keys[j - 1] < key:
+        keys[j] = keys[j - 1]
+        items[j] = items[j - 1]
+        j -= 1
+    keys[j] = key
+    items[j] = item
+    return k + 1 if k < cap else k
+
+
 @njit(cache=True)
 def _scan(row, lo, hi, vals, idx, k):
     """Insert every entry of ``row[lo:hi]`` that beats the buffer's smallest

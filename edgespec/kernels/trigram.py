@@ -62,6 +62,8 @@ import math
 import numpy as np
 from numba import njit
 
+from .topk import push_sorted
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -518,18 +520,7 @@ def mcts_draft(corpus, ov, mix, w1, w2, search, nodes, cand, path,
     # best max_out nodes by key 2 N + cum (insertion; ties keep creation order)
     k = 0
     for i in range(1, m):
-        key = 2.0 * visits[i] + cum[i]
-        if k == max_out and key <= sel_key[k - 1]:
-            continue
-        j = k if k < max_out else max_out - 1
-        while j > 0 and sel_key[j - 1] < key:
-            sel_key[j] = sel_key[j - 1]
-            sel_idx[j] = sel_idx[j - 1]
-            j -= 1
-        sel_key[j] = key
-        sel_idx[j] = i
-        if k < max_out:
-            k += 1
+        k = push_sorted(sel_key, sel_idx, k, max_out, 2.0 * visits[i] + cum[i], i)
     for r in range(k):
         i = sel_idx[r]
         new_index[i] = r
