@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .backend.llama import EXACT_MAX_BATCH, LlamaBackend
-from .costmodel import CostCurve, calibration_key, load_or_measure
+from .costmodel import CostCurve, calibration_key, load_or_measure, plan_contexts
 from .drafters import make_drafter, parse_drafter_name
 from .engine import Engine, EngineConfig, GenerationResult, drain
 from .models import resolve_model
@@ -71,6 +71,7 @@ class SpecModel:
         self.config = EngineConfig(max_nodes=min(max_nodes, self.backend.max_nodes), cost_gate=cost_gate,
                                    verify=verify or VerifyConfig())
         self._engines: dict = {}
+        self._drafter = drafter
         self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
         self.engine = self._engine_for(drafter)
         self._formatter = None
@@ -79,7 +80,10 @@ class SpecModel:
     def calibrate(self, remeasure: bool = False, progress=None) -> CostCurve:
         """The cost curve c(T) for this model, settings and machine (cached on disk)."""
         key = calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads)
-        self.cost = load_or_measure(self.backend, key, remeasure=remeasure, progress=progress)
+        # a small --ctx caps the measured contexts: a cached curve that stops
+        # short of what this context size measures is measured again
+        self.cost = load_or_measure(self.backend, key, remeasure=remeasure, progress=progress,
+                                    needed=plan_contexts(self.backend.n_ctx)[-1])
         for e in getattr(self, "_engines", {}).values():
             e.set_cost(self.cost)
         return self.cost
@@ -104,8 +108,19 @@ class SpecModel:
             self._engines[key] = Engine(self.backend, d, self.cost, config)
         return self._engines[key]
 
+    def new_session(self) -> None:
+        """Forget what the engines learned: acceptance statistics, the drafters'
+        memory of earlier requests, the KV cache.  The next request runs as on a
+        freshly loaded model (same backend, corpora and cost curve, no reload).
+        Drafters given as objects rather than names are built anew only by name,
+        so their own memory stays."""
+        self.backend.reset()
+        self._engines = {}
+        self.engine = self._engine_for(self._drafter)
+
     def use_drafter(self, drafter) -> None:
         """Switch the drafter (engines are kept, with their acceptance statistics)."""
+        self._drafter = drafter
         self.engine = self._engine_for(drafter)
         self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
         self.engine.reset()

@@ -240,13 +240,19 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
 def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, max_tokens: int = 128,
               out_path: str | None = None, prompts_file: str | None = None,
               progress: Callable[[str], None] | None = None,
-              llama_threads: int | None = None) -> tuple[dict, list[dict]]:
+              llama_threads: int | None = None, repeat: int = 1) -> tuple[dict, list[dict]]:
     """Run every method on every prompt with `model` (a SpecModel); return the
     header and the result dicts, writing them as JSON lines to `out_path` as
     they come (a run stopped half-way keeps what it finished).  llama_threads:
-    threads for the llama-cpp-python methods (None = that library's defaults)."""
+    threads for the llama-cpp-python methods (None = that library's defaults).
+    repeat: run the whole prompt list that many times (passes); each pass
+    starts a fresh session (model.new_session(): no acceptance statistics or
+    drafter memory carried over, so a later pass cannot copy an earlier answer)
+    and rows carry their pass number in "repeat"."""
     if max_tokens < 1:
         raise BenchError("max_tokens must be >= 1")
+    if repeat < 1:
+        raise BenchError("repeat must be >= 1")
     methods = parse_methods(methods)
     say = progress or (lambda s: None)
     be = model.backend
@@ -269,64 +275,71 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
         return r
 
     head = header(model, methods, max_tokens, prompts_file, len(prompts), llama_threads)
+    head["repeat"] = repeat
     out = None
     try:
         if out_path:
             out = open(out_path, "w", encoding="utf-8")
             out.write(json.dumps(head) + "\n")
             out.flush()
-        say(f"warming up: {', '.join(methods)}")
         warm_tokens = model.prompt_tokens([{"role": "user", "content": WARMUP_PROMPT}])
-        for m in methods:
-            run_one(m, WARMUP_PROMPT, warm_tokens, 16)
-
         results: list[dict] = []
         width = len(str(len(prompts)))
-        for i, p in enumerate(prompts, 1):
-            tokens = model.prompt_tokens([{"role": "user", "content": p.turn}])
-            if len(tokens) >= be.n_ctx:
-                raise BenchError(f"prompt {p.question_id} ({p.category}) has {len(tokens)} tokens, "
-                                 f"more than the context of {be.n_ctx}; raise --ctx")
-            rows = {}
-            # rotate the order from prompt to prompt: whatever running first or
-            # second after another method costs (measured: a few percent of decode
-            # time on the 2-core machine) falls on every method alike
-            k = (i - 1) % len(methods)
-            for m in list(methods[k:]) + list(methods[:k]):
-                r = run_one(m, p.turn, tokens, max_tokens)
-                r["n_prompt_tokens"] = len(tokens)
-                rows[m] = r
-            base = rows.get("none")
+        for rep in range(repeat):
+            tag = f"[pass {rep + 1}/{repeat}] " if repeat > 1 else ""
+            if rep:
+                model.new_session()
+            say(f"{tag}warming up: {', '.join(methods)}")
             for m in methods:
-                r = rows[m]
-                if base is None:
-                    same = None
-                elif m in LLAMA_METHODS:
-                    same = r["text"] == base["text"]
-                else:
-                    same = r["tokens"] == base["tokens"]
-                rec = {"kind": "result", "question_id": p.question_id, "category": p.category,
-                       "method": m, "prompt_index": i - 1}
-                rec.update(r)
-                rec["identical_to_none"] = same
-                if base is not None and m not in LLAMA_METHODS and m != "none":
-                    rec["rouge_l_to_none"] = round(rouge_l(base["tokens"], r["tokens"]), 4)
+                run_one(m, WARMUP_PROMPT, warm_tokens, 16)
+            for i, p in enumerate(prompts, 1):
+                tokens = model.prompt_tokens([{"role": "user", "content": p.turn}])
+                if len(tokens) >= be.n_ctx:
+                    raise BenchError(f"prompt {p.question_id} ({p.category}) has {len(tokens)} tokens, "
+                                     f"more than the context of {be.n_ctx}; raise --ctx")
+                rows = {}
+                # rotate the order from prompt to prompt (and pass to pass):
+                # whatever running first or second after another method costs
+                # (measured: a few percent of decode time on the 2-core machine)
+                # falls on every method alike
+                k = (i - 1 + rep) % len(methods)
+                for m in list(methods[k:]) + list(methods[:k]):
+                    r = run_one(m, p.turn, tokens, max_tokens)
+                    r["n_prompt_tokens"] = len(tokens)
+                    rows[m] = r
+                base = rows.get("none")
+                for m in methods:
+                    r = rows[m]
+                    if base is None:
+                        same = None
+                    elif m in LLAMA_METHODS:
+                        same = r["text"] == base["text"]
+                    else:
+                        same = r["tokens"] == base["tokens"]
+                    rec = {"kind": "result", "question_id": p.question_id, "category": p.category,
+                           "method": m, "prompt_index": i - 1, "repeat": rep}
+                    rec.update(r)
+                    rec["identical_to_none"] = same
+                    if base is not None and m not in LLAMA_METHODS and m != "none":
+                        rec["rouge_l_to_none"] = round(rouge_l(base["tokens"], r["tokens"]), 4)
+                    results.append(rec)
+                    if out is not None:
+                        out.write(json.dumps(rec) + "\n")
+                if out is not None:
+                    out.flush()
+                speeds = "  ".join(f"{m} {rows[m]['tokens_per_s']:.1f} tok/s" for m in methods)
+                say(f"{tag}[{i:>{width}}/{len(prompts)}] {p.category:<14} {speeds}")
+            # the acceptance model of each drafter after the pass: predicted
+            # against observed acceptance per source (how well the cost gate's
+            # inputs held)
+            for m in methods:
+                if m in LLAMA_METHODS or m == "none":
+                    continue
+                rec = {"kind": "calibration", "method": m, "repeat": rep,
+                       "rows": model._engine_for(m).acceptance.report()}
                 results.append(rec)
                 if out is not None:
                     out.write(json.dumps(rec) + "\n")
-            if out is not None:
-                out.flush()
-            speeds = "  ".join(f"{m} {rows[m]['tokens_per_s']:.1f} tok/s" for m in methods)
-            say(f"[{i:>{width}}/{len(prompts)}] {p.category:<14} {speeds}")
-        # the acceptance model of each drafter after the run: predicted against
-        # observed acceptance per source (how well the cost gate's inputs held)
-        for m in methods:
-            if m in LLAMA_METHODS or m == "none":
-                continue
-            rec = {"kind": "calibration", "method": m, "rows": model._engine_for(m).acceptance.report()}
-            results.append(rec)
-            if out is not None:
-                out.write(json.dumps(rec) + "\n")
         return head, results
     finally:
         if out is not None:
@@ -389,14 +402,27 @@ def method_stats(rows: list[dict]) -> dict:
     return st
 
 
+def pass_speedups(rows: list[dict], method: str) -> list[float]:
+    """The method's speedup over `none` in each pass (bench --repeat) on its own."""
+    out = []
+    for rep in sorted({r.get("repeat", 0) for r in rows}):
+        here = [r for r in rows if r.get("repeat", 0) == rep]
+        a = method_stats([r for r in here if r["method"] == method])
+        b = method_stats([r for r in here if r["method"] == "none"])
+        if a["n"] and b["n"] and b["tokens_per_s"] > 0:
+            out.append(a["tokens_per_s"] / b["tokens_per_s"])
+    return out
+
+
 def _table(title: str, rows: list[dict], methods: list[str]) -> list[str]:
     by_m = {m: [r for r in rows if r["method"] == m] for m in methods}
     stats = {m: method_stats(v) for m, v in by_m.items() if v}
-    n_prompts = max((s["n"] for s in stats.values()), default=0)
+    n_prompts = max((len({r.get("question_id", i) for i, r in enumerate(v)}) for v in by_m.values()), default=0)
+    n_passes = len({r.get("repeat", 0) for r in rows})
     base = stats.get("none")
     lossy = any(s.get("rouge_l") is not None and s["identical"] != s["n_compared"] for s in stats.values())
-    cols = ("method", "tok/s", "acc/step", "speedup", "identical") + (("ROUGE-L",) if lossy else ()) + \
-        ("engine ms/step", "decode ms/step")
+    cols = ("method", "tok/s", "acc/step", "speedup") + (("passes",) if n_passes > 1 else ()) + ("identical",) + \
+        (("ROUGE-L",) if lossy else ()) + ("engine ms/step", "decode ms/step")
     body = []
     for m in methods:
         if m not in stats:
@@ -404,16 +430,22 @@ def _table(title: str, rows: list[dict], methods: list[str]) -> list[str]:
         s = stats[m]
         speed = (f"{s['tokens_per_s'] / base['tokens_per_s']:.2f}x"
                  if base and base["tokens_per_s"] > 0 else "-")
+        spread = ()
+        if n_passes > 1:
+            ps = pass_speedups(rows, m) if base and m != "none" else []
+            spread = (f"{min(ps):.2f}-{max(ps):.2f}" if ps else "-",)
         ident = "-" if m == "none" or s["identical"] is None else f"{s['identical']}/{s['n_compared']}"
         body.append((m, f"{s['tokens_per_s']:.1f}",
                      "-" if s["mean_accepted"] is None else f"{s['mean_accepted']:.2f}",
-                     speed, ident) + ((("-" if s.get("rouge_l") is None else f"{s['rouge_l']:.3f}"),) if lossy else ()) + (
+                     speed) + spread + (ident,) +
+                    ((("-" if s.get("rouge_l") is None else f"{s['rouge_l']:.3f}"),) if lossy else ()) + (
                      "-" if s["engine_ms_per_step"] is None else f"{s['engine_ms_per_step']:.2f}",
                      "-" if s["decode_ms_per_step"] is None else f"{s['decode_ms_per_step']:.2f}"))
     widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(cols)]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
                                   for i, (c, w) in enumerate(zip(cells, widths)))
-    lines = [f"{title} ({n_prompts} prompt{'s' if n_prompts != 1 else ''})", fmt(cols),
+    passes = f" x {n_passes} passes" if n_passes > 1 else ""
+    lines = [f"{title} ({n_prompts} prompt{'s' if n_prompts != 1 else ''}{passes})", fmt(cols),
              fmt(["-" * w for w in widths])]
     lines += [fmt(b) for b in body]
     return lines
@@ -425,8 +457,10 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
     tok/s: decode tokens per second, sum(n_generated - 1) / sum(decode_s).
     acc/step: tokens committed per verification step (edgespec methods).
     speedup: tok/s over the tok/s of `none` on the same prompts.
-    identical: prompts whose output equals `none`'s (tokens for edgespec
-        methods, text for llama-cpp-python methods), as k/n.
+    passes (with bench --repeat): the lowest and highest speedup of a single
+        pass, each pass on its own.
+    identical: runs whose output equals `none`'s in the same pass (tokens for
+        edgespec methods, text for llama-cpp-python methods), as k/n.
     engine ms/step: edgespec's own time per step outside llama_decode
         (drafting, gate, verification, bookkeeping), averaged over prompts;
     decode ms/step: time inside llama_decode per step, averaged over prompts.
@@ -447,7 +481,9 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
         out.append(f"machine: {head.get('cpu')} ({head.get('hostname')}), {head.get('n_threads')} threads, "
                    f"n_ctx {head.get('n_ctx')}, n_gpu_layers {head.get('n_gpu_layers')}, "
                    f"llama_cpp {head.get('llama_cpp_version')}, {head.get('date')}")
-        out.append(f"max_tokens {head.get('max_tokens')}, greedy decoding")
+        reps = int(head.get("repeat", 1) or 1)
+        out.append(f"max_tokens {head.get('max_tokens')}, greedy decoding" +
+                   (f", {reps} passes (each a fresh session)" if reps > 1 else ""))
         out.append("")
     for c in cats:
         out += _table(c, [r for r in results if r["category"] == c], methods)
@@ -457,15 +493,15 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
         out += ["", "acceptance calibration (draft nodes whose parent was accepted; predicted = the gate's "
                     "estimate, observed = share accepted)",
                 f"{'method':<20} {'source':<10} {'tested':>8} {'predicted':>10} {'observed':>9}"]
+        agg: dict = {}          # (method, source) over every pass
         for c in calib:
-            agg: dict = {}
             for row in c["rows"]:
-                a = agg.setdefault(row["source"], [0, 0.0, 0.0])
+                a = agg.setdefault((c["method"], row["source"]), [0, 0.0, 0.0])
                 a[0] += row["tested"]
                 a[1] += row["predicted"] * row["tested"]
                 a[2] += row["observed"] * row["tested"]
-            for src, (n, pr, ob) in agg.items():
-                out.append(f"{c['method']:<20} {src:<10} {n:>8} {pr / n:>10.3f} {ob / n:>9.3f}")
+        for (m, src), (n, pr, ob) in agg.items():
+            out.append(f"{m:<20} {src:<10} {n:>8} {pr / n:>10.3f} {ob / n:>9.3f}")
     return "\n".join(out)
 
 

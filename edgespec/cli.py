@@ -37,7 +37,7 @@ def user_errors():
 
 
 def _calibration_note(intro: str | None = "measuring the verify cost c(T) for this model on this machine "
-                      "(once, under a minute on 2 cores; cached afterwards)..."):
+                      "(once, about a minute on 2 cores; cached afterwards)..."):
     """A progress callback for the c(T) measurement: says once, on stderr, what
     is going on, then (on a terminal) counts the measurement rounds."""
     said = []
@@ -386,11 +386,14 @@ def calibrate(model, ctx, n_gpu_layers, threads, as_json):
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts (after --category).")
 @click.option("--category", multiple=True, help="Only prompts of this category (repeatable).")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run the prompt list N times, each pass a fresh session; the report pools the passes and "
+                   "shows the range of single-pass speedups (for categories with few prompts on a noisy machine).")
 @click.option("--out", "out_path", default="results.jsonl", show_default=True, type=click.Path(dir_okay=False),
               help="Where to write the JSON-lines results (header line, then one line per prompt and method).")
 @corpus_option
 @backend_options
-def bench(model, prompts_file, methods, max_tokens, limit, category, out_path, ctx, n_gpu_layers, threads,
+def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out_path, ctx, n_gpu_layers, threads,
           corpora):
     """Compare decoding methods on a prompts file (greedy), prompt by prompt.
 
@@ -404,11 +407,12 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, out_path, c
         method_list = B.parse_methods(methods)
     m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, corpora=corpora)
     try:
-        click.echo(f"bench: {len(prompts)} prompts x {len(method_list)} methods, max_tokens {max_tokens}, "
+        click.echo(f"bench: {len(prompts)} prompts x {len(method_list)} methods"
+                   f"{f' x {repeat} passes' if repeat > 1 else ''}, max_tokens {max_tokens}, "
                    f"{m.backend.n_threads} threads -> {out_path}", err=True)
         with user_errors():
             head, results = B.run_bench(m, prompts, method_list, max_tokens=max_tokens, out_path=out_path,
-                                        llama_threads=threads,
+                                        llama_threads=threads, repeat=repeat,
                                         prompts_file=prompts_file, progress=B.stderr_progress)
     finally:
         m.close()

@@ -26,7 +26,7 @@ import numpy as np
 
 from .tree import N_SOURCES, SOURCE_NAMES
 
-CALIBRATION_VERSION = 4
+CALIBRATION_VERSION = 5
 DEFAULT_TS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 DEFAULT_PREFIXES = (300, 1000, 2000)
 SHORT_PREFIX = 100      # the short regime (<= 256 cells) is measured after 100 cells
@@ -70,7 +70,11 @@ class CostCurve:
     short_rel: time(T)/t1_short_s there (measured after 100 cells, in the same
     interleaved rounds as its own single tokens; empty in old caches);
     longer: the same measurement after longer contexts, ascending, as dicts
-    {"n_kv", "t1_s", "rel"}."""
+    {"n_kv", "t1_s", "rel", "after_s"};
+    after_s / after_short_s / longer[i]["after_s"]: the extra seconds of the
+    one-token decode that follows a batch, over one that follows a one-token
+    decode (0 in old caches).  The cost tables charge it to the batch: a step
+    that verifies a tree makes the next plain step dearer by that much."""
     ts: list
     rel: list
     t1_s: float
@@ -78,11 +82,17 @@ class CostCurve:
     t1_short_s: float = 0.0
     longer: list = field(default_factory=list)
     short_rel: list = field(default_factory=list)
+    after_s: float = 0.0
+    after_short_s: float = 0.0
 
     def contexts(self) -> list[tuple[int, float, list]]:
         """(KV cells, t1_s, rel) of every measured context, ascending."""
         return [(int(self.meta.get("prefix", 300)), self.t1_s, self.rel)] + \
             [(int(d["n_kv"]), float(d["t1_s"]), d["rel"]) for d in self.longer]
+
+    def _after_rel(self) -> list[float]:
+        """after_s of every measured context (ascending) in units of its t1."""
+        return [self.after_s / self.t1_s] + [float(d.get("after_s", 0.0)) / float(d["t1_s"]) for d in self.longer]
 
     def _weights(self, n_kv):
         """Interpolation between the measured contexts: (i, j, w) with the
@@ -107,17 +117,23 @@ class CostCurve:
         """cost[T] for T = 0..max_t (cost[0] = 0) in units of one single-token
         decode at the same context, linear between measured points and
         extrapolated from the last two beyond them; with n_kv, interpolated
-        between the measured contexts."""
+        between the measured contexts.  Entries T >= 2 include the after-batch
+        cost of the one-token decode that follows (after_s)."""
         if short and self.t1_short_s > 0 and self.short_rel:
             # the short regime's own curve, in units of t1_s like every table
             out = self._rel_table(self.short_rel, max_t) * (self.t1_short_s / self.t1_s)
+            out[2:] += self.after_short_s / self.t1_s
             out[0] = 0.0
             return out
         i, j, w = self._weights(n_kv)
         ctx = self.contexts()
+        after = self._after_rel()
         out = self._rel_table(ctx[i][2], max_t)
+        out[2:] += after[i]
         if w:
-            out = (1 - w) * out + w * self._rel_table(ctx[j][2], max_t)
+            hi = self._rel_table(ctx[j][2], max_t)
+            hi[2:] += after[j]
+            out = (1 - w) * out + w * hi
             out[1:] = np.maximum.accumulate(out[1:])
         out[0] = 0.0
         out[1] = 1.0
@@ -140,16 +156,21 @@ class CostCurve:
         return {"ts": list(map(int, self.ts)), "rel": [round(float(r), 4) for r in self.rel],
                 "t1_s": self.t1_s, "t1_short_s": self.t1_short_s, "meta": self.meta,
                 "longer": [{"n_kv": int(d["n_kv"]), "t1_s": float(d["t1_s"]),
-                            "rel": [round(float(r), 4) for r in d["rel"]]} for d in self.longer],
-                "short_rel": [round(float(r), 4) for r in self.short_rel]}
+                            "rel": [round(float(r), 4) for r in d["rel"]],
+                            "after_s": float(d.get("after_s", 0.0))} for d in self.longer],
+                "short_rel": [round(float(r), 4) for r in self.short_rel],
+                "after_s": self.after_s, "after_short_s": self.after_short_s}
 
     @staticmethod
     def from_json(d: dict) -> "CostCurve":
         c = CostCurve(list(d["ts"]), list(d["rel"]), float(d["t1_s"]), dict(d.get("meta", {})),
-                      float(d.get("t1_short_s", 0.0)), list(d.get("longer", [])), list(d.get("short_rel", [])))
+                      float(d.get("t1_short_s", 0.0)), list(d.get("longer", [])), list(d.get("short_rel", [])),
+                      float(d.get("after_s", 0.0)), float(d.get("after_short_s", 0.0)))
         if not c.ts or c.ts[0] != 1:
             raise ValueError("malformed cost curve")
         if c.short_rel and (len(c.short_rel) != len(c.ts) or any(r <= 0 for r in c.short_rel)):
+            raise ValueError("malformed cost curve")
+        if c.after_s < 0 or c.after_short_s < 0 or any(float(x.get("after_s", 0.0)) < 0 for x in c.longer):
             raise ValueError("malformed cost curve")
         last = -1
         for n, t1, rel in c.contexts():
@@ -164,50 +185,80 @@ class CostCurve:
         if self.t1_short_s and self.short_rel:
             cells = "  ".join(f"T={t}:{r:.2f}" for t, r in zip(self.ts, self.short_rel))
             lines.append(f"after {SHORT_PREFIX} KV cells (one token on every thread), relative to one token "
-                         f"({self.t1_short_s * 1000:.2f} ms): {cells}")
+                         f"({self.t1_short_s * 1000:.2f} ms): {cells}; next token after a batch "
+                         f"+{self.after_short_s * 1000:.2f} ms")
         elif self.t1_short_s:
             short = f"; one token within the first 256 cells: {self.t1_short_s * 1000:.2f} ms"
-        for n, t1, rel in self.contexts():
+        for (n, t1, rel), after in zip(self.contexts(), self._after_rel()):
             cells = "  ".join(f"T={t}:{r:.2f}" for t, r in zip(self.ts, rel))
-            lines.append(f"after {n} KV cells, relative to one token ({t1 * 1000:.2f} ms): {cells}")
+            lines.append(f"after {n} KV cells, relative to one token ({t1 * 1000:.2f} ms): {cells}; "
+                         f"next token after a batch +{after * t1 * 1000:.2f} ms")
         return "c(T)" + short + "\n" + "\n".join(lines)
 
 
-def _measure_at(backend, ts, prefix: int, reps: int, rng, tick) -> tuple[float, list]:
-    """(t1_s, rel) after a random prefix of `prefix` tokens: the median of `reps`
-    decodes of T-token chains per T, interleaved so that machine noise spreads
-    over all sizes."""
+def _measure_at(backend, ts, prefix: int, reps: int, rng, tick) -> tuple[float, list, float]:
+    """(t1_s, rel, after_s) after a random prefix of `prefix` tokens: the median
+    of `reps` decodes of T-token chains per T, interleaved so that machine noise
+    spreads over all sizes, and after_s, what a one-token decode right after a
+    batch costs more than one after another one-token decode (median of paired
+    differences; measured 0.4-0.6 ms on the 2-core machine at every context and
+    batch size, up to 7% of a step in the short regime)."""
     backend.reset()
     pre = rng.integers(100, min(backend.n_vocab, 20000), size=prefix).astype(np.int32)
     backend.prefill(pre, want_last_logits=False)
     times = {t: [] for t in ts}
+    singles, after = [], []
     one = np.ones(max(ts), np.int32)
     zeros = np.zeros(max(ts), np.int32)
+
+    def decode(toks) -> float:
+        t = len(toks)
+        t0 = time.perf_counter()
+        backend.decode_tree(toks, np.arange(t, dtype=np.int32), zeros[:t], one[:t], 1)
+        backend.logits()
+        dt = time.perf_counter() - t0
+        backend.keep(0)
+        return dt
+
+    prev_batch = False
     for r in range(reps + 1):  # first round is a warm-up
         for t in ts:
-            # every timed decode follows a one-token decode, as a step follows
-            # a plain step in generation (right after a large batch a one-token
-            # decode measured 10-30% slower on the 2-core machine)
-            backend.decode_tree(one[:1] * 500, zeros[:1], zeros[:1], one[:1], 1)
-            backend.logits()
-            backend.keep(0)
-            toks = rng.integers(100, min(backend.n_vocab, 20000), size=t).astype(np.int32)
-            t0 = time.perf_counter()
-            backend.decode_tree(toks, np.arange(t, dtype=np.int32), zeros[:t], one[:t], 1)
-            backend.logits()
-            dt = time.perf_counter() - t0
-            backend.keep(0)
+            # two one-token decodes before every timed decode: the first pays
+            # for following the previous batch (if there was one), the second
+            # follows a one-token decode, as the batch follows a plain step in
+            # generation (right after a large batch a one-token decode measured
+            # 10-30% slower on the 2-core machine)
+            a = decode(one[:1] * 500)
+            b = decode(one[:1] * 500)
+            dt = decode(rng.integers(100, min(backend.n_vocab, 20000), size=t).astype(np.int32))
             if r:
                 times[t].append(dt)
+                singles.append(b)
+                if prev_batch:
+                    after.append(a - b)
+            prev_batch = t > 1
         tick()
     med = {t: float(np.median(v)) for t, v in times.items()}
-    t1 = med[1]
+    t1 = float(np.median(singles + times[1]))
     rel = [max(med[t] / t1, 1e-3) for t in ts]
     # a cost curve must not fall with T (noise can make it): enforce monotone
     for i in range(1, len(rel)):
         rel[i] = max(rel[i], rel[i - 1])
     rel[0] = 1.0
-    return t1, rel
+    after_s = max(0.0, float(np.median(after))) if after else 0.0
+    return t1, rel, after_s
+
+
+def plan_contexts(n_ctx: int, prefixes=DEFAULT_PREFIXES, max_t: int = max(DEFAULT_TS)) -> list[int]:
+    """The contexts (KV cells) a calibration measures with this context size:
+    `prefixes` capped at half the context, one within 1.5x of the previous
+    dropped (a context capped next to another adds nothing)."""
+    cap = min(n_ctx - max_t - 2, n_ctx // 2)
+    kept: list[int] = []
+    for p in sorted({max(1, min(p, cap)) for p in prefixes}):
+        if not kept or p >= 1.5 * kept[-1]:
+            kept.append(p)
+    return kept
 
 
 def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: int = 5,
@@ -215,12 +266,7 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: 
     """Time decodes of T tokens (chains, logits at every token) after each of
     `prefixes` KV cells (capped by the context size), and single tokens within
     the first 256 cells.  progress(done, total) is called after every round."""
-    cap = min(backend.n_ctx - max(ts) - 2, backend.n_ctx // 2)
-    kept = []
-    for p in sorted({max(1, min(p, cap)) for p in prefixes}):
-        if not kept or p >= 1.5 * kept[-1]:     # a context capped next to another adds nothing
-            kept.append(p)
-    prefixes = kept
+    prefixes = plan_contexts(backend.n_ctx, prefixes, max(ts))
     ts = [t for t in ts if t <= backend.max_nodes and backend.n_ctx > prefixes[0] + t + 1]
     rng = np.random.default_rng(0)
     total = (len(prefixes) + 1) * (reps + 1)
@@ -234,19 +280,25 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: 
     at = [(p,) + _measure_at(backend, ts, p, reps, rng, tick) for p in prefixes]
     # the short regime: one-token decodes with every thread (backend/llama.py),
     # so its own curve, its singles timed in the same rounds as its batches
-    t1_short, short_rel = _measure_at(backend, ts, min(SHORT_PREFIX, prefixes[0]), reps, rng, tick)
+    t1_short, short_rel, after_short = _measure_at(backend, ts, min(SHORT_PREFIX, prefixes[0]), reps, rng, tick)
     backend.reset()
-    p0, t1, rel = at[0]
+    p0, t1, rel, after0 = at[0]
     return CostCurve(ts, rel, t1, {"prefix": p0, "reps": reps, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")},
-                     t1_short, [{"n_kv": p, "t1_s": t, "rel": r} for p, t, r in at[1:]], short_rel)
+                     t1_short, [{"n_kv": p, "t1_s": t, "rel": r, "after_s": a} for p, t, r, a in at[1:]], short_rel,
+                     after0, after_short)
 
 
-def load_or_measure(backend, key: str, remeasure: bool = False, progress=None) -> CostCurve:
+def load_or_measure(backend, key: str, remeasure: bool = False, progress=None, needed: int = 0) -> CostCurve:
+    """The cached curve under `key`, unless it is missing, unreadable, or its
+    longest measured context is shorter than `needed` KV cells (it was measured
+    with a smaller context size); then measure and cache it."""
     path = os.path.join(cache_dir(), "calibration", key + ".json")
     if not remeasure:
         try:
             with open(path) as f:
-                return CostCurve.from_json(json.load(f))
+                c = CostCurve.from_json(json.load(f))
+            if c.contexts()[-1][0] >= needed:
+                return c
         except (OSError, ValueError, KeyError, TypeError):
             pass
     curve = measure_cost_curve(backend, progress=progress)

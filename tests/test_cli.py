@@ -355,3 +355,36 @@ def test_ci_script_runs_the_readme_test_command():
     assert "pip install -e '.[test]'" in ci and "python3 -m pytest -q" in ci
     assert "pip install -e '.[test]' && python -m pytest -q" in readme
     assert os.access(os.path.join(root, ".ci", "run"), os.X_OK)
+
+
+def test_bench_repeat_runs_fresh_passes(model_path, tmp_path):
+    """--repeat 2: every (prompt, method) twice, tagged by pass, each pass from a
+    fresh session; the report pools them and shows the per-pass range."""
+    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:1])
+    out = tmp_path / "results.jsonl"
+    r = invoke(["bench", "--prompts", str(prompts), "--methods", "none,suffix", "--max-tokens", "12",
+                "--repeat", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines[0]["repeat"] == 2
+    rows = [x for x in lines[1:] if x["kind"] == "result"]
+    assert sorted((x["repeat"], x["method"]) for x in rows) == [(0, "none"), (0, "suffix"), (1, "none"), (1, "suffix")]
+    assert all(x["identical_to_none"] for x in rows)
+    assert rows[0]["tokens"] == rows[2]["tokens"]          # greedy: both passes give the same answer
+    calib = [x for x in lines[1:] if x["kind"] == "calibration"]
+    assert [x["repeat"] for x in calib] == [0, 1]
+    # each pass's acceptance statistics start empty (the report is cumulative:
+    # carried over, the second pass would report about twice the first's count)
+    n = [sum(row["tested"] for row in x["rows"]) for x in calib]
+    assert 0 < n[1] <= 1.5 * n[0]
+    assert "[pass 2/2] [1/1] copy" in r.stderr
+    assert "copy (1 prompt x 2 passes)" in r.stdout and "passes" in r.stdout.splitlines()[5]
+    assert "2 passes (each a fresh session)" in r.stdout
+
+
+def test_new_session_forgets_learned_statistics(model):
+    model.generate(REPEAT_PROMPT, max_tokens=24, drafter="suffix")
+    assert model._engine_for("suffix").acceptance.n_c.sum() > 0
+    model.new_session()
+    assert model._engine_for("suffix").acceptance.n_c.sum() == 0
+    assert model.backend.n_past == 0

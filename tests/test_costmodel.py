@@ -50,6 +50,25 @@ def test_table_interpolates_between_contexts():
     assert c.table(8)[2] == pytest.approx(1.2)          # the other regime is unchanged
 
 
+def test_after_batch_cost_is_charged_to_batches():
+    """The one-token decode after a batch costs after_s more; the tables add it
+    (in units of the context's t1) to every batch size, never to T = 1."""
+    c = curve()
+    c.after_s = 0.001                    # 0.1 of the 10 ms token after 300 cells
+    c.longer[0]["after_s"] = 0.004       # 0.2 of the 20 ms token after 1300 cells
+    t = c.table(8)
+    assert t[1] == 1.0 and t[2] == pytest.approx(1.3) and t[8] == pytest.approx(3.1)
+    assert c.table(8, n_kv=800)[8] == pytest.approx(4.15)     # halfway: (3.1 + 5.2) / 2
+    c.short_rel = [1.0, 2.0, 3.0, 5.0]
+    c.after_short_s = 0.0005                # in units of the 10 ms t1: + 0.05
+    s = c.table(8, short=True)
+    assert s[1] == pytest.approx(0.5) and s[2] == pytest.approx(1.05)
+    d = CostCurve.from_json(c.to_json())
+    assert (d.after_s, d.after_short_s, d.longer[0]["after_s"]) == (0.001, 0.0005, 0.004)
+    with pytest.raises(ValueError):
+        CostCurve.from_json(dict(c.to_json(), after_s=-0.001))
+
+
 def test_interpolated_table_never_falls_with_T():
     # noise made the longer curve dip at T=4; an interpolated cost must stay monotone
     c = CostCurve(TS, [1.0, 1.2, 1.8, 3.0], 0.01, {"prefix": 300}, 0.0,
@@ -86,6 +105,7 @@ def test_measure_on_the_real_backend(model):
     for _, t1, rel in c.contexts():
         assert t1 > 0 and rel[0] == 1.0 and rel == sorted(rel)
     assert c.t1_short_s > 0 and c.short_rel[0] == 1.0 and len(c.short_rel) == 3
+    assert c.after_s >= 0 and c.after_short_s >= 0 and all(d["after_s"] >= 0 for d in c.longer)
     assert be.n_past == 0           # the backend is left empty
 
 
@@ -112,3 +132,26 @@ def test_gate_reads_the_cost_of_its_context(model):
         assert results["cheap here"].tokens == results["dear here"].tokens
     finally:
         eng.reset()
+
+
+def test_cached_curve_reused_only_when_it_covers_the_context(tmp_path, monkeypatch):
+    """A curve cached by a run with a small context (contexts capped) is measured
+    again for a larger one; one measured with a larger context serves a smaller."""
+    from edgespec import costmodel
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def fake_measure(backend, progress=None):
+        calls.append(1)
+        return CostCurve(TS, [1.0, 1.2, 1.8, 3.0], 0.01, {"prefix": 300}, 0.0,
+                         [{"n_kv": 1000, "t1_s": 0.02, "rel": [1.0, 1.4, 2.6, 5.0]}])
+
+    monkeypatch.setattr(costmodel, "measure_cost_curve", fake_measure)
+    assert costmodel.plan_contexts(2048) == [300, 1000]
+    assert costmodel.plan_contexts(4096) == [300, 1000, 2000]
+    assert costmodel.plan_contexts(512) == [256]
+    costmodel.load_or_measure(None, "k", needed=1000)
+    costmodel.load_or_measure(None, "k", needed=256)         # covered: from the cache
+    assert len(calls) == 1
+    costmodel.load_or_measure(None, "k", needed=2000)        # not covered: measured again
+    assert len(calls) == 2
