@@ -42,6 +42,21 @@ def check_gguf(path: str) -> tuple[dict, int]:
         raise ModelFileError(f"model file not found: {path}")
     if not os.path.isfile(path):
         raise ModelFileError(f"not a file: {path}")
+    st = os.stat(path)
+    # a model is checked when it is resolved and read again for its embeddings
+    # (auto): the header walk (~40 ms) is done once per file version
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    if key not in _CHECKED:
+        if len(_CHECKED) >= 8:
+            _CHECKED.clear()
+        _CHECKED[key] = _check_gguf(path)
+    return _CHECKED[key]
+
+
+_CHECKED: dict = {}
+
+
+def _check_gguf(path: str) -> tuple[dict, int]:
     size = os.path.getsize(path)
     try:
         with open(path, "rb") as f:
