@@ -489,6 +489,11 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
         out += _table(c, [r for r in results if r["category"] == c], methods)
         out.append("")
     out += _table("all", results, methods)
+    few = [c for c in cats if len({r.get("question_id") for r in results if r["category"] == c}) < 5]
+    if few and len({r.get("repeat", 0) for r in results}) == 1 and "none" in methods:
+        out += ["", f"note: {len(few)} categor{'y has' if len(few) == 1 else 'ies have'} fewer than 5 prompts "
+                    f"({', '.join(few)}); on a busy machine their speedups can move by 0.1x or more from run "
+                    f"to run: --repeat N runs every prompt N times and shows the spread"]
     if calib:
         out += ["", "acceptance calibration (draft nodes whose parent was accepted; predicted = the gate's "
                     "estimate, observed = share accepted)",

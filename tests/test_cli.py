@@ -260,6 +260,7 @@ def test_bench_writes_results_and_table(model_path, tmp_path):
     assert "[1/2] copy" in r.stderr and "[2/2] chat" in r.stderr
     for word in ("copy", "chat", "all", "tok/s", "speedup", "identical", "2/2", "1.00x"):
         assert word in r.stdout, word
+    assert "note: 2 categories have fewer than 5 prompts (copy, chat)" in r.stdout
     # the same tables again from the file
     r2 = invoke(["bench-report", str(out)])
     assert r2.exit_code == 0, r2.output
@@ -379,7 +380,7 @@ def test_bench_repeat_runs_fresh_passes(model_path, tmp_path):
     assert 0 < n[1] <= 1.5 * n[0]
     assert "[pass 2/2] [1/1] copy" in r.stderr
     assert "copy (1 prompt x 2 passes)" in r.stdout and "passes" in r.stdout.splitlines()[5]
-    assert "2 passes (each a fresh session)" in r.stdout
+    assert "2 passes (each a fresh session)" in r.stdout and "fewer than 5 prompts" not in r.stdout
 
 
 def test_new_session_forgets_learned_statistics(model):
