@@ -164,10 +164,14 @@ def test_schedule_idles_a_part_whose_tokens_do_not_pay_for_its_time():
                                  np.zeros(len(t), bool), t.parents == -1, plain_step_s=plain_step_s))
         return d, kinds
 
-    d, kinds = run(1e-5)            # worthless tokens: the part goes idle, probing every 8th step
+    d, kinds = run(1e-5)            # worthless tokens: the part goes idle, then probes after 8, 16, 32 steps
     (name, gain, ms, idle), = d.schedule_report()
     assert name == "trigram" and idle and gain < 0.5 and ms > 0
-    assert sum(kinds[-16:]) == 2
+    steps = [i for i, k in enumerate(kinds) if k]
+    first_idle = next(i for i in range(len(kinds)) if not kinds[i])
+    probes = [i for i in steps if i > first_idle]
+    assert probes and probes[0] - first_idle == 7          # 8 steps after the last proposal
+    assert [b - a for a, b in zip(probes, probes[1:])] == [16, 32][:len(probes) - 1]
     d, kinds = run(0.0)             # no plain-step time from the engine: no scheduling
     assert all(kinds) and not d.schedule_report()[0][3]
 
