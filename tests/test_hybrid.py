@@ -166,7 +166,7 @@ def test_schedule_idles_a_part_whose_tokens_do_not_pay_for_its_time():
 
     d, kinds = run(1e-5)            # worthless tokens: the part goes idle, then probes after 8, 16, 32 steps
     (name, gain, ms, idle), = d.schedule_report()
-    assert name == "trigram" and idle and gain < 0.5 and ms > 0
+    assert name == "trigram" and idle and gain < 0.9 and ms > 0     # decayed from 1.0 with every try
     steps = [i for i, k in enumerate(kinds) if k]
     first_idle = next(i for i in range(len(kinds)) if not kinds[i])
     probes = [i for i in steps if i > first_idle]
