@@ -48,14 +48,8 @@ def _scan(row, lo, hi, vals, idx, k):
     worst = vals[k - 1]
     for j in range(lo, hi):
         x = row[j]
-        if x > worst:
-            q = k - 1
-            while q > 0 and vals[q - 1] < x:
-                vals[q] = vals[q - 1]
-                idx[q] = idx[q - 1]
-                q -= 1
-            vals[q] = x
-            idx[q] = j
+        if x > worst:                   # the buffer is full: push_sorted with cap = k
+            push_sorted(vals, idx, k, k, x, j)
             worst = vals[k - 1]
 
 
