@@ -39,6 +39,26 @@ from .verify import SamplingConfig, VerifyConfig, relaxed_accepts, sample_token
 COST_BUCKET = 128     # the cost gate's table is re-interpolated every 128 context cells
 
 
+class CostBuckets:
+    """The cost table (T = 0..max_t, in units of one plain step) and the plain
+    step's seconds for a batch laid after n_past cells, interpolated at the
+    centre of n_past's 128-cell bucket and cached per bucket.  The engine's
+    gate and the offline replay's time model both cost steps through this."""
+
+    def __init__(self, cost: CostCurve, max_t: int):
+        self.cost = cost
+        self.max_t = max_t
+        self._at: dict = {}
+
+    def at(self, n_past: int) -> tuple[np.ndarray, float]:
+        b = n_past // COST_BUCKET
+        t = self._at.get(b)
+        if t is None:
+            n_kv = b * COST_BUCKET + COST_BUCKET // 2
+            t = self._at[b] = (self.cost.table(self.max_t, n_kv=n_kv), self.cost.t1_at(n_kv))
+        return t
+
+
 @dataclass
 class EngineConfig:
     """Engine settings.
@@ -252,7 +272,7 @@ class Engine:
     def set_cost(self, cost: CostCurve | None) -> None:
         self.cost = cost
         n = self.config.max_nodes + 1
-        self._tables: dict = {}     # context bucket -> (cost table, t1)
+        self._buckets = None if cost is None else CostBuckets(cost, n)
         # no measurement: assume verification costs like plain decoding, everywhere
         self.cost_table_short = np.arange(n + 1, dtype=np.float64) if cost is None else cost.table(n, short=True)
 
@@ -262,19 +282,11 @@ class Engine:
         then interpolated between the calibrated contexts in 128-cell buckets."""
         if n_past + 1 <= SPLIT_KV_FREE_CELLS or self.cost is None:
             return self.cost_table_short
-        return self._bucket(n_past)[0]
-
-    def _bucket(self, n_past: int):
-        b = n_past // COST_BUCKET
-        t = self._tables.get(b)
-        if t is None:
-            n_kv = b * COST_BUCKET + COST_BUCKET // 2
-            t = self._tables[b] = (self.cost.table(self.config.max_nodes + 1, n_kv=n_kv), self.cost.t1_at(n_kv))
-        return t
+        return self._buckets.at(n_past)[0]
 
     def _t1(self, n_past: int) -> float:
         """Seconds of one plain (single-thread, exact) step at this context."""
-        return self._bucket(n_past)[1]
+        return self._buckets.at(n_past)[1]
 
     @property
     def kv_tokens(self) -> np.ndarray:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend.llama import SPLIT_KV_FREE_CELLS
-from .engine import COST_BUCKET, drain
+from .engine import CostBuckets, drain
 
 _OFF_TEXT = 0
 """Token the fake logits favour after a slot that left the recorded text (only
@@ -56,7 +56,7 @@ class ReplayBackend:
         self.truth = np.zeros(0, np.int32)
         self.cost = cost
         self.table_short = cost.table(max_nodes + 1, short=True) * cost.t1_s
-        self._tables: dict = {}                      # context bucket -> seconds per batch size
+        self._buckets = CostBuckets(cost, max_nodes + 1)
         self.model_s = 0.0
         self.n_decodes = 0
 
@@ -143,12 +143,8 @@ class ReplayBackend:
     def seconds(self, n_past: int) -> np.ndarray:
         """Modelled seconds of a batch of T tokens after n_past cells, T = 0..max_nodes + 1
         (the engine's context buckets)."""
-        b = n_past // COST_BUCKET
-        t = self._tables.get(b)
-        if t is None:
-            n_kv = b * COST_BUCKET + COST_BUCKET // 2
-            t = self._tables[b] = self.cost.table(self.max_nodes + 1, n_kv=n_kv) * self.cost.t1_at(n_kv)
-        return t
+        table, t1 = self._buckets.at(n_past)
+        return table * t1
 
     def logits(self) -> np.ndarray:
         return self._logits[:self.n_outputs]
