@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
+
 from .verify import rouge_l
 
 LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-pld")
@@ -414,6 +416,50 @@ def pass_speedups(rows: list[dict], method: str) -> list[float]:
     return out
 
 
+CI_MIN_UNITS = 4
+"""Fewest (prompt, pass) runs for which the report gives a confidence interval."""
+
+
+def speedup_ci(rows: list[dict], method: str, level: float = 0.95, n_boot: int = 2000,
+               seed: int = 0) -> tuple[float, float] | None:
+    """A bootstrap confidence interval of the method's speedup over `none`.
+
+    The unit is one (prompt, pass) pair with both runs, so each resample keeps
+    a run beside the `none` run it was timed against.  With several passes the
+    units are resampled within each prompt: the interval then says how far
+    machine noise moves the speedup on these prompts (the drafts are the same
+    in every pass).  With one pass the prompts themselves are resampled, so
+    the interval also holds the spread between prompts.  The statistic is the
+    pooled speedup, sum(tokens) / sum(decode_s) over sum(tokens) / sum(decode_s)
+    of `none`, as in the tables.  None when fewer than CI_MIN_UNITS units."""
+    def key(r):
+        return r.get("question_id", r.get("prompt_index")), r.get("repeat", 0)
+
+    base = {key(r): r for r in rows if r["method"] == "none" and key(r)[0] is not None}
+    units: dict = {}
+    several = len({k[1] for k in base}) > 1
+    for r in rows:
+        k = key(r)
+        if r["method"] == method and k in base:
+            b = base[k]
+            units.setdefault(k[0] if several else None, []).append(
+                (max(0, r["n_generated"] - 1), r["decode_s"], max(0, b["n_generated"] - 1), b["decode_s"]))
+    if sum(len(v) for v in units.values()) < CI_MIN_UNITS:
+        return None
+    rng = np.random.default_rng(seed)
+    tot = np.zeros((n_boot, 4))
+    for group in units.values():
+        a = np.asarray(group, np.float64)
+        pick = rng.integers(0, len(a), size=(n_boot, len(a)))
+        tot += a[pick].sum(axis=1)
+    ok = (tot[:, 1] > 0) & (tot[:, 2] > 0)
+    sp = (tot[ok, 0] / tot[ok, 1]) / (tot[ok, 2] / tot[ok, 3])
+    if len(sp) == 0:
+        return None
+    lo, hi = np.quantile(sp, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 def _table(title: str, rows: list[dict], methods: list[str]) -> list[str]:
     by_m = {m: [r for r in rows if r["method"] == m] for m in methods}
     stats = {m: method_stats(v) for m, v in by_m.items() if v}
@@ -421,7 +467,8 @@ def _table(title: str, rows: list[dict], methods: list[str]) -> list[str]:
     n_passes = len({r.get("repeat", 0) for r in rows})
     base = stats.get("none")
     lossy = any(s.get("rouge_l") is not None and s["identical"] != s["n_compared"] for s in stats.values())
-    cols = ("method", "tok/s", "acc/step", "speedup") + (("passes",) if n_passes > 1 else ()) + ("identical",) + \
+    cols = ("method", "tok/s", "acc/step", "speedup", "95% CI") + (("passes",) if n_passes > 1 else ()) + \
+        ("identical",) + \
         (("ROUGE-L",) if lossy else ()) + ("engine ms/step", "decode ms/step")
     body = []
     for m in methods:
@@ -430,6 +477,8 @@ def _table(title: str, rows: list[dict], methods: list[str]) -> list[str]:
         s = stats[m]
         speed = (f"{s['tokens_per_s'] / base['tokens_per_s']:.2f}x"
                  if base and base["tokens_per_s"] > 0 else "-")
+        ci = speedup_ci(rows, m) if base and m != "none" else None
+        ci_s = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-"
         spread = ()
         if n_passes > 1:
             ps = pass_speedups(rows, m) if base and m != "none" else []
@@ -437,7 +486,7 @@ def _table(title: str, rows: list[dict], methods: list[str]) -> list[str]:
         ident = "-" if m == "none" or s["identical"] is None else f"{s['identical']}/{s['n_compared']}"
         body.append((m, f"{s['tokens_per_s']:.1f}",
                      "-" if s["mean_accepted"] is None else f"{s['mean_accepted']:.2f}",
-                     speed) + spread + (ident,) +
+                     speed, ci_s) + spread + (ident,) +
                     ((("-" if s.get("rouge_l") is None else f"{s['rouge_l']:.3f}"),) if lossy else ()) + (
                      "-" if s["engine_ms_per_step"] is None else f"{s['engine_ms_per_step']:.2f}",
                      "-" if s["decode_ms_per_step"] is None else f"{s['decode_ms_per_step']:.2f}"))
@@ -457,6 +506,9 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
     tok/s: decode tokens per second, sum(n_generated - 1) / sum(decode_s).
     acc/step: tokens committed per verification step (edgespec methods).
     speedup: tok/s over the tok/s of `none` on the same prompts.
+    95% CI: a bootstrap interval of the speedup (see speedup_ci): with
+        several passes, how far the machine's noise moves it on these
+        prompts; with one pass, across prompts as well.
     passes (with bench --repeat): the lowest and highest speedup of a single
         pass, each pass on its own.
     identical: runs whose output equals `none`'s in the same pass (tokens for

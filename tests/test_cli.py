@@ -332,11 +332,39 @@ def test_format_report_arithmetic():
     text = B.format_report(rows)
     lines = text.splitlines()
     a = lines.index("a (1 prompt)")
-    assert lines[a + 3].split()[:5] == ["none", "10.0", "1.00", "1.00x", "-"]
-    assert lines[a + 4].split()[:5] == ["suffix", "20.0", "2.00", "2.00x", "1/1"]
+    # rows without question_id cannot be paired: no confidence interval ("-")
+    assert lines[a + 3].split()[:6] == ["none", "10.0", "1.00", "1.00x", "-", "-"]
+    assert lines[a + 4].split()[:6] == ["suffix", "20.0", "2.00", "2.00x", "-", "1/1"]
     al = lines.index("all (2 prompts)")
-    assert lines[al + 4].split()[:5] == ["suffix", "12.0", "2.00", "0.80x", "1/2"]
-    assert lines[al + 5].split()[:5] == ["llama-cpp-python", "5.0", "-", "0.33x", "1/1"]
+    assert lines[al + 4].split()[:6] == ["suffix", "12.0", "2.00", "0.80x", "-", "1/2"]
+    assert lines[al + 5].split()[:6] == ["llama-cpp-python", "5.0", "-", "0.33x", "-", "1/1"]
+
+
+def _pair(q, rep, dec_none, dec_m, n=101):
+    return [dict(_row("c", "none", n, dec_none), question_id=q, repeat=rep),
+            dict(_row("c", "suffix", n, dec_m), question_id=q, repeat=rep)]
+
+
+def test_speedup_ci():
+    # one pass, prompts resampled: four prompts at 2x, 2x, 1x, 1x (equal decode time
+    # of none) -> pooled 4/3x; resamples range from all-1x to all-2x
+    rows = [x for q, d in enumerate([0.5, 0.5, 1.0, 1.0]) for x in _pair(q, 0, 1.0, d)]
+    lo, hi = B.speedup_ci(rows, "suffix")
+    assert 1.0 <= lo < 4 / 3 < hi <= 2.0
+    assert B.speedup_ci(rows[:6], "suffix") is None            # 3 units: too few
+    assert B.speedup_ci(rows, "auto") is None                  # method not in the rows
+    # several passes: resampled within each prompt, so a prompt that is 2x in
+    # every pass and one that is 1x in every pass give no spread at all
+    rows = [x for rep in range(3) for q, d in ((0, 0.5), (1, 1.0)) for x in _pair(q, rep, 1.0, d)]
+    lo, hi = B.speedup_ci(rows, "suffix")
+    assert lo == pytest.approx(4 / 3) and hi == pytest.approx(4 / 3)
+    # ... while noise between passes widens it around the pooled figure
+    rows = [x for rep, d in enumerate((0.9, 1.0, 1.1, 0.95, 1.05)) for x in _pair(0, rep, 1.0, d)]
+    lo, hi = B.speedup_ci(rows, "suffix")
+    assert lo < 1.0 < hi and hi - lo > 0.05
+    text = B.format_report(rows)
+    line = [x for x in text.splitlines() if x.startswith("suffix")][0]
+    assert f"{lo:.2f}-{hi:.2f}" in line.split()
 
 
 def test_load_prompts_filters(tmp_path):
