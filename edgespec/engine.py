@@ -414,6 +414,7 @@ class Engine:
         pending = -1
 
         eog = self.eog
+        topk_walk = bool(self._topk) and greedy
 
         def emit(toks: list[int]) -> bool:
             """Append committed tokens in order, stopping at the first end-of-
@@ -481,7 +482,13 @@ class Engine:
                 carried = None
                 bpl, btl = bparent[:nb].tolist(), btok.tolist()
                 while True:
-                    if greedy:
+                    if topk_walk:
+                        # the drafter wants this committed slot's ranking anyway: its
+                        # first entry is the argmax (ties: lowest id, as argmax), so
+                        # the row is read once (right after a decode it is not in cache)
+                        self._topk_rows(logits, self._rows[slot:], 1, self._topk, self._tk[slot:])
+                        tok = int(self._tk[slot, 0])
+                    elif greedy:
                         tok = int(logits[slot].argmax())   # = sample_token(..., greedy), without the call
                     else:
                         tok = sample_token(logits[slot], sampling, rng.random())
@@ -545,7 +552,8 @@ class Engine:
                     if self._topk:
                         # the model's ranking after every committed slot's token: it is
                         # in the logits already, so this costs one partial sort per row
-                        self._topk_rows(logits, self._rows, slot + 1, self._topk, self._tk)
+                        if not topk_walk:
+                            self._topk_rows(logits, self._rows, slot + 1, self._topk, self._tk)
                         res.topk_input = btok[:slot + 1].copy()
                         res.topk_tokens = self._tk[:slot + 1].copy()
                         res.topk_logits = logits[self._rows[:slot + 1, None], res.topk_tokens]

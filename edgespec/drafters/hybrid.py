@@ -268,6 +268,7 @@ class HybridDrafter(Drafter):
             return DraftTree.empty()
         cur = None      # (tokens, parents, probs, source, m) of the merge so far
         k = 0
+        drafted = False         # a part other than retrieval proposed: graft may apply
         if self._entropy:
             self._ent_last = self._entropy_factor()
         self._n_steps += 1
@@ -281,6 +282,7 @@ class HybridDrafter(Drafter):
             self._proposed[i] = True
             if len(t) == 0:
                 continue
+            drafted |= p is not self._suffix
             if p is self._suffix and self._ent_last[1] < 1.0:
                 top = t.parents == -1
                 t.probs[top] *= self._ent_last[1]
@@ -297,7 +299,7 @@ class HybridDrafter(Drafter):
             return DraftTree.empty()
         m = cur[4]
         tree = (cur[0][:m].copy(), cur[1][:m].copy(), cur[2][:m].copy(), cur[3][:m].copy())
-        if self.config.graft:
+        if self.config.graft and drafted:
             tree = self._graft(context, *tree, budget)
         return DraftTree.raw(*tree)
 
