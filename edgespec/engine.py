@@ -193,6 +193,18 @@ class _TextStream:
         return d
 
 
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+# what a plain (draft-free) step hands to observe(): read-only, shared by every step
+_EMPTY_BOOL = _readonly(np.zeros(0, np.bool_))
+_EMPTY_I32 = _readonly(np.zeros(0, np.int32))
+_EMPTY_TOPK = _readonly(np.zeros((0, 0), np.int32))
+_EMPTY_TOPK_VAL = _readonly(np.zeros((0, 0), np.float32))
+
+
 def _child(bparent: list, btok: list, slot: int, tok: int) -> int:
     """Batch slot of the child of `slot` that carries `tok`, or -1 (plain lists:
     the first child directly follows its parent in the layout, siblings later)."""
@@ -245,9 +257,10 @@ class Engine:
         self._observes = drafter.wants_observe()
         self._topk = int(getattr(drafter, "topk", 0) or 0) if self._observes else 0
         if self._topk:
-            from .kernels.topk import topk_rows
-            self._topk_rows = topk_rows
+            from .kernels.topk import topk_rows_vals
+            self._topk_rows = topk_rows_vals
             self._tk = np.zeros((n, self._topk), np.int32)
+            self._tv = np.zeros((n, self._topk), np.float32)
             self._rows = np.arange(n, dtype=np.int64)
         self._m = 0
         self._alloc(256)
@@ -486,7 +499,7 @@ class Engine:
                         # the drafter wants this committed slot's ranking anyway: its
                         # first entry is the argmax (ties: lowest id, as argmax), so
                         # the row is read once (right after a decode it is not in cache)
-                        self._topk_rows(logits, self._rows[slot:], 1, self._topk, self._tk[slot:])
+                        self._topk_rows(logits, self._rows[slot:], 1, self._topk, self._tk[slot:], self._tv[slot:])
                         tok = int(self._tk[slot, 0])
                     elif greedy:
                         tok = int(logits[slot].argmax())   # = sample_token(..., greedy), without the call
@@ -540,24 +553,25 @@ class Engine:
                 done = emit(accepted)
                 pending = accepted[-1]
                 if self._observes:
-                    if k == 0:
-                        proposed, nacc, ntest = DraftTree.empty(), np.zeros(0, np.bool_), np.zeros(0, np.bool_)
+                    if k == 0:      # shared empty arrays: observe() must not write to a StepResult
+                        proposed, nacc, ntest = DraftTree.empty(), _EMPTY_BOOL, _EMPTY_BOOL
                     else:
                         proposed = DraftTree.raw(tree.tokens[sel], self._spar[:k].copy(), tree.probs[sel],
                                                  tree.source[sel])
                         nacc, ntest = self._nacc[:k].copy(), self._ntest[:k].copy()
-                    res = StepResult(ctx[:n], np.asarray(accepted, np.int32), proposed, nacc, ntest,
-                                     plain_step_s=self._t1(n) if self.cost is not None else 0.0,
-                                     step_decode_s=t1 - t0)
                     if self._topk:
                         # the model's ranking after every committed slot's token: it is
                         # in the logits already, so this costs one partial sort per row
+                        # (the greedy walk has done it, values included)
                         if not topk_walk:
-                            self._topk_rows(logits, self._rows, slot + 1, self._topk, self._tk)
-                        res.topk_input = btok[:slot + 1].copy()
-                        res.topk_tokens = self._tk[:slot + 1].copy()
-                        res.topk_logits = logits[self._rows[:slot + 1, None], res.topk_tokens]
-                    self.drafter.observe(res)
+                            self._topk_rows(logits, self._rows, slot + 1, self._topk, self._tk, self._tv)
+                        tk_in, tk_tok, tk_val = btok[:slot + 1].copy(), self._tk[:slot + 1].copy(), \
+                            self._tv[:slot + 1].copy()
+                    else:
+                        tk_in, tk_tok, tk_val = _EMPTY_I32, _EMPTY_TOPK, _EMPTY_TOPK_VAL
+                    self.drafter.observe(StepResult(
+                        ctx[:n], np.array(accepted, np.int32), proposed, nacc, ntest, tk_in, tk_tok, tk_val,
+                        self._t1(n) if self.cost is not None else 0.0, t1 - t0, {}))
                 d = out.delta()
                 step_other = (time.perf_counter() - t_step) - (t1 - t0)
                 if self.cost is not None:

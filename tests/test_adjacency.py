@@ -17,7 +17,7 @@ from edgespec.drafters.adjacency import (
 )
 from edgespec.drafters.base import StepResult
 from edgespec.kernels import adjacency as K
-from edgespec.kernels.topk import topk_rows
+from edgespec.kernels.topk import push_entropy, softmax_entropy, topk_rows, topk_rows_vals
 from edgespec.kernels.topk import warmup as topk_warmup
 from edgespec.tree import SOURCE_ADJACENCY, DraftTree
 
@@ -177,6 +177,33 @@ def test_topk_rows_full_vocab_and_clamps():
     assert small.tolist() == [r[:3] for r in ref_topk(logits, rows[:2], 3)]
     assert topk_rows(logits, rows, 0, 8, out) == 0
     assert topk_rows(logits, rows, 2, 0, out) == 0
+
+
+def test_topk_rows_vals_writes_the_logits():
+    logits = np.array([[0.5, 3.0, -1.0, 3.0, 2.0],
+                       [9.0, 1.0, 1.0, 8.5, -2.0]], np.float32)
+    tok = np.full((3, 4), -7, np.int32)
+    val = np.full((3, 4), -7.0, np.float32)
+    assert topk_rows_vals(logits, np.array([1, 0, 2], np.int64), 3, 3, tok, val) == 3
+    assert tok[:2, :3].tolist() == [[0, 3, 1], [1, 3, 4]]
+    assert val[:2, :3].tolist() == [[9.0, 8.5, 1.0], [3.0, 3.0, 2.0]]
+    assert tok[2, :3].tolist() == [-1, -1, -1]              # a row out of range
+    assert tok[:, 3].tolist() == [-7, -7, -7] and val[0, 3] == -7.0    # past k: untouched
+    with pytest.raises(ValueError):                          # values buffer too small
+        topk_rows_vals(logits, np.array([0, 1], np.int64), 2, 3, tok, np.zeros((1, 3), np.float32))
+
+
+def test_push_entropy_window():
+    # uniform over 4 -> log 4; one certain entry (others -inf-like) -> ~0
+    x = np.array([[1.0, 1.0, 1.0, 1.0], [50.0, 0.0, 0.0, 0.0], [2.0, 1.0, 0.0, -1.0]], np.float32)
+    h = np.zeros(3)
+    softmax_entropy(x, 3, h)
+    assert h[0] == pytest.approx(np.log(4)) and h[1] == pytest.approx(0.0, abs=1e-12)
+    ring = np.zeros(2)
+    assert push_entropy(x, 1, ring, 0) == pytest.approx(h[0])          # window holds 1 entry
+    assert push_entropy(x[1:], 2, ring, 1) == pytest.approx((h[1] + h[2]) / 2)   # the last 2 of 3
+    assert sorted(ring.tolist()) == pytest.approx(sorted([h[1], h[2]]))
+    assert push_entropy(x, 0, np.zeros(2), 0) == 0.0
 
 
 # --------------------------------------------------------------------------

@@ -40,7 +40,6 @@ more).  The suffix part is always on (it is the cheap one).
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,7 +47,7 @@ import numpy as np
 from ..kernels import anchor as _ak
 from ..kernels import suffix as _sk
 from ..kernels.suffix import merge_trees
-from ..kernels.topk import softmax_entropy
+from ..kernels.topk import push_entropy
 from ..tree import (N_SOURCES, SOURCE_ADJACENCY, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_CORPUS,
                     SOURCE_SEMANTIC, SOURCE_TRIGRAM, DraftTree)
 from .adjacency import AdjacencyDrafter
@@ -134,8 +133,9 @@ class HybridDrafter(Drafter):
         self._entropy = c.entropy and c.suffix
         if self._entropy:
             self.topk = max(self.topk, ENTROPY_TOPK)
-        self._h: deque = deque(maxlen=ENTROPY_WINDOW)
-        self._hbuf = np.zeros(ENTROPY_WINDOW, np.float64)
+        self._hring = np.zeros(ENTROPY_WINDOW, np.float64)   # the last committed positions' entropies
+        self._hn = 0                                          # how many were pushed this request
+        self._hmean = 0.0                                     # their mean over the window
         self._ent_pred = [0.0] * ENTROPY_BUCKETS     # per bucket: predicted and accepted
         self._ent_acc = [0.0] * ENTROPY_BUCKETS      # depth-1 retrieved drafts
         self._ent_tot = [0.0, 0.0]                   # their sums over the buckets
@@ -149,6 +149,8 @@ class HybridDrafter(Drafter):
         self._cost = np.zeros(len(self.parts))
         self._idle = [False] * len(self.parts)
         self._proposed = [False] * len(self.parts)
+        self._extra_proposed = False        # a part other than suffix proposed this step
+        self._wants = [p.wants_observe() for p in self.parts]
         self._wait = [SCHEDULE_PROBE] * len(self.parts)     # current probe interval
         self._next_probe = [0] * len(self.parts)            # step of the next probe
         self._n_steps = 0
@@ -177,7 +179,8 @@ class HybridDrafter(Drafter):
     def begin(self, prompt: np.ndarray) -> None:
         for p in self.parts:
             p.begin(prompt)
-        self._h.clear()
+        self._hn = 0
+        self._hmean = 0.0
         self._ent_last = (-1, 1.0)
 
     def observe_prefill(self, start, topk_tokens, topk_logits) -> None:
@@ -187,16 +190,15 @@ class HybridDrafter(Drafter):
 
     def observe(self, result) -> None:
         nxt = self._n_steps + 1
+        idle, proposed, probe, wants = self._idle, self._proposed, self._next_probe, self._wants
         for i, p in enumerate(self.parts):
             # an idle part observes only around its probes
-            if self._idle[i] and not self._proposed[i] and nxt < self._next_probe[i]:
-                continue
-            if p.wants_observe():
+            if wants[i] and not (idle[i] and not proposed[i] and nxt < probe[i]):
                 p.observe(result)
         if self._entropy:
             self._observe_entropy(result)
-        if self.config.schedule and result.plain_step_s > 0:
-            self._observe_schedule(result)
+        if self._extra_proposed and self.config.schedule and result.plain_step_s > 0:
+            self._observe_schedule(result)      # it weighs only the parts other than suffix
 
     # ------------------------------------------------------------ schedule
     def _observe_schedule(self, result) -> None:
@@ -247,16 +249,14 @@ class HybridDrafter(Drafter):
         x = result.topk_logits
         r = len(x)
         if r:
-            if r > len(self._hbuf):
-                self._hbuf = np.zeros(r, np.float64)
-            softmax_entropy(x, r, self._hbuf)
-            self._h.extend(self._hbuf[:r].tolist())
+            self._hmean = push_entropy(x, r, self._hring, self._hn)
+            self._hn += r
 
     def _entropy_factor(self) -> tuple[int, float]:
         """(bucket, score factor) for the current recent entropy."""
-        if not self._h:
+        if not self._hn:
             return -1, 1.0
-        h = sum(self._h) / len(self._h)
+        h = self._hmean
         b = min(int(h / ENTROPY_MAX * ENTROPY_BUCKETS), ENTROPY_BUCKETS - 1)
         rate_b = (self._ent_acc[b] + 1.0) / (self._ent_pred[b] + 1.0)
         rate = (self._ent_tot[1] + 1.0) / (self._ent_tot[0] + 1.0)
@@ -269,8 +269,8 @@ class HybridDrafter(Drafter):
         cur = None      # (tokens, parents, probs, source, m) of the merge so far
         k = 0
         drafted = False         # a part other than retrieval proposed: graft may apply
-        if self._entropy:
-            self._ent_last = self._entropy_factor()
+        self._ent_last = (-1, 1.0)
+        self._extra_proposed = False
         self._n_steps += 1
         for i, p in enumerate(self.parts):
             if self._idle[i] and self._n_steps < self._next_probe[i]:
@@ -280,12 +280,18 @@ class HybridDrafter(Drafter):
             t = p.propose(context, budget)
             self._cost[i] = (1 - SCHEDULE_ALPHA) * self._cost[i] + SCHEDULE_ALPHA * (time.perf_counter() - t0)
             self._proposed[i] = True
+            if p is not self._suffix:
+                self._extra_proposed = True
             if len(t) == 0:
                 continue
-            drafted |= p is not self._suffix
-            if p is self._suffix and self._ent_last[1] < 1.0:
-                top = t.parents == -1
-                t.probs[top] *= self._ent_last[1]
+            if p is self._suffix:
+                if self._entropy:       # only retrieved drafts are scaled: computed when there are some
+                    self._ent_last = self._entropy_factor()
+                    if self._ent_last[1] < 1.0:
+                        top = t.parents == -1
+                        t.probs[top] *= self._ent_last[1]
+            else:
+                drafted = True
             if cur is None:
                 cur = (t.tokens, t.parents, t.probs, t.source, len(t))
                 continue

@@ -55,7 +55,27 @@ def _scan(row, lo, hi, vals, idx, k):
 
 @njit(cache=True)
 def topk_rows(logits, rows, n_rows, k, out_tok):
-    """Write the indices of the k largest logits of selected rows.
+    """Write the indices of the k largest logits of selected rows (see
+    ``_topk_rows``)."""
+    return _topk_rows(logits, rows, n_rows, k, out_tok, np.zeros((0, 0), np.float32), False)
+
+
+@njit(cache=True)
+def topk_rows_vals(logits, rows, n_rows, k, out_tok, out_val):
+    """``topk_rows`` that also writes the k largest logits of each row, largest
+    first, to ``out_val`` (float32 [>= n_rows, >= k]): the values come from the
+    scan's buffer, so a drafter that wants them costs no second read of the
+    rows (right after a decode, a gather from the logits buffer cost ~20 us
+    on the 2-core machine, cold caches)."""
+    if out_val.shape[0] < min(n_rows, rows.shape[0], out_tok.shape[0]) or out_val.shape[1] < min(k, out_tok.shape[1]):
+        raise ValueError("topk_rows_vals: out_val is smaller than out_tok's used part")
+    return _topk_rows(logits, rows, n_rows, k, out_tok, out_val, True)
+
+
+@njit(cache=True)
+def _topk_rows(logits, rows, n_rows, k, out_tok, out_val, want_val):
+    """The indices (and with want_val the values) of the k largest logits of
+    selected rows.
 
     Parameters
     ----------
@@ -73,7 +93,8 @@ def topk_rows(logits, rows, n_rows, k, out_tok):
                             of a stable ``np.argsort(-row)``).  Columns past k
                             are left untouched.
 
-    Returns the number of rows written.
+    Returns the number of rows written.  ``topk_rows_vals`` also writes the
+    logits themselves.
 
     Method: a buffer of the best k (value, index) pairs seen so far, sorted by
     value descending, starts as the first k entries.  The rest of the row is
@@ -134,6 +155,9 @@ def topk_rows(logits, rows, n_rows, k, out_tok):
         _scan(row, tail, n_vocab, vals, idx, k)
         for j in range(k):
             out_tok[i, j] = idx[j]
+        if want_val:
+            for j in range(k):
+                out_val[i, j] = vals[j]
     return n_rows
 
 
@@ -158,6 +182,36 @@ def softmax_entropy(x, n_rows, out):
     return n_rows
 
 
+@njit(cache=True)
+def push_entropy(x, n_rows, ring, start):
+    """Entropy window: the entropy (nats) of the softmax of each of the first
+    n_rows rows of ``x`` goes into the ring buffer ``ring`` (float64) at
+    ``(start + i) % len(ring)``, the ``start + i``-th entry ever pushed.
+    Returns the mean over the entries the ring holds after the push (the last
+    ``min(start + n_rows, len(ring))``); 0 when it holds none."""
+    w = ring.shape[0]
+    for i in range(n_rows):
+        m = x[i, 0]
+        for j in range(1, x.shape[1]):
+            if x[i, j] > m:
+                m = x[i, j]
+        s = 0.0
+        t = 0.0
+        for j in range(x.shape[1]):
+            z = x[i, j] - m
+            e = np.exp(z)
+            s += e
+            t += e * z
+        ring[(start + i) % w] = np.log(s) - t / s
+    n = min(start + n_rows, w)
+    if n <= 0:
+        return 0.0
+    tot = 0.0
+    for j in range(n):
+        tot += ring[j]
+    return tot / n
+
+
 def warmup() -> None:
     """Compile (or load from the cache) ``topk_rows`` for the argument types the
     engine passes: float32 C-contiguous logits, writable and read-only, with
@@ -166,7 +220,10 @@ def warmup() -> None:
     out = np.zeros((2, 4), np.int32)
     ro = logits.copy()
     ro.setflags(write=False)
+    val = np.zeros((2, 4), np.float32)
     for lg in (logits, ro):
         for dt in (np.int32, np.int64):
             topk_rows(lg, np.array([1, 0], dt), 2, 4, out)
+            topk_rows_vals(lg, np.array([1, 0], dt), 2, 4, out, val)
     softmax_entropy(np.zeros((2, 4), np.float32), 2, np.zeros(4, np.float64))
+    push_entropy(val, 2, np.zeros(4, np.float64), 0)
