@@ -304,7 +304,10 @@ class HybridDrafter(Drafter):
         if cur is None or cur[4] == 0:
             return DraftTree.empty()
         m = cur[4]
-        tree = (cur[0][:m].copy(), cur[1][:m].copy(), cur[2][:m].copy(), cur[3][:m].copy())
+        if cur[0] is self._buf[0][0] or cur[0] is self._buf[1][0]:    # merged: out of the scratch buffers
+            tree = (cur[0][:m].copy(), cur[1][:m].copy(), cur[2][:m].copy(), cur[3][:m].copy())
+        else:                   # one part's own proposal (its arrays are the part's fresh copies)
+            tree = cur[:4]
         if self.config.graft and drafted:
             tree = self._graft(context, *tree, budget)
         return DraftTree.raw(*tree)
