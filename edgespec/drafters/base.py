@@ -32,6 +32,9 @@ class StepResult:
                engine's calibrated t1; 0 when not measured): the value of an
                accepted draft token, for drafters that weigh their own time
     step_decode_s: the measured time of this step's verification batch
+
+    observe() must treat a StepResult as read-only: steps that verified no
+    draft share read-only empty arrays (proposed, node_accepted, ...).
     """
     context: np.ndarray
     accepted: np.ndarray
