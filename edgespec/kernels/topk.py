@@ -162,27 +162,6 @@ def _topk_rows(logits, rows, n_rows, k, out_tok, out_val, want_val):
 
 
 @njit(cache=True)
-def softmax_entropy(x, n_rows, out):
-    """Entropy (nats) of the softmax of each of the first n_rows rows of ``x``
-    (e.g. the top-k logits of a position: the entropy of the model's top-k
-    distribution); written to ``out[:n_rows]``."""
-    for i in range(n_rows):
-        m = x[i, 0]
-        for j in range(1, x.shape[1]):
-            if x[i, j] > m:
-                m = x[i, j]
-        s = 0.0
-        t = 0.0
-        for j in range(x.shape[1]):
-            z = x[i, j] - m
-            e = np.exp(z)
-            s += e
-            t += e * z
-        out[i] = np.log(s) - t / s
-    return n_rows
-
-
-@njit(cache=True)
 def push_entropy(x, n_rows, ring, start):
     """Entropy window: the entropy (nats) of the softmax of each of the first
     n_rows rows of ``x`` goes into the ring buffer ``ring`` (float64) at
@@ -213,7 +192,8 @@ def push_entropy(x, n_rows, ring, start):
 
 
 def warmup() -> None:
-    """Compile (or load from the cache) ``topk_rows`` for the argument types the
+    """Compile (or load from the cache) ``topk_rows``, ``topk_rows_vals`` and
+    ``push_entropy`` for the argument types the
     engine passes: float32 C-contiguous logits, writable and read-only, with
     int32 and int64 row indices, Python ints and an int32 output."""
     logits = np.arange(64, dtype=np.float32).reshape(2, 32)
@@ -225,5 +205,4 @@ def warmup() -> None:
         for dt in (np.int32, np.int64):
             topk_rows(lg, np.array([1, 0], dt), 2, 4, out)
             topk_rows_vals(lg, np.array([1, 0], dt), 2, 4, out, val)
-    softmax_entropy(np.zeros((2, 4), np.float32), 2, np.zeros(4, np.float64))
     push_entropy(val, 2, np.zeros(4, np.float64), 0)
