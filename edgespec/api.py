@@ -36,6 +36,10 @@ class SpecModel:
     verify: "exact" (default, lossless) or a LOSSY opt-in, "relaxed" or
         "entropy", or a VerifyConfig (see edgespec.verify).
     n_ctx, n_gpu_layers, n_threads: llama.cpp settings (n_threads None = all cores).
+    cache_type_k: the K cache's type, "f16" (llama.cpp's default) or "q8_0";
+        None = q8_0 on CPU with more than one thread, else f16.  On CPU an f16 K cache makes
+        one-token decodes past 256 KV cells run on one thread, to stay exact
+        (see backend/llama.py); a q8_0 one lets them use every thread.
     max_nodes: the largest verification batch (root + drafts).
     cost_gate: verify only drafts whose expected gain beats their measured cost.
     calibrate: measure c(T) if it is not cached (False = assume c(T) = T, i.e. a
@@ -45,11 +49,11 @@ class SpecModel:
     def __init__(self, model_path: str | None = None, *, drafter="suffix", n_ctx: int = 4096,
                  n_gpu_layers: int = 0, n_threads: int | None = None, max_nodes: int = 32,
                  cost_gate: bool = True, calibrate: bool = True, verbose: bool = False,
-                 progress=None, corpora: Sequence[str] = (), verify=None):
+                 progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None):
         self.model_path = resolve_model(model_path)
         self.backend = LlamaBackend(self.model_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                     n_threads=n_threads, max_nodes=max(EXACT_MAX_BATCH, max_nodes),
-                                    max_leaves=32, verbose=verbose)
+                                    max_leaves=32, cache_type_k=cache_type_k, verbose=verbose)
         self.vocab = self.backend.vocab
         self.corpora = []
         try:
@@ -79,7 +83,8 @@ class SpecModel:
     # -------------------------------------------------------------- set-up
     def calibrate(self, remeasure: bool = False, progress=None) -> CostCurve:
         """The cost curve c(T) for this model, settings and machine (cached on disk)."""
-        key = calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads)
+        key = calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads,
+                              extra=f"k={self.backend.cache_type_k}")
         # a small --ctx caps the measured contexts: a cached curve that stops
         # short of what this context size measures is measured again
         self.cost = load_or_measure(self.backend, key, remeasure=remeasure, progress=progress,

@@ -212,8 +212,9 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "model": model.model_path,
         "n_threads": be.n_threads,
         "exact": be.exact,
-        "single_token_threads": (f"{be.n_threads} up to 256 KV cells, then 1 (exact mode)" if be.exact
-                                 else str(be.n_threads)),
+        "cache_type_k": be.cache_type_k,
+        "single_token_threads": (f"{be.n_threads} up to {be.one_thread_after} KV cells, then 1 (exact mode, f16 K cache)"
+                                 if be.one_thread_after is not None else str(be.n_threads)),
         "llama_cpp_python_threads": ({"n_threads": llama_threads, "n_threads_batch": llama_threads}
                                      if llama_threads else
                                      {"n_threads": max(multiprocessing.cpu_count() // 2, 1),
@@ -532,6 +533,7 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
         out.append(f"model: {head.get('model')}")
         out.append(f"machine: {head.get('cpu')} ({head.get('hostname')}), {head.get('n_threads')} threads, "
                    f"n_ctx {head.get('n_ctx')}, n_gpu_layers {head.get('n_gpu_layers')}, "
+                   f"K cache {head.get('cache_type_k', 'f16')}, "
                    f"llama_cpp {head.get('llama_cpp_version')}, {head.get('date')}")
         reps = int(head.get("repeat", 1) or 1)
         out.append(f"max_tokens {head.get('max_tokens')}, greedy decoding" +

@@ -66,13 +66,14 @@ class DrafterSpec(click.ParamType):
 
 
 def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=None, max_nodes=32,
-               gate=True, calibrate=True, corpora=(), verify="exact"):
+               gate=True, calibrate=True, corpora=(), verify="exact", cache_type_k="auto"):
     from .api import SpecModel
 
     with user_errors():
         return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                          max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
-                         progress=_calibration_note(), corpora=corpora, verify=verify)
+                         progress=_calibration_note(), corpora=corpora, verify=verify,
+                         cache_type_k=cache_type_k)
 
 
 def corpus_option(f):
@@ -83,7 +84,12 @@ def corpus_option(f):
 
 
 def backend_options(f):
-    """--ctx, --n-gpu-layers, --threads."""
+    """--ctx, --n-gpu-layers, --threads, --cache-type-k."""
+    f = click.option("--cache-type-k", type=click.Choice(("auto", "f16", "q8_0")), default="auto",
+                     show_default=True,
+                     help="K cache type. auto = q8_0 on CPU with 2+ threads (every decode uses every thread and stays "
+                          "exact), else f16. f16 on CPU is llama.cpp's default cache; edgespec then decodes single "
+                          "tokens past 256 cells on one thread to stay exact (slower).")(f)
     f = click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads for llama.cpp (default: every core available).")(f)
     f = click.option("--n-gpu-layers", type=int, default=0, show_default=True,
@@ -205,7 +211,7 @@ def main():
 @click.option("--stats", is_flag=True, help="After the text, print speed, step and acceptance statistics to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the text and every statistic.")
 def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate,
-             stop, verify, ctx, n_gpu_layers, threads, corpora, raw, stats, as_json):
+             stop, verify, ctx, n_gpu_layers, threads, cache_type_k, corpora, raw, stats, as_json):
     """Generate an answer to PROMPT (`-` reads it from stdin).
 
     The prompt is wrapped as one user message in the model's chat template
@@ -225,6 +231,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
         raise click.UsageError("the prompt is empty")
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
     model = load_model(model_path, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
+                       cache_type_k=cache_type_k,
                        max_nodes=max_nodes, gate=not no_gate, corpora=corpora, verify=verify)
     try:
         with user_errors():
@@ -251,7 +258,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
 @generation_options
 @click.option("--system", default=None, help="A system message that opens the conversation.")
 def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate,
-         stop, verify, ctx, n_gpu_layers, threads, corpora, system):
+         stop, verify, ctx, n_gpu_layers, threads, cache_type_k, corpora, system):
     """Chat with MODEL in the terminal.
 
     Each turn reuses the KV cache of the earlier ones.  Commands: /stats, /reset,
@@ -259,6 +266,7 @@ def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max
     """
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
     m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
+                   cache_type_k=cache_type_k,
                    max_nodes=max_nodes, gate=not no_gate, corpora=corpora, verify=verify)
     base = [{"role": "system", "content": system}] if system else []
     messages = list(base)
@@ -352,16 +360,18 @@ def _chat_stats(m, t) -> list[str]:
 @click.argument("model", required=False)
 @backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print the curve as JSON.")
-def calibrate(model, ctx, n_gpu_layers, threads, as_json):
+def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, as_json):
     """Re-measure the verify cost c(T) of MODEL on this machine and cache it.
 
     c(T) is the time of one llama_decode of T tokens over the time of one token;
     the cost gate uses it to decide how many draft tokens are worth verifying.
     """
-    m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, calibrate=False)
+    m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, calibrate=False,
+                   cache_type_k=cache_type_k)
     try:
         if not as_json:
-            click.echo(f"measuring c(T) for {m.model_path} with {m.backend.n_threads} threads...", err=True)
+            click.echo(f"measuring c(T) for {m.model_path} with {m.backend.n_threads} threads, "
+                       f"K cache {m.backend.cache_type_k}...", err=True)
         with user_errors():
             curve = m.calibrate(remeasure=True, progress=None if as_json else _calibration_note(None))
         if as_json:
@@ -393,7 +403,7 @@ def calibrate(model, ctx, n_gpu_layers, threads, as_json):
               help="Where to write the JSON-lines results (header line, then one line per prompt and method).")
 @corpus_option
 @backend_options
-def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out_path, ctx, n_gpu_layers, threads,
+def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out_path, ctx, n_gpu_layers, threads, cache_type_k,
           corpora):
     """Compare decoding methods on a prompts file (greedy), prompt by prompt.
 
@@ -405,7 +415,8 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out
     with user_errors():
         prompts = B.load_prompts(prompts_file, categories=list(category), limit=limit)
         method_list = B.parse_methods(methods)
-    m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, corpora=corpora)
+    m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, corpora=corpora,
+                   cache_type_k=cache_type_k)
     try:
         click.echo(f"bench: {len(prompts)} prompts x {len(method_list)} methods"
                    f"{f' x {repeat} passes' if repeat > 1 else ''}, max_tokens {max_tokens}, "

@@ -66,7 +66,8 @@ class CostCurve:
     after meta["prefix"] KV cells (the shortest measured context);
     t1_s: seconds of one single-token decode there (past the first 256 KV cells);
     t1_short_s: the same within the first 256 cells, where the exact backend
-    still decodes single tokens with every thread (see backend/llama.py);
+    decodes single tokens with every thread even with an f16 K cache (see
+    backend/llama.py; with the default q8_0 K cache it does so everywhere);
     short_rel: time(T)/t1_short_s there (measured after 100 cells, in the same
     interleaved rounds as its own single tokens; empty in old caches);
     longer: the same measurement after longer contexts, ascending, as dicts
@@ -184,7 +185,7 @@ class CostCurve:
         lines = []
         if self.t1_short_s and self.short_rel:
             cells = "  ".join(f"T={t}:{r:.2f}" for t, r in zip(self.ts, self.short_rel))
-            lines.append(f"after {SHORT_PREFIX} KV cells (one token on every thread), relative to one token "
+            lines.append(f"after {SHORT_PREFIX} KV cells (the short regime), relative to one token "
                          f"({self.t1_short_s * 1000:.2f} ms): {cells}; next token after a batch "
                          f"+{self.after_short_s * 1000:.2f} ms")
         elif self.t1_short_s:

@@ -298,7 +298,7 @@ class Engine:
         return self._buckets.at(n_past)[0]
 
     def _t1(self, n_past: int) -> float:
-        """Seconds of one plain (single-thread, exact) step at this context."""
+        """Seconds of one plain one-token step at this context (as calibrated)."""
         return self._buckets.at(n_past)[1]
 
     @property

@@ -136,6 +136,11 @@ def test_bad_model_file(model_path, tmp_path, kind):
     assert_clean_error(r, str(p))
 
 
+def test_bad_cache_type_option():
+    r = invoke(["generate", "--cache-type-k", "q4_0", "hi"])
+    assert r.exit_code == 2 and "cache-type-k" in r.output
+
+
 def test_bad_sampling_option(model_path):
     assert_clean_error(invoke(["generate", "--temperature", "-1", "hi"]), "temperature")
 
@@ -249,6 +254,10 @@ def test_bench_writes_results_and_table(model_path, tmp_path):
     assert head["kind"] == "header" and head["model"] == model_path
     for k in ("n_threads", "n_ctx", "llama_cpp_version", "date", "hostname", "cpu", "cost_curve"):
         assert k in head, k
+    # CPU with 2+ threads: q8_0 K cache, every one-token decode on every thread
+    if head["n_threads"] > 1:
+        assert head["cache_type_k"] == "q8_0" and head["single_token_threads"] == str(head["n_threads"])
+    assert "K cache " + head["cache_type_k"] in r.stdout
     assert len(rows) == 4
     assert [(x["question_id"], x["method"]) for x in rows] == [(1, "none"), (1, "suffix"), (2, "none"), (2, "suffix")]
     for x in rows:

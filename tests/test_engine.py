@@ -260,3 +260,62 @@ def test_plan_step_discounts_a_source_whose_scores_run_high():
               cost, 0.0, 8, True, cond, q, sel, spar, o, bp, d, lf, lc)
     assert cond[0] == pytest.approx(0.35 * 429 / 854, rel=1e-5)
     assert cond[1] == pytest.approx(0.35, rel=1e-5)
+
+
+def _long_context_tokens(model, n):
+    rows = [r for r in pick_prompts(120, seed=0) if r["category"] in ("summarization", "rag")]
+    text = " ".join(r["turns"][0] for r in rows)
+    toks = model.vocab.tokenize(text)
+    assert len(toks) >= n
+    return np.asarray(toks[:n], np.int32)
+
+
+def _singles_and_batch(be, prefix, chain):
+    """Logits of `chain` decoded one token at a time after `prefix`, and the
+    same tokens decoded as one batch (threads as the backend chooses)."""
+    be.reset()
+    be.prefill(prefix, want_last_logits=False)
+    singles = []
+    for t in chain:
+        be.decode_tree(np.array([t], np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32), np.ones(1, np.int32), 1)
+        singles.append(be.logits()[0].copy())
+        be.keep(1)
+    threads_single = be._single_threads
+    be.reset()
+    be.prefill(prefix, want_last_logits=False)
+    n = len(chain)
+    be.decode_tree(np.asarray(chain, np.int32), np.arange(n, dtype=np.int32), np.zeros(n, np.int32),
+                   np.ones(n, np.int32), 1)
+    batch = be.logits().copy()
+    be.reset()
+    return np.array(singles), batch, threads_single
+
+
+def test_q8_k_cache_is_exact_with_every_thread_past_512_cells(model):
+    """The default CPU cache (q8_0 K) lets one-token decodes past 512 KV cells run
+    on every thread (llama.cpp's split-KV path is f16/f32 only) and still give
+    logits bit-identical to a verification batch of the same tokens."""
+    be = model.backend
+    assert be.cache_type_k == "q8_0" and be.one_thread_after is None
+    toks = _long_context_tokens(model, 720)
+    singles, batch, threads = _singles_and_batch(be, toks[:700], toks[700:716])
+    assert threads == be.n_threads
+    assert np.array_equal(singles, batch), f"max |dlogit| {np.abs(singles - batch).max()}"
+
+
+def test_f16_k_cache_decodes_single_tokens_on_one_thread_past_256_cells(model):
+    """With llama.cpp's default f16 K cache the backend keeps exactness by decoding
+    one token on one thread past 256 cells (batches on every thread)."""
+    from edgespec.backend.llama import LlamaBackend
+
+    be = LlamaBackend(model.model_path, n_ctx=1024, max_nodes=16, max_leaves=4, cache_type_k="f16")
+    try:
+        assert be.one_thread_after == 256
+        toks = _long_context_tokens(model, 720)
+        singles, batch, threads = _singles_and_batch(be, toks[:700], toks[700:712])
+        assert threads == (1 if be.n_threads > 1 else be.n_threads)
+        assert np.array_equal(singles, batch), f"max |dlogit| {np.abs(singles - batch).max()}"
+    finally:
+        be.close()
+    with pytest.raises(ValueError, match="cache_type_k"):
+        LlamaBackend(model.model_path, n_ctx=256, cache_type_k="q4_0")

@@ -40,6 +40,10 @@ import llama_cpp as L
 
 EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
 SPLIT_KV_FREE_CELLS = 256   # a one-token decode up to this many cells avoids split-KV
+# K-cache types (ggml type ids).  llama.cpp's default is f16; edgespec's default on
+# CPU is q8_0, whose one-token decodes never take the split-KV path (see
+# LlamaBackend.__init__), so every decode can use every thread and stay exact.
+CACHE_TYPES_K = {"f16": 1, "q8_0": 8}
 
 
 class BackendError(RuntimeError):
@@ -182,7 +186,8 @@ class LlamaBackend:
 
     def __init__(self, model_path: str, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
                  n_threads: int | None = None, n_batch: int = 512, max_nodes: int = 64,
-                 max_leaves: int = 32, exact: bool = True, verbose: bool = False):
+                 max_leaves: int = 32, exact: bool = True, cache_type_k: str | None = None,
+                 verbose: bool = False):
         if max_leaves > L.llama_max_parallel_sequences():
             raise ValueError(f"max_leaves must be <= {L.llama_max_parallel_sequences()}")
         self.model_path = model_path
@@ -191,6 +196,13 @@ class LlamaBackend:
         self.max_nodes = max_nodes
         self.max_leaves = max_leaves
         self.n_batch = max(n_batch, max_nodes)
+        self.exact = exact and n_gpu_layers == 0
+        if cache_type_k in (None, "auto"):
+            # one thread never takes the split-KV path: keep llama.cpp's default
+            cache_type_k = "q8_0" if (self.exact and self.n_threads > 1) else "f16"
+        if cache_type_k not in CACHE_TYPES_K:
+            raise ValueError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), not {cache_type_k!r}")
+        self.cache_type_k = cache_type_k
         self.model = load_model(model_path, n_gpu_layers, verbose=verbose)
         self.vocab = Vocab(self.model)
         self.n_vocab = self.vocab.n_vocab
@@ -208,6 +220,7 @@ class LlamaBackend:
         cp.n_threads = self.n_threads
         cp.n_threads_batch = self.n_threads
         cp.kv_unified = True
+        cp.type_k = CACHE_TYPES_K[cache_type_k]
         cp.no_perf = True
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
@@ -244,15 +257,20 @@ class LlamaBackend:
         self._step_lc = np.ones(1, np.int32)   # seqs through each slot of the last batch
         self._n_leaves = 1
         # Exactness on CPU (measured, llama.cpp in llama-cpp-python 0.3.36): a
-        # one-token decode over >= 512 KV cells with more than one thread takes
-        # ggml's split-KV flash-attention path, which sums attention in another
-        # order than a multi-token batch does, so batched verification would not
-        # be bit-identical to plain decoding (logits differ by up to ~1.0).  With
-        # `exact`, one-token decodes use one thread once more than 256 cells are in
-        # use (below that the KV view is 256 cells and the split path is not
-        # taken); batches always use every thread.  Batches of 64 or more tokens
-        # take a tiled kernel that differs too, hence EXACT_MAX_BATCH.
-        self.exact = exact and n_gpu_layers == 0
+        # one-token decode over >= 512 KV cells with more than one thread and an
+        # f16 K cache takes ggml's split-KV flash-attention path, which sums
+        # attention in another order than a multi-token batch does, so batched
+        # verification would not be bit-identical to plain decoding (logits
+        # differ by up to ~1.0).  That path is taken only for f16/f32 caches:
+        # with a q8_0 K cache (the default on CPU) one-token decodes and batches
+        # run the same kernel and are bit-identical with every thread.  With an
+        # f16 K cache and `exact`, one-token decodes use one thread once more
+        # than 256 cells are in use (below that the KV view is 256 cells and the
+        # split path is not taken); batches always use every thread.  Batches
+        # of 64 or more tokens take a tiled kernel that differs too, hence
+        # EXACT_MAX_BATCH.
+        # one-token decodes after this many cells use one thread (exact, f16 K)
+        self.one_thread_after = SPLIT_KV_FREE_CELLS if (self.exact and cache_type_k == "f16") else None
         self._single_threads = self.n_threads
         self.n_past = 0           # committed tokens in seq 0
         self.kv_tokens = np.zeros(0, np.int32)  # their ids (kept by the engine)
@@ -376,7 +394,8 @@ class LlamaBackend:
         if self.exact:
             if n > EXACT_MAX_BATCH:
                 raise ValueError(f"exact mode verifies at most {EXACT_MAX_BATCH} tokens per batch")
-            want = self.n_threads if (n > 1 or self.n_past + 1 <= SPLIT_KV_FREE_CELLS) else 1
+            lim = self.one_thread_after
+            want = self.n_threads if (n > 1 or lim is None or self.n_past + 1 <= lim) else 1
             if want != self._single_threads:
                 L.llama_set_n_threads(self.ctx, want, self.n_threads)
                 self._single_threads = want
