@@ -27,7 +27,6 @@ import os
 
 import numpy as np
 
-import llama_cpp as L
 from edgespec.backend.llama import LlamaBackend
 from edgespec.models import resolve_model
 
@@ -38,7 +37,7 @@ CONFIGS = {"f16-1t": ("f16", 1), "f16-2t": ("f16", None), "q8-2t": ("q8_0", None
 def forced_logits(be: LlamaBackend, toks: np.ndarray, start: int, n: int, threads: int) -> np.ndarray:
     be.reset()
     be.prefill(toks[:start], want_last_logits=False)
-    L.llama_set_n_threads(be.ctx, threads, be.n_threads)
+    be.set_single_threads(threads)
     out = []
     for t in toks[start:start + n]:
         be.decode_tree(np.array([t], np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32),

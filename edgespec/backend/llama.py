@@ -318,10 +318,16 @@ class LlamaBackend:
         self._synced, self._n_leaves = 1, 1
         self._dirty[:] = False
         if self.exact and self._single_threads != self.n_threads:
-            L.llama_set_n_threads(self.ctx, self.n_threads, self.n_threads)
-            self._single_threads = self.n_threads
+            self.set_single_threads(self.n_threads)
         self.n_past = 0
         self.kv_tokens = np.zeros(0, np.int32)
+
+    def set_single_threads(self, n: int) -> None:
+        """Threads for one-token decodes (batches keep every thread).  In exact
+        mode decode_tree chooses them itself; with exact=False they stay as set
+        (tools/kcache_numerics.py compares thread counts this way)."""
+        L.llama_set_n_threads(self.ctx, n, self.n_threads)
+        self._single_threads = n
 
     def truncate(self, n: int) -> None:
         """Forget committed tokens from position n on (used for chat prefix reuse)."""
@@ -397,8 +403,7 @@ class LlamaBackend:
             lim = self.one_thread_after
             want = self.n_threads if (n > 1 or lim is None or self.n_past + 1 <= lim) else 1
             if want != self._single_threads:
-                L.llama_set_n_threads(self.ctx, want, self.n_threads)
-                self._single_threads = want
+                self.set_single_threads(want)
         e = self._synced - n_leaves
         if e > 0:
             # seqs already in sync ride along the leftmost path (the nodes whose
