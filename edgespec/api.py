@@ -205,6 +205,28 @@ class SpecModel:
 
     def chat(self, messages: Messages, **kw) -> GenerationResult:
         """One chat turn over the whole message list, reusing the KV cache of the
-        earlier turns (the common token prefix is not decoded again)."""
+        earlier turns (the common token prefix is not decoded again).  A list that
+        does not fit the context raises ValueError; fit_messages() trims one."""
         kw.setdefault("reuse_prefix", True)
         return self.generate(list(messages), **kw)
+
+    def fit_messages(self, messages: Messages, reserve: int = 0) -> tuple[list, int]:
+        """The conversation trimmed to fit the context with `reserve` tokens left
+        for the answer: drops the oldest messages after the leading system
+        message(s), a user message together with the answers that follow it, so
+        that what remains still starts with a user turn.  The last message is
+        never dropped (if it alone does not fit, chat() says so).  Returns
+        (messages, how many were dropped); the input list is not changed."""
+        msgs = list(messages)
+        head = 0
+        while head < len(msgs) and msgs[head].get("role") == "system":
+            head += 1
+        limit = self.backend.n_ctx - max(0, int(reserve))
+        dropped = 0
+        while len(msgs) - head > 1 and len(self.prompt_tokens(msgs)) > limit:
+            del msgs[head]
+            dropped += 1
+            while len(msgs) - head > 1 and msgs[head].get("role") != "user":
+                del msgs[head]
+                dropped += 1
+        return msgs, dropped

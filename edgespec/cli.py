@@ -304,6 +304,20 @@ def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max
                 continue
 
             messages.append({"role": "user", "content": line})
+            # a conversation that outgrew the context loses its oldest turns, so
+            # that the new message and room for an answer fit
+            n_ctx = m.backend.n_ctx
+            try:
+                with user_errors():
+                    messages, dropped = m.fit_messages(messages, reserve=min(max_tokens, n_ctx // 4))
+            except click.ClickException as e:
+                messages.pop()
+                click.echo(f"Error: {e.message}", err=True)
+                continue
+            if dropped:
+                click.echo(dim(f"[the conversation outgrew the context of {n_ctx} tokens: dropped its "
+                               f"{dropped} oldest message{'s' if dropped > 1 else ''}; /reset starts over, "
+                               f"--ctx allows more]"))
             pieces: list[str] = []
 
             def on_text(piece: str) -> None:
@@ -335,9 +349,16 @@ def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max
             totals["prefill_s"] += r.prefill_s
             click.echo(dim(f"[{r.n_generated} tokens, {r.tokens_per_s:.1f} tok/s, {r.mean_accepted:.2f} tokens/step, "
                            f"prefill {r.n_prompt_tokens - r.n_reused_tokens} new tokens in {r.prefill_s:.2f}s "
-                           f"({r.n_reused_tokens} reused), stop: {r.stop_reason}]"))
+                           f"({r.n_reused_tokens} reused), stop: {_stop_label(r, max_tokens)}]"))
     finally:
         m.close()
+
+
+def _stop_label(r, max_tokens: int) -> str:
+    """The stop reason for people: 'length' before max_tokens means the context is full."""
+    if r.stop_reason == "length" and r.n_generated < max_tokens:
+        return "context full"
+    return r.stop_reason
 
 
 def _chat_stats(m, t) -> list[str]:

@@ -437,3 +437,24 @@ def test_new_session_forgets_learned_statistics(model):
     new = model._engine_for("suffix")
     assert new is not old and new.acceptance.n_c.sum() == 0
     assert model.backend.n_past == 0 and model.engine is model._engine_for("none")
+
+
+def test_chat_drops_old_turns_when_the_context_is_full(model_path):
+    """Past the context, chat forgets its oldest turns (and says so) instead of
+    refusing every further message."""
+    turns = "".join(f"Tell me a long story about animal number {i}.\n" for i in range(7))
+    r = invoke(["chat", "--ctx", "512", "--max-tokens", "64"], input=turns + "/exit\n")
+    assert r.exit_code == 0, r.output
+    summaries = [ln for ln in r.stdout.splitlines() if "tok/s" in ln and "tokens/step" in ln]
+    assert len(summaries) == 7, r.output
+    assert "outgrew the context of 512 tokens: dropped its 2 oldest messages" in r.stdout
+    assert "Error" not in r.output
+
+
+def test_stop_label_names_a_full_context():
+    from types import SimpleNamespace
+
+    from edgespec.cli import _stop_label
+    assert _stop_label(SimpleNamespace(stop_reason="length", n_generated=64), 64) == "length"
+    assert _stop_label(SimpleNamespace(stop_reason="length", n_generated=40), 64) == "context full"
+    assert _stop_label(SimpleNamespace(stop_reason="stop", n_generated=10), 64) == "stop"

@@ -206,6 +206,31 @@ def test_chat_turns_reuse_cache_and_stay_identical(model):
     assert outs["none"] == outs["suffix"]
 
 
+def test_fit_messages_drops_the_oldest_turns_first(model):
+    """A conversation longer than the context loses whole turns from its start
+    (after the system message), keeps its last message, and then fits."""
+    long = "The quick brown fox jumps over the lazy dog. " * 40          # ~400 tokens
+    msgs = [{"role": "system", "content": "Be brief."}]
+    for i in range(4):
+        msgs += [{"role": "user", "content": f"Turn {i}: {long}"}, {"role": "assistant", "content": long}]
+    msgs.append({"role": "user", "content": "And now?"})
+    n_ctx = model.backend.n_ctx
+    assert len(model.prompt_tokens(msgs)) > n_ctx - 100          # the whole list does not fit
+    kept, dropped = model.fit_messages(msgs, reserve=100)
+    assert len(model.prompt_tokens(kept)) <= n_ctx - 100
+    assert dropped > 0 and len(kept) == len(msgs) - dropped and dropped % 2 == 0
+    assert kept[0] == msgs[0] and kept[1]["role"] == "user" and kept[-1] == msgs[-1]
+    assert kept[1:] == msgs[1 + dropped:]                             # the newest turns, in order
+    # one turn fewer would not have fitted: nothing was dropped needlessly
+    assert len(model.prompt_tokens([msgs[0]] + msgs[dropped - 1:])) > n_ctx - 100
+    assert len(msgs) == 10                                            # the input list is untouched
+    assert model.fit_messages(msgs[-3:], reserve=100) == (msgs[-3:], 0)
+    # a last message that alone does not fit is kept (chat() then says it is too long)
+    huge = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": long * 6}]
+    assert model.fit_messages(huge) == ([huge[-1]], 2)
+
+
 def test_interrupted_generation_leaves_consistent_cache(model):
     """Closing the stream mid-way (what Ctrl-C in chat does) keeps the KV cache equal
     to the committed tokens, so the next request is still exact."""
