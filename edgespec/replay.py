@@ -23,6 +23,7 @@ import numpy as np
 
 from .backend.llama import SPLIT_KV_FREE_CELLS
 from .engine import CostBuckets, drain
+from .tree import DraftTree
 
 _OFF_TEXT = 0
 """Token the fake logits favour after a slot that left the recorded text (only
@@ -151,6 +152,56 @@ class ReplayBackend:
 
     def keep(self, k: int) -> None:
         self.n_past += k
+
+
+class OracleDrafter:
+    """A drafter's candidates judged with hindsight: each step it asks `inner`
+    for its proposal and keeps only the path that the recorded output follows
+    (from the root, as deep as the proposal agrees with the record), with
+    probability 1.  The cost gate then verifies that path whenever its length
+    pays, so the replay's speed is the best any acceptance estimate could get
+    from this drafter's candidates on this machine's c(T): the headroom left
+    for better scoring, as opposed to better candidates."""
+
+    def __init__(self, inner, backend: ReplayBackend):
+        self.inner = inner
+        self.backend = backend
+        self.name = "oracle-" + getattr(inner, "name", "drafter")
+        self.topk = getattr(inner, "topk", 0)
+        self.prefill_topk = getattr(inner, "prefill_topk", 0)
+        self.observes = inner.wants_observe()
+
+    def wants_observe(self) -> bool:
+        return bool(self.observes)
+
+    def warmup(self) -> None:
+        self.inner.warmup()
+
+    def begin(self, prompt) -> None:
+        self.inner.begin(prompt)
+
+    def observe_prefill(self, start, topk_tokens, topk_logits) -> None:
+        self.inner.observe_prefill(start, topk_tokens, topk_logits)
+
+    def observe(self, result) -> None:
+        self.inner.observe(result)
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        tree = self.inner.propose(context, budget)
+        truth, n = self.backend.truth, len(context)
+        keep: list[int] = []
+        parent = -1
+        while n + len(keep) < len(truth):
+            want = truth[n + len(keep)]
+            hit = np.nonzero((tree.parents == parent) & (tree.tokens == want))[0]
+            if len(hit) == 0:
+                break
+            parent = int(hit[0])
+            keep.append(parent)
+        if not keep:
+            return DraftTree.empty()
+        k = len(keep)
+        return DraftTree(tree.tokens[keep], np.arange(-1, k - 1), np.ones(k, np.float32), tree.source[keep])
 
 
 @dataclass

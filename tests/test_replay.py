@@ -82,3 +82,25 @@ def test_replay_matches_real_engine(model, recorded, name):
     assert out2[0]["model_s"] == pytest.approx(sum(
         t1_short if n0 + j + 1 <= 256 else c.t1_at((n0 + j) // 128 * 128 + 64)
         for j in range(out2[0]["n_steps"])))
+
+
+def test_oracle_keeps_only_what_the_model_accepts(model, recorded):
+    """OracleDrafter (tools/replay.py's oracle-NAME) passes on only the path of
+    the inner drafter's proposal that the record follows: every node it lets
+    through is accepted, and with perfect estimates the gate's modelled time
+    is no worse than with the learned ones."""
+    from edgespec.replay import OracleDrafter
+    eog = int(np.nonzero(model.vocab.eog_mask())[0][0])
+    out = {}
+    for oracle in (False, True):
+        be = ReplayBackend(model.vocab, model.backend.n_ctx, model.backend.max_nodes, model.cost, eog)
+        d = make_drafter("suffix", n_vocab=model.vocab.n_vocab)
+        if oracle:
+            d = OracleDrafter(d, be)
+        eng = Engine(be, d, model.cost, EngineConfig(max_nodes=model.config.max_nodes, gate_overhead=0.02))
+        out[oracle] = replay(eng, be, recorded, MAX_TOKENS)        # raises if an output diverges
+    o, s = out[True], out[False]
+    assert sum(r["n_draft_accepted"] for r in o) > 0
+    assert all(r["n_draft_nodes"] == r["n_draft_accepted"] for r in o)
+    assert any(r["n_draft_nodes"] > r["n_draft_accepted"] for r in s)   # the learned gate does miss
+    assert sum(r["model_s"] for r in o) <= sum(r["model_s"] for r in s)

@@ -5,7 +5,11 @@
 
 RESULTS.jsonl is an `edgespec bench` results file: its `none` rows are the
 model's greedy output for each prompt, its header the calibrated cost curve and
-settings.  Each method runs through the real Engine over
+settings.  A method named ``oracle-NAME`` (e.g. ``oracle-suffix``) keeps from
+each of NAME's proposals only the path the recorded output follows, at
+probability 1 (edgespec.replay.OracleDrafter): the speed that perfect
+acceptance estimates would get from NAME's candidates.  Each method runs
+through the real Engine over
 edgespec.replay.ReplayBackend, prompts in the file's order, so the acceptance
 statistics evolve as in the bench.  Printed per category: tokens per step and a
 modelled speedup over `none` (c(T) per decode plus the engine's per-step work);
@@ -24,7 +28,7 @@ from edgespec.bench import load_prompts, read_results
 from edgespec.costmodel import CostCurve
 from edgespec.drafters import make_drafter, parse_drafter_name
 from edgespec.engine import Engine, EngineConfig
-from edgespec.replay import ReplayBackend, ReplayRequest, replay
+from edgespec.replay import OracleDrafter, ReplayBackend, ReplayRequest, replay
 
 
 def main(argv=None) -> int:
@@ -81,11 +85,14 @@ def main(argv=None) -> int:
     methods = ["none"] + [x for x in a.methods.split(",") if x and x != "none"]
     results = {}
     for meth in methods:
-        name, use_corpus, switches = parse_drafter_name(meth)
+        oracle = meth.startswith("oracle-")
+        name, use_corpus, switches = parse_drafter_name(meth[len("oracle-"):] if oracle else meth)
         d = make_drafter(name, n_vocab=vocab.n_vocab, model_path=m.model_path,
                          corpora=m.corpora if use_corpus else (), **switches)
-        d.warmup()
         be = ReplayBackend(vocab, m.backend.n_ctx, m.backend.max_nodes, cost, eog)
+        if oracle:
+            d = OracleDrafter(d, be)
+        d.warmup()
         eng = Engine(be, d, cost, EngineConfig(max_nodes=int(head["max_nodes"])))
         out = replay(eng, be, reqs, max_tokens)
         oh = overhead(meth)
