@@ -304,20 +304,6 @@ def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max
                 continue
 
             messages.append({"role": "user", "content": line})
-            # a conversation that outgrew the context loses its oldest turns, so
-            # that the new message and room for an answer fit
-            n_ctx = m.backend.n_ctx
-            try:
-                with user_errors():
-                    messages, dropped = m.fit_messages(messages, reserve=min(max_tokens, n_ctx // 4))
-            except click.ClickException as e:
-                messages.pop()
-                click.echo(f"Error: {e.message}", err=True)
-                continue
-            if dropped:
-                click.echo(dim(f"[the conversation outgrew the context of {n_ctx} tokens: dropped its "
-                               f"{dropped} oldest message{'s' if dropped > 1 else ''}; /reset starts over, "
-                               f"--ctx allows more]"))
             pieces: list[str] = []
 
             def on_text(piece: str) -> None:
@@ -326,6 +312,14 @@ def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max
 
             try:
                 with user_errors():
+                    # a conversation that outgrew the context loses its oldest
+                    # turns, so that the new message and room for an answer fit
+                    n_ctx = m.backend.n_ctx
+                    messages, dropped = m.fit_messages(messages, reserve=min(max_tokens, n_ctx // 4))
+                    if dropped:
+                        click.echo(dim(f"[the conversation outgrew the context of {n_ctx} tokens: dropped its "
+                                       f"{dropped} oldest message{'s' if dropped > 1 else ''}; /reset starts "
+                                       f"over, --ctx allows more]"))
                     r = m.chat(messages, max_tokens=max_tokens, sampling=sampling, stop=list(stop), on_text=on_text)
             except KeyboardInterrupt:
                 messages.append({"role": "assistant", "content": "".join(pieces)})

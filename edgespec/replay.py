@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend.llama import SPLIT_KV_FREE_CELLS
+from .drafters.base import Drafter
 from .engine import CostBuckets, drain
 from .tree import DraftTree
 
@@ -154,7 +155,7 @@ class ReplayBackend:
         self.n_past += k
 
 
-class OracleDrafter:
+class OracleDrafter(Drafter):
     """A drafter's candidates judged with hindsight: each step it asks `inner`
     for its proposal and keeps only the path that the recorded output follows
     (from the root, as deep as the proposal agrees with the record), with
@@ -170,9 +171,6 @@ class OracleDrafter:
         self.topk = getattr(inner, "topk", 0)
         self.prefill_topk = getattr(inner, "prefill_topk", 0)
         self.observes = inner.wants_observe()
-
-    def wants_observe(self) -> bool:
-        return bool(self.observes)
 
     def warmup(self) -> None:
         self.inner.warmup()
