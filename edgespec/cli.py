@@ -91,7 +91,7 @@ def backend_options(f):
                           "exact), else f16. f16 on CPU is llama.cpp's default cache; edgespec then decodes single "
                           "tokens past 256 cells on one thread to stay exact (slower).")(f)
     f = click.option("--threads", type=click.IntRange(min=1), default=None,
-                     help="CPU threads for llama.cpp (default: every core available).")(f)
+                     help="CPU threads for llama.cpp (default: one per physical core available).")(f)
     f = click.option("--n-gpu-layers", type=int, default=0, show_default=True,
                      help="Layers to offload to the GPU (-1 = all).")(f)
     f = click.option("--ctx", type=click.IntRange(min=16), default=4096, show_default=True,

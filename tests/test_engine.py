@@ -344,3 +344,31 @@ def test_f16_k_cache_decodes_single_tokens_on_one_thread_past_256_cells(model):
         be.close()
     with pytest.raises(ValueError, match="cache_type_k"):
         LlamaBackend(model.model_path, n_ctx=256, cache_type_k="q4_0")
+
+
+def _fake_sysfs(root, siblings: dict) -> str:
+    for cpu, sib in siblings.items():
+        d = root / f"cpu{cpu}" / "topology"
+        d.mkdir(parents=True)
+        (d / "thread_siblings_list").write_text(sib + "\n")
+    return str(root)
+
+
+def test_default_threads_counts_physical_cores(tmp_path, monkeypatch):
+    """One thread per physical core in the affinity mask: hardware threads that
+    list the same siblings are one core; without sysfs, every allowed CPU."""
+    import os
+    from edgespec.backend.llama import default_threads
+    # 4 cores with 2 hardware threads each, numbered as Linux does (0-3, then 4-7)
+    sysfs = _fake_sysfs(tmp_path / "smt", {c: f"{c % 4},{c % 4 + 4}" for c in range(8)})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert default_threads(sysfs) == 4
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 4, 1})   # two threads of core 0, one of core 1
+    assert default_threads(sysfs) == 2
+    # no SMT (this project's machine): every CPU is a core
+    plain = _fake_sysfs(tmp_path / "plain", {0: "0", 1: "1"})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert default_threads(plain) == 2
+    # no topology to read: every allowed CPU
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert default_threads(str(tmp_path / "missing")) == 3

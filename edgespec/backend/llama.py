@@ -91,12 +91,44 @@ def _recent_errors() -> str:
     return "; ".join((errs or lines)[-3:])
 
 
-def default_threads() -> int:
-    """Threads for generation: every core the process may use (2 here)."""
+def default_threads(sysfs: str = "/sys/devices/system/cpu") -> int:
+    """Threads for generation: one per physical core the process may run on.
+
+    Two hardware threads of one core (SMT, "hyper-threading") share its
+    arithmetic units, and a llama.cpp decode synchronises all its threads after
+    every operation, so llama.cpp's own tools default to the physical cores and
+    llama-cpp-python to half the logical CPUs for one-token decodes; a default
+    of every logical CPU would risk making plain decoding slower than what users
+    already run.  On Linux the cores are read from sysfs (hardware threads that
+    list the same siblings are one core; only CPUs in the affinity mask count;
+    2 on this project's machine, which has no SMT); on macOS from
+    ``sysctl hw.perflevel0.physicalcpu`` (performance cores) or
+    ``hw.physicalcpu``; elsewhere, or when that fails, every logical CPU."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = sorted(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - macOS/Windows
-        return max(1, os.cpu_count() or 1)
+        return _physical_cores_sysctl() or max(1, os.cpu_count() or 1)
+    cores = set()
+    for c in cpus:
+        try:
+            with open(os.path.join(sysfs, f"cpu{c}", "topology", "thread_siblings_list")) as f:
+                cores.add(f.read().strip())
+        except OSError:
+            return max(1, len(cpus))
+    return max(1, len(cores))
+
+
+def _physical_cores_sysctl() -> int:  # pragma: no cover - macOS only
+    import subprocess
+    for key in ("hw.perflevel0.physicalcpu", "hw.physicalcpu"):
+        try:
+            out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=2)
+            n = int(out.stdout.strip())
+            if n > 0:
+                return n
+        except (OSError, ValueError, subprocess.SubprocessError):
+            continue
+    return 0
 
 
 class Vocab:
