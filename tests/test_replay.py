@@ -104,3 +104,42 @@ def test_oracle_keeps_only_what_the_model_accepts(model, recorded):
     assert all(r["n_draft_nodes"] == r["n_draft_accepted"] for r in o)
     assert any(r["n_draft_nodes"] > r["n_draft_accepted"] for r in s)   # the learned gate does miss
     assert sum(r["model_s"] for r in o) <= sum(r["model_s"] for r in s)
+
+
+def _copy_chains():
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parent.parent / "tools" / "copy_chains.py"
+    spec = importlib.util.spec_from_file_location("copy_chains", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_copy_chains_walks_and_fits_by_hand():
+    """tools/copy_chains.py: a step verifying k drafts commits min(g, k) + 1
+    tokens for c(k + 1); the fit takes the depth with the best expected rate per
+    group, and none where no depth beats a plain step."""
+    cc = _copy_chains()
+    cost = np.array([0.0, 1.0, 1.9, 2.4, 2.8] + [2.8 + 0.8 * j for j in range(1, 10)])
+    cost_at = lambda n_past: cost                                     # noqa: E731
+
+    def pos(g, score_b, depth=12):
+        return {"g": g, "depth": depth, "n_past": 500, "score_b": score_b}
+
+    # position 0 proposes a chain the answer follows for 5 tokens, then 5 positions
+    # without proposals are covered by the step's commit (3 drafts + bonus), then
+    # plain steps
+    answer = [pos(5, 9), None, None, None, None, None, None, None]
+    plain, t = cc.walk(answer, lambda f: 3, cost_at)
+    assert plain == 8 and t == pytest.approx(2.8 + 4 * 1.0)           # 4 tokens for c(4), then 4 plain steps
+    plain, t = cc.walk(answer, lambda f: 0, cost_at)
+    assert t == pytest.approx(8.0)
+    # a wrong first draft still commits the bonus token
+    plain, t = cc.walk([pos(0, 9), None], lambda f: 2, cost_at)
+    assert t == pytest.approx(2.4 + 1.0)
+    # the fit: bucket 9 always copies >= 3 tokens -> 3 drafts (4 tokens for 2.8);
+    # bucket 5 copies nothing -> plain
+    key = lambda f: (f["score_b"],)                                   # noqa: E731
+    choose = cc.fit([[pos(3, 9), pos(3, 9), pos(0, 5), pos(0, 5)]], key, cost_at)
+    assert choose(pos(0, 9)) == 3 and choose(pos(0, 5)) == 0 and choose(pos(0, 7)) == 0
