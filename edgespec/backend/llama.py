@@ -107,7 +107,8 @@ def default_threads(sysfs: str = "/sys/devices/system/cpu") -> int:
     try:
         cpus = sorted(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - macOS/Windows
-        return _physical_cores_sysctl() or max(1, os.cpu_count() or 1)
+        import sys
+        return (sys.platform == "darwin" and _physical_cores_sysctl()) or max(1, os.cpu_count() or 1)
     cores = set()
     for c in cpus:
         try:
