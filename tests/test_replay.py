@@ -127,9 +127,8 @@ def test_copy_chains_walks_and_fits_by_hand():
     def pos(g, score_b, depth=12):
         return {"g": g, "depth": depth, "n_past": 500, "score_b": score_b}
 
-    # position 0 proposes a chain the answer follows for 5 tokens, then 5 positions
-    # without proposals are covered by the step's commit (3 drafts + bonus), then
-    # plain steps
+    # position 0 proposes a chain the answer follows for 5 tokens: verifying 3 of
+    # it commits 4 tokens (positions 0-3) for c(4); positions 4-7 take plain steps
     answer = [pos(5, 9), None, None, None, None, None, None, None]
     plain, t = cc.walk(answer, lambda f: 3, cost_at)
     assert plain == 8 and t == pytest.approx(2.8 + 4 * 1.0)           # 4 tokens for c(4), then 4 plain steps
