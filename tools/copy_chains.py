@@ -59,16 +59,19 @@ FEATURES = {
 }
 
 
-def positions(drafter, prompt: np.ndarray, answer: np.ndarray) -> list[dict]:
-    """One dict per answer position with a proposal: its features, g, and n_past."""
+def positions(drafter, prompt: np.ndarray, answer: np.ndarray, budget: int) -> list[dict]:
+    """One dict per answer position with a proposal: its features, g, and n_past.
+    budget: the draft nodes the engine asks for (its max_nodes - 1); the match
+    features use the drafter's own match settings."""
     truth = np.concatenate([prompt, answer])
     n0 = len(prompt)
-    ends = np.zeros(8, np.int32)
-    lens = np.zeros(8, np.int32)
+    cfg = drafter.config
+    ends = np.zeros(cfg.max_matches, np.int32)
+    lens = np.zeros(cfg.max_matches, np.int32)
     out, run = [], 0
     for i in range(len(answer)):
         ctx = truth[:n0 + i]
-        t = drafter.propose(ctx, 64)
+        t = drafter.propose(ctx, budget)
         if len(t) == 0:
             out.append(None)
             run = 0
@@ -86,7 +89,7 @@ def positions(drafter, prompt: np.ndarray, answer: np.ndarray) -> list[dict]:
             g += following
             depth += 1
             par = c
-        k = _k.find_suffix_matches(ctx, len(ctx), 2, 32, 8, ends, lens)
+        k = _k.find_suffix_matches(ctx, len(ctx), cfg.min_match, cfg.max_match, cfg.max_matches, ends, lens)
         out.append({"g": g, "depth": depth, "n_past": len(ctx) - 1,
                     "score_b": min(int(p0 * 10), 9), "run": run,
                     "L": int(lens[0]) if k else 0, "in_prompt": int(k > 0 and ends[0] < n0),
@@ -171,7 +174,8 @@ def main(argv=None) -> int:
     answers, cats = [], []
     for p in prompts:
         prompt = m.prompt_tokens([{"role": "user", "content": p.turn}])
-        answers.append(positions(d, prompt, np.asarray(none[p.question_id]["tokens"], np.int32)))
+        answers.append(positions(d, prompt, np.asarray(none[p.question_id]["tokens"], np.int32),
+                                 int(head["max_nodes"]) - 1))
         cats.append(p.category)
     m.close()
 
