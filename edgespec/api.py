@@ -84,7 +84,7 @@ class SpecModel:
     def calibrate(self, remeasure: bool = False, progress=None) -> CostCurve:
         """The cost curve c(T) for this model, settings and machine (cached on disk)."""
         key = calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads,
-                              extra=f"k={self.backend.cache_type_k}")
+                              extra=f"k={self.backend.cache_type_k},repack={int(self.backend.cpu_repack)}")
         # a small --ctx caps the measured contexts: a cached curve that stops
         # short of what this context size measures is measured again
         self.cost = load_or_measure(self.backend, key, remeasure=remeasure, progress=progress,
@@ -198,10 +198,12 @@ class SpecModel:
         self.last_result = None
         while True:
             try:
-                yield next(gen)
+                chunk = next(gen)
             except StopIteration as e:
                 self.last_result = e.value
                 return
+            if chunk.text:
+                yield chunk.text
 
     def chat(self, messages: Messages, **kw) -> GenerationResult:
         """One chat turn over the whole message list, reusing the KV cache of the

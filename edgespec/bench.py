@@ -158,8 +158,12 @@ class _LlamaRunner:
         # the bench was given --threads.
         if n_threads:
             kw["n_threads"] = kw["n_threads_batch"] = n_threads
-        self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=512, n_gpu_layers=n_gpu_layers,
-                                   verbose=False, **kw)
+        # with CPU weight repacking off, as edgespec runs (backend.llama.load_model:
+        # repacked kernels are not exact and llama.cpp's AMX one crashed here)
+        from .backend.llama import llama_cpp_python_repack
+        with llama_cpp_python_repack(False):
+            self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=512, n_gpu_layers=n_gpu_layers,
+                                       verbose=False, **kw)
         self.threads = (self.llm.context_params.n_threads, self.llm.context_params.n_threads_batch)
 
     def run(self, turn: str, max_tokens: int) -> dict:

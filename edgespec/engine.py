@@ -127,21 +127,26 @@ class GenerationResult:
 
 
 class _TextStream:
-    """Incremental detokenizer with stop strings and stream hold-back."""
+    """Incremental detokenizer with stop strings and stream hold-back.  It also
+    keeps where each token's text ends and whether the token was an accepted
+    draft, so streamed text can say which of its characters came from drafts."""
 
     def __init__(self, vocab, stop: list[str]):
         self.vocab = vocab
         self.stop = [s for s in stop if s]
         self.dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.text = ""
-        self.char_end: list[int] = []
+        self.char_end: list[int] = []   # len(text) after each token
+        self.drafted: list[bool] = []   # each token came from an accepted draft
         self.emitted = 0
+        self._span_tok = 0              # first token whose text is not all streamed
         self.stopped_at = -1
 
-    def push(self, token: int) -> bool:
+    def push(self, token: int, drafted: bool = False) -> bool:
         """Add a token; return True if a stop string is now complete."""
         self.text += self.dec.decode(self.vocab.piece(token))
         self.char_end.append(len(self.text))
+        self.drafted.append(drafted)
         if self.stop:
             lo = max(0, self.emitted - max(len(s) for s in self.stop))
             best = -1
@@ -155,17 +160,12 @@ class _TextStream:
                 return True
         return False
 
-    def push_many(self, tokens: list[int]) -> bool:
-        """push() each token; stop at the first completed stop string.  Without
-        stop strings the pieces are joined and decoded in one call."""
-        if self.stop:
-            for t in tokens:
-                if self.push(t):
-                    return True
-            return False
-        if tokens:
-            piece = self.vocab.piece
-            self.text += self.dec.decode(b"".join([piece(t) for t in tokens]))
+    def push_many(self, tokens: list[int], n_drafted: int = 0) -> bool:
+        """push() each token (the first n_drafted were accepted drafts); stop at
+        the first completed stop string, as one-token steps would."""
+        for i, t in enumerate(tokens):
+            if self.push(t, i < n_drafted):
+                return True
         return False
 
     def finish(self) -> None:
@@ -173,12 +173,12 @@ class _TextStream:
             self.text += self.dec.decode(b"", final=True)
 
     def n_tokens_before_stop(self) -> int:
-        """Tokens whose text lies entirely before the stop string (char_end is
-        kept only when there are stop strings, the only case with a stop)."""
+        """Tokens whose text lies entirely before the stop string."""
         return sum(1 for e in self.char_end if e <= self.stopped_at)
 
-    def delta(self, final: bool = False) -> str:
-        """Text not yet streamed, holding back a tail that may start a stop string."""
+    def delta(self, final: bool = False) -> tuple[str, list]:
+        """Text not yet streamed, holding back a tail that may start a stop
+        string, and the same text cut into runs of (text, from_draft)."""
         end = len(self.text)
         if not final and self.stop and self.stopped_at < 0:
             for s in self.stop:
@@ -187,10 +187,47 @@ class _TextStream:
                         end = min(end, len(self.text) - k)
                         break
         if end <= self.emitted:
-            return ""
-        d = self.text[self.emitted:end]
-        self.emitted = end
-        return d
+            return "", []
+        a, self.emitted = self.emitted, end
+        return self.text[a:end], self._spans(a, end)
+
+    def _spans(self, a: int, b: int) -> list:
+        ce, dr, i = self.char_end, self.drafted, self._span_tok
+        spans: list = []
+        pos = a
+        while i < len(ce) and pos < b:
+            e = min(ce[i], b)
+            if e > pos:
+                if spans and spans[-1][1] == dr[i]:
+                    spans[-1] = (spans[-1][0] + self.text[pos:e], dr[i])
+                else:
+                    spans.append((self.text[pos:e], dr[i]))
+                pos = e
+            if ce[i] > b:
+                break
+            i += 1
+        self._span_tok = i
+        if pos < b:          # the decoder's final flush belongs to no token
+            spans.append((self.text[pos:b], False))
+        return spans
+
+
+@dataclass
+class Chunk:
+    """What Engine.run yields after the first token and after every step.
+
+    text:      new text to show (a tail that may begin a stop string is held
+               back until it is known not to be one)
+    tokens:    the token ids this step committed to the answer
+    n_drafted: how many of them came from accepted drafts (the first ones; the
+               last token of a step is the model's own bonus token)
+    spans:     `text` cut into runs of (text, from_draft): which characters
+               arrived as accepted drafts
+    """
+    text: str
+    tokens: list
+    n_drafted: int = 0
+    spans: list = field(default_factory=list)
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -355,14 +392,42 @@ class Engine:
 
     # --------------------------------------------------------------------- run
     def run(self, prompt: np.ndarray, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
-            stop: list[str] | None = None, reuse_prefix: bool = False, record_topk: int = 0):
-        """Generator: yields text pieces as tokens are committed; its return value
-        (StopIteration.value) is the GenerationResult.  Closing the generator early
-        (or an exception such as KeyboardInterrupt) leaves the KV cache consistent.
+            stop: list[str] | None = None, reuse_prefix: bool = False, record_topk: int = 0,
+            cancel=None):
+        """Generator: yields a Chunk after the first token and after every step;
+        its return value (StopIteration.value) is the GenerationResult.  Closing
+        the generator early (or an exception such as KeyboardInterrupt) leaves
+        the KV cache consistent.
 
         record_topk: K > 0 stores the model's K most likely tokens at every
-        generated position in GenerationResult.topk (for the offline replay)."""
-        sampling = sampling or SamplingConfig()
+        generated position in GenerationResult.topk (for the offline replay).
+        cancel: a threading.Event or a callable, checked between prefill chunks
+        and before every step; once set the answer ends with stop_reason
+        "cancelled" and the KV cache holds exactly what was committed."""
+        is_cancelled = _cancel_check(cancel)
+        st = self._start(prompt, max_tokens, sampling or SamplingConfig(), stop, reuse_prefix, record_topk,
+                         is_cancelled)
+        be = self.backend
+        try:
+            yield from self._chunk(st, 0)
+            while st.stop_reason is None:
+                if is_cancelled is not None and is_cancelled():
+                    st.stop_reason = "cancelled"
+                elif be.n_ctx - be.n_past < 1:
+                    st.stop_reason = "length"
+                else:
+                    yield from self._chunk(st, self._step(st))
+        except BaseException:
+            be.rollback()
+            raise
+        finally:
+            self.kv_tokens = st.ctx[:be.n_past].copy()
+        return (yield from self._finish(st))
+
+    def _start(self, prompt, max_tokens: int, sampling: SamplingConfig, stop, reuse_prefix: bool,
+               record_topk: int, is_cancelled) -> "_RunState":
+        """Check the request, reuse the common prefix of the KV cache, prefill
+        the rest and choose the first token."""
         prompt = np.ascontiguousarray(prompt, dtype=np.int32)
         be = self.backend
         if len(prompt) == 0:
@@ -372,249 +437,295 @@ class Engine:
                              f"{be.n_ctx} tokens (raise it with --ctx / n_ctx)")
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
-        greedy = sampling.greedy
-        rng = np.random.default_rng(sampling.seed) if not greedy else None
         vcfg = self.config.verify
-        relax = not vcfg.exact
-        if relax and not greedy:
+        if not vcfg.exact and not sampling.greedy:
             raise ValueError(f"--verify {vcfg.mode} applies to greedy decoding only (temperature 0)")
-        n_relaxed = 0
-
-        t_start = time.perf_counter()
-        n_common = 0
+        st = _RunState(prompt=prompt, sampling=sampling, max_tokens=max_tokens, record_topk=record_topk,
+                       out=_TextStream(be.vocab, stop or []), t_start=time.perf_counter())
+        st.rng = np.random.default_rng(sampling.seed) if not sampling.greedy else None
+        st.topk_walk = bool(self._topk) and sampling.greedy
         if reuse_prefix and len(self.kv_tokens):
             m = min(len(self.kv_tokens), len(prompt) - 1)
             neq = np.nonzero(self.kv_tokens[:m] != prompt[:m])[0]
-            n_common = int(neq[0]) if len(neq) else m
-        if n_common == 0:
+            st.n_common = int(neq[0]) if len(neq) else m
+        if st.n_common == 0:
             be.reset()
         else:
-            be.truncate(n_common)
-        self.kv_tokens = prompt[:n_common].copy()
+            be.truncate(st.n_common)
+        self.kv_tokens = prompt[:st.n_common].copy()
         k_pre = int(getattr(self.drafter, "prefill_topk", 0) or 0)
         pre = None
         if k_pre:
-            m_pre = len(prompt) - n_common
+            m_pre = len(prompt) - st.n_common
             pre = (np.full((m_pre, k_pre), -1, np.int32), np.zeros((m_pre, k_pre), np.float32))
         try:
-            be.prefill(prompt[n_common:], topk_out=pre)
+            be.prefill(prompt[st.n_common:], topk_out=pre, cancel=is_cancelled)
         except BaseException:
             self.reset()
             raise
+        st.ctx = np.empty(be.n_ctx + self.config.max_nodes + 2, np.int32)
+        st.ctx[:len(prompt)] = prompt
+        st.n = len(prompt)
+        if be.n_past < st.n_common + len(prompt[st.n_common:]):     # cancelled during the prefill
+            st.stop_reason = "cancelled"
+            st.n = be.n_past
+            st.t_prefill = time.perf_counter()
+            return st
         self.kv_tokens = prompt.copy()
         self.drafter.begin(prompt)
         if pre is not None:
-            self.drafter.observe_prefill(n_common, pre[0], pre[1])
-        first = sample_token(be.logits()[0], sampling, rng.random() if rng is not None else 0.0)
-        topk_log: list = []
+            self.drafter.observe_prefill(st.n_common, pre[0], pre[1])
+        first = sample_token(be.logits()[0], sampling, st.rng.random() if st.rng is not None else 0.0)
         if record_topk:
             from .kernels.topk import topk_rows
-            rec_rows = np.arange(self.config.max_nodes + 1, dtype=np.int64)
-            rec_buf = np.zeros((self.config.max_nodes + 1, record_topk), np.int32)
-            topk_rows(be.logits(), rec_rows, 1, record_topk, rec_buf)
-            topk_log.append(rec_buf[:1].copy())
-        t_prefill = time.perf_counter()
+            st.rec_rows = np.arange(self.config.max_nodes + 1, dtype=np.int64)
+            st.rec_buf = np.zeros((self.config.max_nodes + 1, record_topk), np.int32)
+            topk_rows(be.logits(), st.rec_rows, 1, record_topk, st.rec_buf)
+            st.topk_log.append(st.rec_buf[:1].copy())
+        st.t_prefill = time.perf_counter()
+        st.ctx[st.n] = first
+        st.n += 1
+        st.pending = first
+        self._commit(st, [first])
+        return st
 
-        ctx = np.empty(be.n_ctx + self.config.max_nodes + 2, np.int32)
-        ctx[:len(prompt)] = prompt
-        n = len(prompt)
-        out = _TextStream(be.vocab, stop or [])
-        generated: list[int] = []
-        stop_reason = None
-        n_steps = n_draft_steps = n_draft_nodes = n_draft_accepted = n_carried = 0
-        t_decode_calls = 0.0
-        carry = np.zeros(0, np.int32)
-        pending = -1
-
+    def _commit(self, st: "_RunState", toks: list[int], n_drafted: int = 0) -> None:
+        """Append committed tokens to the answer in order, stopping at the first
+        end-of-generation token, at max_tokens or at a completed stop string
+        (st.stop_reason is set then); the first n_drafted were drafts."""
+        cut = len(toks)
         eog = self.eog
-        topk_walk = bool(self._topk) and greedy
+        for i, tok in enumerate(toks):
+            if eog[tok]:
+                cut = i
+                st.stop_reason = "stop"
+                break
+        room_left = st.max_tokens - len(st.generated)
+        if room_left <= cut:      # max_tokens is reached before any EOG
+            cut = room_left
+            st.stop_reason = "length"
+        toks = toks[:cut]
+        st.generated.extend(toks)
+        if st.out.push_many(toks, n_drafted):
+            st.stop_reason = "stop"
 
-        def emit(toks: list[int]) -> bool:
-            """Append committed tokens in order, stopping at the first end-of-
-            generation token, at max_tokens or at a completed stop string; return
-            True when generation must stop."""
-            nonlocal stop_reason
-            cut = len(toks)
-            for i, tok in enumerate(toks):
-                if eog[tok]:
-                    cut = i
-                    stop_reason = "stop"
-                    break
-            room_left = max_tokens - len(generated)
-            if room_left <= cut:      # max_tokens is reached before any EOG
-                cut = room_left
-                stop_reason = "length"
-            toks = toks[:cut]
-            generated.extend(toks)
-            if out.push_many(toks):
-                stop_reason = "stop"
-            return stop_reason is not None
+    def _chunk(self, st: "_RunState", n_drafted: int):
+        """Yield what a step added to the answer (nothing when it added nothing)."""
+        text, spans = st.out.delta()
+        toks = st.generated[st.n_streamed:]
+        st.n_streamed = len(st.generated)
+        if text or toks:
+            yield Chunk(text, toks, min(n_drafted, len(toks)), spans)
 
-        ctx[n] = first
-        n += 1
-        pending = first
-        done = emit([first])
-        d = out.delta()
-        if d:
-            yield d
-        try:
-            while not done:
-                room = be.n_ctx - be.n_past
-                if room < 1:
-                    stop_reason = "length"
-                    break
-                t_step = time.perf_counter()
-                budget = min(self.config.max_nodes, room)
-                tree = self.drafter.propose(ctx[:n], budget - 1) if budget > 1 else DraftTree.empty()
-                if len(carry):
-                    tree = _merge_chain(tree, carry, self.config.carry_prob)
-                    carry = np.zeros(0, np.int32)
-                k, nl = self._choose(tree, budget)
-                bparent = self._bp
-                nb = k + 1
-                if k == 0:
-                    btok = np.array([pending], np.int32)
-                    bparent[0] = -1
-                    self._d[0] = 0; self._lf[0] = 0; self._lc[0] = 1
-                else:
-                    sel = self._sel[:k]
-                    order = self._o[:nb]
-                    btok = np.empty(nb, np.int32)
-                    btok[0] = pending
-                    btok[1:] = tree.tokens[sel[order[1:]]]
-                t0 = time.perf_counter()
-                be.decode_tree(btok, self._d[:nb], self._lf[:nb], self._lc[:nb], nl)
-                logits = be.logits()
-                t1 = time.perf_counter()
-                t_decode_calls += t1 - t0
-                n_steps += 1
+    def _step(self, st: "_RunState") -> int:
+        """One step: propose, gate, verify the batch, keep the accepted cells,
+        learn, commit.  Returns how many committed tokens were drafts."""
+        be = self.backend
+        t_step = time.perf_counter()
+        budget = min(self.config.max_nodes, be.n_ctx - be.n_past)
+        tree = self.drafter.propose(st.ctx[:st.n], budget - 1) if budget > 1 else DraftTree.empty()
+        if len(st.carry):
+            tree = _merge_chain(tree, st.carry, self.config.carry_prob)
+            st.carry = np.zeros(0, np.int32)
+        k, nl = self._choose(tree, budget)
+        nb = k + 1
+        if k == 0:
+            btok = np.array([st.pending], np.int32)
+            self._bp[0] = -1
+            self._d[0] = 0; self._lf[0] = 0; self._lc[0] = 1
+        else:
+            btok = np.empty(nb, np.int32)
+            btok[0] = st.pending
+            btok[1:] = tree.tokens[self._sel[:k][self._o[1:nb]]]
+        t0 = time.perf_counter()
+        be.decode_tree(btok, self._d[:nb], self._lf[:nb], self._lc[:nb], nl)
+        logits = be.logits()
+        t1 = time.perf_counter()
+        st.t_decode_calls += t1 - t0
+        st.n_steps += 1
+        slot, accepted, carried = self._verify(st, logits, tree, btok, k)
+        be.keep(slot + 1)
+        if st.record_topk:
+            from .kernels.topk import topk_rows
+            topk_rows(logits, st.rec_rows, slot + 1, st.record_topk, st.rec_buf)
+            st.topk_log.append(st.rec_buf[:slot + 1].copy())
+        if carried is not None:
+            st.n_carried += 1
+        if k:
+            self._learn(st, tree, nb, k, slot, carried)
+        # every accepted token enters the context (its KV cell may already be kept)
+        na = len(accepted)
+        st.ctx[st.n:st.n + na] = accepted
+        st.n += na
+        self._commit(st, accepted, slot)
+        st.pending = accepted[-1]
+        if self._observes:
+            self._observe(st, logits, tree, btok, k, slot, accepted, t1 - t0)
+        step_other = (time.perf_counter() - t_step) - (t1 - t0)
+        if self.cost is not None:
+            self.overhead_rel = 0.9 * self.overhead_rel + 0.1 * (step_other / self._t1(st.n))
+        return slot
 
-                # ---- verify: walk from the root along matching children
-                slot = 0
-                accepted = []            # committed tokens this step (drafts, then bonus)
-                carried = None
-                bpl, btl = bparent[:nb].tolist(), btok.tolist()
+    def _verify(self, st: "_RunState", logits, tree: DraftTree, btok: np.ndarray, k: int):
+        """Walk the batch from the root along children that carry the model's own
+        token.  Returns (last committed slot, committed tokens: accepted drafts
+        then the bonus, the slots carried past a batch hole or None)."""
+        nb = k + 1
+        sel, order = self._sel[:k], self._o[:nb]
+        slot = 0
+        accepted: list[int] = []
+        carried = None
+        bpl, btl = self._bp[:nb].tolist(), btok.tolist()
+        relax = not self.config.verify.exact
+        sampling = st.sampling
+        while True:
+            if st.topk_walk:
+                # the drafter wants this committed slot's ranking anyway: its
+                # first entry is the argmax (ties: lowest id, as argmax), so
+                # the row is read once (right after a decode it is not in cache)
+                self._topk_rows(logits, self._rows[slot:], 1, self._topk, self._tk[slot:], self._tv[slot:])
+                tok = int(self._tk[slot, 0])
+            elif st.rng is None:
+                tok = int(logits[slot].argmax())   # = sample_token(..., greedy), without the call
+            else:
+                tok = sample_token(logits[slot], sampling, st.rng.random())
+            accepted.append(tok)
+            c = _child(bpl, btl, slot, tok)
+            if c < 0 and relax and k:
+                c = self._relaxed_child(logits, slot, bpl, btl, tree, sel, order)
+                if c >= 0:          # LOSSY: commit the retrieved token instead
+                    accepted[-1] = btl[c]
+                    st.n_relaxed += 1
+            if c < 0:
+                return slot, accepted, carried
+            if c != slot + 1:
+                # accepted child sits after a rejected sibling in the batch:
+                # commit up to here, carry the rest into the next step
+                carried = [c]
+                s2 = c
                 while True:
-                    if topk_walk:
-                        # the drafter wants this committed slot's ranking anyway: its
-                        # first entry is the argmax (ties: lowest id, as argmax), so
-                        # the row is read once (right after a decode it is not in cache)
-                        self._topk_rows(logits, self._rows[slot:], 1, self._topk, self._tk[slot:], self._tv[slot:])
-                        tok = int(self._tk[slot, 0])
-                    elif greedy:
-                        tok = int(logits[slot].argmax())   # = sample_token(..., greedy), without the call
-                    else:
-                        tok = sample_token(logits[slot], sampling, rng.random())
-                    accepted.append(tok)
-                    c = _child(bpl, btl, slot, tok)
-                    if c < 0 and relax and k:
-                        c = self._relaxed_child(logits, slot, bpl, btl, tree, sel, order)
-                        if c >= 0:          # LOSSY: commit the retrieved token instead
-                            accepted[-1] = btl[c]
-                            n_relaxed += 1
-                    if c < 0:
-                        break
-                    if c != slot + 1:
-                        # accepted child sits after a rejected sibling in the batch:
-                        # commit up to here, carry the rest into the next step
-                        carried = [c]
-                        s2 = c
-                        while True:
-                            t2 = int(logits[s2].argmax())
-                            c2 = _child(bpl, btl, s2, t2)
-                            if c2 < 0:
-                                carry = np.array([btok[x] for x in carried[1:]] + [t2], np.int32)
-                                break
-                            carried.append(c2)
-                            s2 = c2
-                        break
-                    slot = c
-                be.keep(slot + 1)
-                if record_topk:
-                    topk_rows(logits, rec_rows, slot + 1, record_topk, rec_buf)
-                    topk_log.append(rec_buf[:slot + 1].copy())
-                if carried is not None:
-                    n_carried += 1
+                    t2 = int(logits[s2].argmax())
+                    c2 = _child(bpl, btl, s2, t2)
+                    if c2 < 0:
+                        st.carry = np.array([btok[x] for x in carried[1:]] + [t2], np.int32)
+                        return slot, accepted, carried
+                    carried.append(c2)
+                    s2 = c2
+            slot = c
 
-                # ---- learn
-                if k:
-                    n_draft_steps += 1
-                    n_draft_nodes += k
-                    n_draft_accepted += slot
-                    acc = self.acceptance
-                    learn_step(nb, bparent, order, sel, tree.probs, tree.source, self._cond, self._d,
-                               slot, carried[0] if carried is not None else -1,
-                               acc.n_c, acc.a_c, acc.n_f, acc.a_f, acc.pred_sum, self._nacc, self._ntest)
-                # ---- commit: every accepted token enters the context (its KV cell may
-                # already be kept), emission stops at EOG / stop string / max_tokens
-                na = len(accepted)
-                ctx[n:n + na] = accepted
-                n += na
-                done = emit(accepted)
-                pending = accepted[-1]
-                if self._observes:
-                    if k == 0:      # shared empty arrays: observe() must not write to a StepResult
-                        proposed, nacc, ntest = DraftTree.empty(), _EMPTY_BOOL, _EMPTY_BOOL
-                    else:
-                        proposed = DraftTree.raw(tree.tokens[sel], self._spar[:k].copy(), tree.probs[sel],
-                                                 tree.source[sel])
-                        nacc, ntest = self._nacc[:k].copy(), self._ntest[:k].copy()
-                    if self._topk:
-                        # the model's ranking after every committed slot's token: it is
-                        # in the logits already, so this costs one partial sort per row
-                        # (the greedy walk has done it, values included)
-                        if not topk_walk:
-                            self._topk_rows(logits, self._rows, slot + 1, self._topk, self._tk, self._tv)
-                        tk_in, tk_tok, tk_val = btok[:slot + 1].copy(), self._tk[:slot + 1].copy(), \
-                            self._tv[:slot + 1].copy()
-                    else:
-                        tk_in, tk_tok, tk_val = _EMPTY_I32, _EMPTY_TOPK, _EMPTY_TOPK_VAL
-                    self.drafter.observe(StepResult(
-                        ctx[:n], np.array(accepted, np.int32), proposed, nacc, ntest, tk_in, tk_tok, tk_val,
-                        self._t1(n) if self.cost is not None else 0.0, t1 - t0, {}))
-                d = out.delta()
-                step_other = (time.perf_counter() - t_step) - (t1 - t0)
-                if self.cost is not None:
-                    self.overhead_rel = 0.9 * self.overhead_rel + 0.1 * (step_other / self._t1(n))
-                if d:
-                    yield d
-        except BaseException:
-            be.rollback()
-            raise
-        finally:
-            self.kv_tokens = ctx[:be.n_past].copy()
+    def _learn(self, st: "_RunState", tree: DraftTree, nb: int, k: int, slot: int, carried) -> None:
+        """Credit the acceptance model with what this step's draft nodes did."""
+        st.n_draft_steps += 1
+        st.n_draft_nodes += k
+        st.n_draft_accepted += slot
+        acc = self.acceptance
+        learn_step(nb, self._bp, self._o[:nb], self._sel[:k], tree.probs, tree.source, self._cond, self._d,
+                   slot, carried[0] if carried is not None else -1,
+                   acc.n_c, acc.a_c, acc.n_f, acc.a_f, acc.pred_sum, self._nacc, self._ntest)
 
+    def _observe(self, st: "_RunState", logits, tree: DraftTree, btok, k: int, slot: int, accepted: list[int],
+                 decode_s: float) -> None:
+        """Hand the step to the drafter: the verified tree, what was accepted and
+        (when it asks for them) the model's top-k after every committed slot."""
+        if k == 0:      # shared empty arrays: observe() must not write to a StepResult
+            proposed, nacc, ntest = DraftTree.empty(), _EMPTY_BOOL, _EMPTY_BOOL
+        else:
+            sel = self._sel[:k]
+            proposed = DraftTree.raw(tree.tokens[sel], self._spar[:k].copy(), tree.probs[sel], tree.source[sel])
+            nacc, ntest = self._nacc[:k].copy(), self._ntest[:k].copy()
+        if self._topk:
+            # the model's ranking after every committed slot's token: it is in
+            # the logits already, so this costs one partial sort per row (the
+            # greedy walk has done it, values included)
+            if not st.topk_walk:
+                self._topk_rows(logits, self._rows, slot + 1, self._topk, self._tk, self._tv)
+            tk_in, tk_tok, tk_val = btok[:slot + 1].copy(), self._tk[:slot + 1].copy(), self._tv[:slot + 1].copy()
+        else:
+            tk_in, tk_tok, tk_val = _EMPTY_I32, _EMPTY_TOPK, _EMPTY_TOPK_VAL
+        self.drafter.observe(StepResult(
+            st.ctx[:st.n], np.array(accepted, np.int32), proposed, nacc, ntest, tk_in, tk_tok, tk_val,
+            self._t1(st.n) if self.cost is not None else 0.0, decode_s, {}))
+
+    def _finish(self, st: "_RunState"):
+        """Flush the held-back text and build the GenerationResult (the
+        generator's return value)."""
+        out = st.out
         out.finish()
+        generated = st.generated
         if out.stopped_at >= 0:
             generated = generated[:out.n_tokens_before_stop()]
-        tail = out.delta(final=True)
+        tail, spans = out.delta(final=True)
         if tail:
-            yield tail
-        t_end = time.perf_counter()
-        decode_s = t_end - t_prefill
+            yield Chunk(tail, [], 0, spans)
+        decode_s = time.perf_counter() - st.t_prefill
         n_gen = len(generated)
         return GenerationResult(
-            text=out.text, tokens=generated, n_prompt_tokens=len(prompt), n_generated=n_gen,
-            n_steps=n_steps, mean_accepted=(sum_accepted(n_steps, n_draft_accepted)),
-            prefill_s=t_prefill - t_start, decode_s=decode_s,
+            text=out.text, tokens=generated, n_prompt_tokens=len(st.prompt), n_generated=n_gen,
+            n_steps=st.n_steps, mean_accepted=sum_accepted(st.n_steps, st.n_draft_accepted),
+            prefill_s=st.t_prefill - st.t_start, decode_s=decode_s,
             tokens_per_s=(n_gen - 1) / decode_s if n_gen > 1 and decode_s > 0 else 0.0,
-            stop_reason=stop_reason or "length", n_reused_tokens=n_common,
-            n_draft_steps=n_draft_steps, n_draft_nodes=n_draft_nodes, n_draft_accepted=n_draft_accepted,
-            n_carried=n_carried, decode_call_s=t_decode_calls, engine_s=decode_s - t_decode_calls,
-            drafter=getattr(self.drafter, "name", "?"), verify=vcfg.mode, n_relaxed=n_relaxed,
-            topk=np.concatenate(topk_log)[:n_gen + 1].tolist() if topk_log else None)
+            stop_reason=st.stop_reason or "length", n_reused_tokens=st.n_common,
+            n_draft_steps=st.n_draft_steps, n_draft_nodes=st.n_draft_nodes, n_draft_accepted=st.n_draft_accepted,
+            n_carried=st.n_carried, decode_call_s=st.t_decode_calls, engine_s=decode_s - st.t_decode_calls,
+            drafter=getattr(self.drafter, "name", "?"), verify=self.config.verify.mode, n_relaxed=st.n_relaxed,
+            topk=np.concatenate(st.topk_log)[:n_gen + 1].tolist() if st.topk_log else None)
 
 
-def drain(gen, on_text=None) -> GenerationResult:
-    """Run an Engine.run generator to the end: hand each text piece to on_text
-    (if given) and return the GenerationResult."""
+@dataclass(eq=False)
+class _RunState:
+    """One request's state between the engine's phases (Engine.run)."""
+    prompt: np.ndarray
+    sampling: SamplingConfig
+    max_tokens: int
+    record_topk: int
+    out: _TextStream
+    t_start: float
+    rng: np.random.Generator | None = None
+    topk_walk: bool = False
+    n_common: int = 0                 # prompt tokens reused from the KV cache
+    ctx: np.ndarray = None            # prompt + committed tokens (first n)
+    n: int = 0
+    pending: int = -1                 # the last committed token, not yet decoded
+    carry: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    generated: list = field(default_factory=list)
+    n_streamed: int = 0               # tokens of `generated` already handed out in chunks
+    stop_reason: str | None = None
+    t_prefill: float = 0.0
+    t_decode_calls: float = 0.0
+    n_steps: int = 0
+    n_draft_steps: int = 0
+    n_draft_nodes: int = 0
+    n_draft_accepted: int = 0
+    n_carried: int = 0
+    n_relaxed: int = 0
+    topk_log: list = field(default_factory=list)
+    rec_rows: np.ndarray = None
+    rec_buf: np.ndarray = None
+
+
+def _cancel_check(cancel):
+    """A threading.Event (or anything with is_set()) or a callable -> a callable; None stays None."""
+    if cancel is None:
+        return None
+    if hasattr(cancel, "is_set"):
+        return cancel.is_set
+    if callable(cancel):
+        return cancel
+    raise TypeError("cancel must be a threading.Event or a callable returning True to stop")
+
+
+def drain(gen, on_text=None, on_chunk=None) -> GenerationResult:
+    """Run an Engine.run generator to the end: hand each chunk's text to on_text
+    and each Chunk to on_chunk (if given) and return the GenerationResult."""
     while True:
         try:
-            piece = next(gen)
+            chunk = next(gen)
         except StopIteration as e:
             return e.value
-        if on_text is not None:
-            on_text(piece)
+        if on_text is not None and chunk.text:
+            on_text(chunk.text)
+        if on_chunk is not None:
+            on_chunk(chunk)
 
 
 def sum_accepted(n_steps: int, n_draft_accepted: int) -> float:

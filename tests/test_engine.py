@@ -372,3 +372,69 @@ def test_default_threads_counts_physical_cores(tmp_path, monkeypatch):
     # no topology to read: every allowed CPU
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     assert default_threads(str(tmp_path / "missing")) == 3
+
+
+def test_chunks_carry_tokens_and_which_text_came_from_drafts(model):
+    """Engine.run yields Chunks: their texts join to the answer, their tokens to
+    the answer's tokens, the drafted counts to n_draft_accepted, and each
+    chunk's spans cover its text exactly, drafted text only where drafts were
+    accepted."""
+    from edgespec.engine import Chunk
+    toks = model.prompt_tokens("Write a long story about a dragon.")
+    ref = plain(model, toks, max_tokens=48)
+    drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=5)
+    eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=32, cost_gate=False))
+    chunks = []
+    res = drain(eng.run(toks, max_tokens=48), on_chunk=chunks.append)
+    assert res.tokens == ref.tokens
+    assert all(isinstance(c, Chunk) for c in chunks)
+    assert "".join(c.text for c in chunks) == res.text
+    assert sum((c.tokens for c in chunks), []) == res.tokens
+    assert sum(c.n_drafted for c in chunks) == res.n_draft_accepted > 10
+    for c in chunks:
+        assert "".join(s for s, _ in c.spans) == c.text
+        assert 0 <= c.n_drafted < max(2, len(c.tokens) + 1)
+        if c.n_drafted == 0:
+            assert not any(d for _, d in c.spans)
+    drafted_text = "".join(s for c in chunks for s, d in c.spans if d)
+    assert 0 < len(drafted_text) < len(res.text)
+    # plain decoding: one token a chunk, nothing drafted
+    plain_chunks = []
+    drain(model._engine_for("none").run(toks, max_tokens=12), on_chunk=plain_chunks.append)
+    assert all(len(c.tokens) <= 1 and c.n_drafted == 0 for c in plain_chunks)
+
+
+@pytest.mark.parametrize("kind", ["event", "callable"])
+def test_cancel_stops_within_a_step_and_keeps_the_cache_exact(model, kind):
+    """cancel= (an Event or a callable) set from the consumer ends the answer at
+    the next step with stop_reason 'cancelled'; the KV cache holds exactly the
+    committed tokens, so the next request is identical to a fresh one."""
+    import threading
+    toks = model.prompt_tokens("Write a long story about a dragon.")
+    ref = plain(model, toks, max_tokens=48)
+    ev = threading.Event()
+    cancel = ev if kind == "event" else ev.is_set
+    eng = model._engine_for("suffix")
+    gen = eng.run(toks, max_tokens=48, cancel=cancel)
+    n_chunks = 0
+    while True:
+        try:
+            next(gen)
+        except StopIteration as e:
+            res = e.value
+            break
+        n_chunks += 1
+        if n_chunks == 3:
+            ev.set()
+    assert n_chunks == 3, "no chunk may follow the one after which cancel was set"
+    assert res.stop_reason == "cancelled"
+    assert 3 <= len(res.tokens) < 48 and res.tokens == ref.tokens[:len(res.tokens)]
+    assert len(eng.kv_tokens) == model.backend.n_past
+    r = model.generate(toks, max_tokens=48, drafter="suffix", reuse_prefix=True)
+    assert r.tokens == ref.tokens
+    # cancelled before the first step: only the first token
+    ev2 = threading.Event(); ev2.set()
+    r0 = drain(eng.run(toks, max_tokens=48, cancel=ev2))
+    assert r0.stop_reason == "cancelled" and r0.tokens == ref.tokens[:1]
+    with pytest.raises(TypeError):
+        drain(eng.run(toks, max_tokens=4, cancel=3))

@@ -29,6 +29,7 @@ Return codes of llama.cpp become `BackendError`s with a clear message.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -187,12 +188,24 @@ class Vocab:
         return self.piece(token, special=True).decode("utf-8", errors="replace")
 
 
-def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbose: bool = False):
-    """Load a GGUF file; return the model pointer or raise ModelLoadError."""
+def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbose: bool = False,
+               cpu_repack: bool = False):
+    """Load a GGUF file; return the model pointer or raise ModelLoadError.
+
+    cpu_repack: let llama.cpp's CPU backend move weights into its "extra buffer
+    types" (weights repacked into interleaved blocks for its AVX2/AVX-512 gemv
+    and gemm kernels, or into AMX tiles on Intel CPUs that have AMX).  Off by
+    default: with repacking a batch of T tokens and T one-token decodes run
+    different kernels, whose sums differ in the last bits (measured: Q4_K_M
+    models' logits differ by up to 0.3-2.3 between the two, so greedy output
+    of verified drafts left plain decoding's), and on a KVM guest with AMX
+    (2-core Intel Xeon, llama-cpp-python 0.3.36) the AMX kernel crashed the
+    process on the first multi-token batch."""
     _init_backend(verbose)
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = int(n_gpu_layers)
     mp.vocab_only = bool(vocab_only)
+    mp.use_extra_bufts = bool(cpu_repack)
     with _log_lock:
         _log_lines.clear()
     model = L.llama_model_load_from_file(os.fsencode(path), mp)
@@ -200,6 +213,28 @@ def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbo
         detail = _recent_errors()
         raise ModelLoadError(f"llama.cpp could not load {path}" + (f": {detail}" if detail else ""))
     return model
+
+
+@contextlib.contextmanager
+def llama_cpp_python_repack(cpu_repack: bool):
+    """While active, llama_cpp.Llama loads models with CPU weight repacking on
+    or off (its constructor has no argument for it: it starts from
+    llama_model_default_params(), which this wraps).  The bench runs
+    llama-cpp-python beside edgespec with the same setting (see load_model)."""
+    import llama_cpp.llama_cpp as C
+
+    orig = C.llama_model_default_params
+
+    def params():
+        p = orig()
+        p.use_extra_bufts = bool(cpu_repack)
+        return p
+
+    C.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        C.llama_model_default_params = orig
 
 
 def model_metadata(model_ptr, key: str) -> str | None:
@@ -220,7 +255,7 @@ class LlamaBackend:
     def __init__(self, model_path: str, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
                  n_threads: int | None = None, n_batch: int = 512, max_nodes: int = 64,
                  max_leaves: int = 32, exact: bool = True, cache_type_k: str | None = None,
-                 verbose: bool = False):
+                 cpu_repack: bool = False, verbose: bool = False):
         if max_leaves > L.llama_max_parallel_sequences():
             raise ValueError(f"max_leaves must be <= {L.llama_max_parallel_sequences()}")
         self.model_path = model_path
@@ -236,7 +271,8 @@ class LlamaBackend:
         if cache_type_k not in CACHE_TYPES_K:
             raise ValueError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), not {cache_type_k!r}")
         self.cache_type_k = cache_type_k
-        self.model = load_model(model_path, n_gpu_layers, verbose=verbose)
+        self.cpu_repack = bool(cpu_repack)
+        self.model = load_model(model_path, n_gpu_layers, verbose=verbose, cpu_repack=self.cpu_repack)
         self.vocab = Vocab(self.model)
         self.n_vocab = self.vocab.n_vocab
 
@@ -370,9 +406,13 @@ class LlamaBackend:
             self.kv_tokens = self.kv_tokens[:n]
 
     def prefill(self, tokens: np.ndarray, want_last_logits: bool = True,
-                topk_out: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+                topk_out: tuple[np.ndarray, np.ndarray] | None = None, cancel=None) -> None:
         """Decode tokens after the committed prefix, in chunks of n_batch, into seq 0;
         logits only at the very last token.
+
+        cancel: a callable checked before every chunk after the first; when it
+        returns True the prefill stops there (n_past tells how far it got, and
+        the KV cache holds exactly those tokens).
 
         topk_out: (ids int32 [len(tokens), K], logits float32 [len(tokens), K]):
         also rank the model's K most likely next tokens after every one of these
@@ -394,6 +434,9 @@ class LlamaBackend:
             raise BackendError(f"{self.n_past + n} tokens do not fit the context of {self.n_ctx}")
         i = 0
         while i < n:
+            if i and cancel is not None and cancel():
+                self.n_outputs = 0
+                return
             m = min(self.n_batch, n - i)
             self._tok[:m] = tokens[i:i + m]
             self._pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
