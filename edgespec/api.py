@@ -182,12 +182,15 @@ class SpecModel:
 
     def generate(self, prompt, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
                  stop: Sequence[str] | None = None, raw: bool = False, drafter=None,
-                 reuse_prefix: bool = False, on_text=None, record_topk: int = 0) -> GenerationResult:
+                 reuse_prefix: bool = False, on_text=None, on_chunk=None,
+                 record_topk: int = 0) -> GenerationResult:
         """Generate a completion; returns a GenerationResult (text, tokens, timings).
+        on_text(str) receives the text as it is accepted, on_chunk(Chunk) each
+        step's chunk (text, tokens, which of them were accepted drafts).
         record_topk: K > 0 also returns the model's top-K ids at every generated
         position (result.topk; used by the bench to make replays exact)."""
         return drain(self._run(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter, record_topk),
-                     on_text)
+                     on_text, on_chunk)
 
     def stream(self, prompt, **kw) -> Iterator[str]:
         """Yield text pieces as they are accepted; the result is in self.last_result."""
