@@ -37,6 +37,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from .errors import BenchError  # re-exported
 from .verify import rouge_l
 
 LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-pld")
@@ -46,10 +47,6 @@ WARMUP_PROMPT = "Say hello."
 RESULT_FIELDS = ("question_id", "category", "method", "text", "tokens", "n_prompt_tokens",
                  "n_generated", "n_steps", "mean_accepted", "prefill_s", "decode_s",
                  "tokens_per_s", "stop_reason", "identical_to_none")
-
-
-class BenchError(ValueError):
-    """A user mistake in the benchmark's inputs (prompts file, methods, results file)."""
 
 
 # ------------------------------------------------------------------ prompts

@@ -43,6 +43,8 @@ from dataclasses import field as dc_field
 import numpy as np
 from numba import njit
 
+from .errors import CorpusError  # re-exported
+
 MAGIC = b"ESCORPUS"
 FORMAT = "edgespec-corpus"
 FORMAT_VERSION = 1
@@ -76,11 +78,6 @@ DEFAULT_SUFFIXES = (
 )
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 SKIP_DIRS = {"__pycache__", "node_modules"}
-
-
-class CorpusError(ValueError):
-    """A corpus file is missing, damaged, or built for another tokenizer; or a
-    build was asked for something impossible (no input, no text, unwritable output)."""
 
 
 # ===================================================================== Corpus

@@ -38,6 +38,7 @@ import numpy as np
 
 import llama_cpp as L
 
+from ..errors import BackendError, ConfigError, ModelLoadError  # re-exported
 
 EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
 SPLIT_KV_FREE_CELLS = 256   # a one-token decode up to this many cells avoids split-KV
@@ -45,14 +46,6 @@ SPLIT_KV_FREE_CELLS = 256   # a one-token decode up to this many cells avoids sp
 # CPU is q8_0, whose one-token decodes never take the split-KV path (see
 # LlamaBackend.__init__), so every decode can use every thread and stay exact.
 CACHE_TYPES_K = {"f16": 1, "q8_0": 8}
-
-
-class BackendError(RuntimeError):
-    """llama.cpp refused or failed an operation."""
-
-
-class ModelLoadError(BackendError):
-    """The model file could not be loaded."""
 
 
 _log_lock = threading.Lock()
@@ -257,7 +250,7 @@ class LlamaBackend:
                  max_leaves: int = 32, exact: bool = True, cache_type_k: str | None = None,
                  cpu_repack: bool = False, verbose: bool = False):
         if max_leaves > L.llama_max_parallel_sequences():
-            raise ValueError(f"max_leaves must be <= {L.llama_max_parallel_sequences()}")
+            raise ConfigError(f"max_leaves must be <= {L.llama_max_parallel_sequences()}")
         self.model_path = model_path
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = n_threads or default_threads()
@@ -269,7 +262,7 @@ class LlamaBackend:
             # one thread never takes the split-KV path: keep llama.cpp's default
             cache_type_k = "q8_0" if (self.exact and self.n_threads > 1) else "f16"
         if cache_type_k not in CACHE_TYPES_K:
-            raise ValueError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), not {cache_type_k!r}")
+            raise ConfigError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), not {cache_type_k!r}")
         self.cache_type_k = cache_type_k
         self.cpu_repack = bool(cpu_repack)
         self.model = load_model(model_path, n_gpu_layers, verbose=verbose, cpu_repack=self.cpu_repack)
