@@ -418,6 +418,7 @@ class Server:
         def event(d: dict) -> str:
             return f"data: {json.dumps(d, ensure_ascii=False)}\n\n"
 
+        n_tok = n_drafted = 0           # of chunks whose text is still held back (a possible stop string)
         try:
             if chat:
                 yield event(chat_chunk(cid, created, name, {"role": "assistant", "content": ""}))
@@ -428,12 +429,14 @@ class Server:
                         yield event({"error": {"message": c.message, "type": c.etype, "code": c.code}})
                     break
                 if c.result is None:
+                    n_tok, n_drafted = n_tok + len(c.tokens), n_drafted + c.n_drafted
                     if not c.text:
                         continue
                     d = (chat_chunk(cid, created, name, {"content": c.text}) if chat
                          else completion_response(cid, created, name, c.text, None))
-                    d["edgespec"] = {"spans": [[t, bool(f)] for t, f in c.spans], "tokens": len(c.tokens),
-                                     "drafted": c.n_drafted}
+                    d["edgespec"] = {"spans": [[t, bool(f)] for t, f in c.spans], "tokens": n_tok,
+                                     "drafted": n_drafted}
+                    n_tok = n_drafted = 0
                     yield event(d)
                     continue
                 r = c.result

@@ -272,3 +272,16 @@ def test_init_failure_releases_the_backend(model, monkeypatch):
     with pytest.raises(RuntimeError, match="calibration interrupted"):
         SpecModel(model.model_path, n_ctx=256, progress=boom)
     assert len(made) == 2 and made[1].ctx is None and made[1].model is None
+
+
+def test_prediction_drafts_without_changing_the_text(model):
+    """prediction= is one more draft source: with drafter none (no drafts of its
+    own) the same text comes in fewer steps; a wrong prediction costs no text."""
+    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog."
+    plain = model.generate(prompt, max_tokens=24, drafter="none")
+    fast = model.generate(prompt, max_tokens=24, drafter="none", prediction=plain.text)
+    assert fast.tokens == plain.tokens and fast.n_steps < plain.n_steps and fast.n_draft_accepted > 0
+    wrong = model.generate(prompt, max_tokens=24, drafter="none", prediction="Completely different words here.")
+    assert wrong.tokens == plain.tokens
+    again = model.generate(prompt, max_tokens=24, drafter="none")     # the prediction was per request
+    assert again.tokens == plain.tokens and again.n_draft_nodes == 0
