@@ -41,6 +41,7 @@ def test_chat_page_streams_and_highlights_drafts(page_server, tmp_path):
             page = browser.new_page(viewport={"width": 900, "height": 620})
             page.goto(page_server + "/")
             page.wait_for_function("document.getElementById('model').textContent.includes('SmolLM2')")
+            page.fill("#max_tokens", "48")
             page.fill("#prompt", PROMPT)
             page.press("#prompt", "Enter")
             stats = page.locator(".msg.assistant .stats")
