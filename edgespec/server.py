@@ -446,7 +446,8 @@ class Server:
                 d["timings"] = timings(r, self._drafter_name())
                 yield event(d)
                 if req["include_usage"]:
-                    u = (chat_chunk(cid, created, name, {}) if chat else completion_response(cid, created, name, "", None))
+                    u = (chat_chunk(cid, created, name, {}) if chat
+                         else completion_response(cid, created, name, "", None))
                     u["choices"] = []
                     u["usage"] = d["usage"]
                     yield event(u)
