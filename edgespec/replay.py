@@ -109,7 +109,7 @@ class ReplayBackend:
     def rollback(self) -> None:
         pass
 
-    def prefill(self, tokens, want_last_logits: bool = True, topk_out=None) -> None:
+    def prefill(self, tokens, want_last_logits: bool = True, topk_out=None, cancel=None) -> None:
         n = len(tokens)
         if topk_out is not None:     # the replay knows no rankings at prompt positions
             topk_out[0][:] = -1
