@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 
 import click
 
@@ -41,7 +42,7 @@ def _calibration_note(intro: str | None = "measuring the verify cost c(T) for th
     """A progress callback for the c(T) measurement: says once, on stderr, what
     is going on, then (on a terminal) counts the measurement rounds."""
     said = []
-    tty = click.get_text_stream("stderr").isatty()
+    tty = sys.stderr is not None and sys.stderr.isatty()
 
     def cb(done, total):
         if not said:
@@ -226,7 +227,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
         raise click.UsageError(f"expected [MODEL] PROMPT, got {len(args)} arguments "
                                "(quote a prompt that has spaces)")
     if prompt == "-":
-        prompt = click.get_text_stream("stdin").read()
+        prompt = sys.stdin.read()
     if not prompt.strip():
         raise click.UsageError("the prompt is empty")
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
