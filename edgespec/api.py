@@ -78,7 +78,6 @@ class SpecModel:
         self._drafter = drafter
         self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
         self.engine = self._engine_for(drafter)
-        self._formatter = None
 
     # -------------------------------------------------------------- set-up
     def calibrate(self, remeasure: bool = False, progress=None) -> CostCurve:
@@ -149,17 +148,9 @@ class SpecModel:
     def apply_chat_template(self, messages: Messages) -> str:
         """Render messages with the GGUF's own chat template (the same Jinja
         rendering llama-cpp-python's create_chat_completion uses)."""
-        if self._formatter is None:
-            template = self.backend.chat_template()
-            if not template:
-                raise ValueError("this model has no chat template; use raw prompts (--raw)")
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-            v = self.vocab
-            import llama_cpp as L
-            eos = v.token_text(L.llama_vocab_eos(v.ptr)) if L.llama_vocab_eos(v.ptr) >= 0 else ""
-            bos = v.token_text(L.llama_vocab_bos(v.ptr)) if L.llama_vocab_bos(v.ptr) >= 0 else ""
-            self._formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
-        return self._formatter(messages=list(messages)).prompt
+        if not self.vocab.chat_template():
+            raise ValueError("this model has no chat template; use raw prompts (--raw)")
+        return self.vocab.format_chat(messages)
 
     def prompt_tokens(self, prompt, raw: bool = False) -> np.ndarray:
         """Tokens for a prompt: a list of ids, a messages list, or a string (wrapped

@@ -26,6 +26,7 @@ the end.  Decode speed is (n_generated - 1) / decode_s.
 from __future__ import annotations
 
 import datetime
+import gzip
 import multiprocessing
 import json
 import os
@@ -357,22 +358,28 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
 
 # ------------------------------------------------------------------ report
 def read_results(path: str) -> tuple[dict | None, list[dict]]:
-    """Read a results file written by run_bench: (header or None, result dicts)."""
+    """Read a results file written by run_bench, plain or gzip-compressed
+    (results.jsonl.gz, as the repository keeps them): (header or None, result dicts)."""
     if not os.path.isfile(path):
         raise BenchError(f"results file not found: {path}")
     head, results = None, []
-    with open(path, encoding="utf-8") as f:
-        for lineno, rec in _json_objects(path, f):
-            if rec.get("kind") == "header":
-                head = rec
-                continue
-            if rec.get("kind") == "calibration":
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    try:
+        with (gzip.open(path, "rt", encoding="utf-8") if gz else open(path, encoding="utf-8")) as f:
+            for lineno, rec in _json_objects(path, f):
+                if rec.get("kind") == "header":
+                    head = rec
+                    continue
+                if rec.get("kind") == "calibration":
+                    results.append(rec)
+                    continue
+                missing = [k for k in ("category", "method", "n_generated", "decode_s") if k not in rec]
+                if missing:
+                    raise BenchError(f"{path}:{lineno}: not a bench result (missing {', '.join(missing)})")
                 results.append(rec)
-                continue
-            missing = [k for k in ("category", "method", "n_generated", "decode_s") if k not in rec]
-            if missing:
-                raise BenchError(f"{path}:{lineno}: not a bench result (missing {', '.join(missing)})")
-            results.append(rec)
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise BenchError(f"cannot read results file {path}: {e}") from None
     if not results:
         raise BenchError(f"no results in {path}")
     return head, results

@@ -34,7 +34,6 @@ import hashlib
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -42,6 +41,9 @@ from dataclasses import field as dc_field
 
 import numpy as np
 from numba import njit
+
+from .presets import preset_inputs
+from .progress import progress_bar as _bar
 
 MAGIC = b"ESCORPUS"
 FORMAT = "edgespec-corpus"
@@ -390,32 +392,6 @@ def tokenizer_fingerprint(vocab) -> dict:
         except AttributeError:  # pragma: no cover - a vocab with __slots__
             pass
     return dict(fp)
-
-
-# ============================================================ progress bars
-class _NoBar:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def update(self, n=1):
-        pass
-
-    def set_postfix_str(self, s="", refresh=True):
-        pass
-
-    def close(self):
-        pass
-
-
-def _bar(progress, **kw):
-    """A tqdm bar on stderr when `progress`, else a no-op with the same methods."""
-    if not progress:
-        return _NoBar()
-    from tqdm import tqdm
-    return tqdm(file=sys.stderr, dynamic_ncols=True, leave=True, **kw)
 
 
 # ================================================================== kernels
@@ -859,7 +835,6 @@ class _ModelTokenizer:
         self.model = load_model(model_path, vocab_only=True)
         self.vocab = Vocab(self.model)
         self._meta = lambda key: model_metadata(self.model, key)
-        self._formatter = None
 
     def fingerprint(self) -> dict:
         fp = tokenizer_fingerprint(self.vocab)
@@ -872,24 +847,18 @@ class _ModelTokenizer:
 
     def render(self, messages) -> str:
         """A whole conversation in the model's chat template (no generation prompt)."""
-        if self._formatter is None:
-            import llama_cpp as L
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-            template = self._meta("tokenizer.chat_template")
-            if not template:
-                raise CorpusError(f"{self.model_path} has no chat template: JSON lines with `messages` "
-                                  "cannot be rendered (give --field NAME for plain text)")
-            v = self.vocab
-            eos = v.token_text(L.llama_vocab_eos(v.ptr)) if L.llama_vocab_eos(v.ptr) >= 0 else ""
-            bos = v.token_text(L.llama_vocab_bos(v.ptr)) if L.llama_vocab_bos(v.ptr) >= 0 else ""
-            self._formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos,
-                                                  add_generation_prompt=False)
-        return self._formatter(messages=list(messages)).prompt
+        if not self.vocab.chat_template():
+            raise CorpusError(f"{self.model_path} has no chat template: JSON lines with `messages` "
+                              "cannot be rendered (give --field NAME for plain text)")
+        try:
+            return self.vocab.format_chat(messages, add_generation_prompt=False)
+        except ValueError as e:
+            raise CorpusError(f"{self.model_path}: {e}") from None
 
     def close(self) -> None:
         if self.model is not None:
-            import llama_cpp as L
-            L.llama_model_free(self.model)
+            from .backend.llama import free_model
+            free_model(self.model)
             self.model = None
 
 
@@ -980,16 +949,28 @@ def _check_output(out_path: str) -> str:
     return out_path
 
 
+def _preset_sources(name, model_path, out_path, load_model, limit, max_tokens, progress) -> list[Source]:
+    kind, items = preset_inputs(name, model_path, out_path, load_model=load_model, limit=limit,
+                                max_tokens=max_tokens, progress=progress)
+    if kind == "files":
+        return [Source(name=p, kind="text", path=p, size=os.path.getsize(p)) for p in items]
+    size = sum(len(json.dumps(r, ensure_ascii=False).encode("utf-8")) for r in items)
+    return [Source(name=f"preset:{name}", kind="records", records=items, size=size)]
+
+
 def build_corpus(inputs, model_path: str | None, out_path: str, glob=None, field: str | None = None, *,
                  preset: str | None = None, limit: int | None = None, max_tokens: int | None = None,
-                 max_successors: int = 8, k_adj: int = 8, sa_depth: int = 32, progress=True) -> Corpus:
+                 load_model=None, max_successors: int = 8, k_adj: int = 8, sa_depth: int = 32,
+                 progress=True) -> Corpus:
     """Tokenize `inputs` (and a preset's documents) with the model's tokenizer and
     write a compiled corpus to `out_path`; returns it loaded (memory-mapped).
 
     inputs: files and directories (see collect_sources); glob: pattern(s) choosing
     files inside directories; field: the text field of JSON-lines records;
     preset: "stdlib" or "chat" (edgespec.presets): limit keeps its first N files or
-    instructions, max_tokens caps the chat answers (default: the recipe's 256).
+    instructions, max_tokens caps the chat answers (default: the recipe's 256);
+    the chat preset's missing answers are generated by load_model(model_path,
+    n_ctx=N) (e.g. edgespec.SpecModel).
     Memory stays bounded: tokens are written to a temporary file next to the
     output, and only the compiled arrays (O(tokens)) live in memory.
     """
@@ -1001,9 +982,7 @@ def build_corpus(inputs, model_path: str | None, out_path: str, glob=None, field
     model_path = resolve_model(model_path)
     sources = collect_sources(inputs, glob)
     if preset:
-        from .presets import preset_sources
-        sources += preset_sources(preset, model_path, out_path, limit=limit, max_tokens=max_tokens,
-                                  progress=progress)
+        sources += _preset_sources(preset, model_path, out_path, load_model, limit, max_tokens, progress)
     if not sources:
         raise CorpusError("nothing to build: give INPUT files or directories, or --preset")
 

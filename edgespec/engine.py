@@ -299,8 +299,6 @@ class Engine:
             self._tk = np.zeros((n, self._topk), np.int32)
             self._tv = np.zeros((n, self._topk), np.float32)
             self._rows = np.arange(n, dtype=np.int64)
-        self._m = 0
-        self._alloc(256)
         self._o = np.zeros(n, np.int64)
         self._bp = np.zeros(n, np.int64)
         self._d = np.zeros(n, np.int32)
@@ -308,6 +306,8 @@ class Engine:
         self._lc = np.zeros(n, np.int32)
         self._sel = np.zeros(n, np.int64)
         self._spar = np.zeros(n, np.int32)
+        self._m = 0
+        self._alloc(256)
 
     def _alloc(self, m: int) -> None:
         """Per-node scratch arrays, grown to the largest proposal seen."""
@@ -317,6 +317,8 @@ class Engine:
             self._q = np.zeros(m, np.float64)
             self._nacc = np.zeros(m, np.bool_)
             self._ntest = np.zeros(m, np.bool_)
+            # plan_step's PlanScratch as a plain tuple (numba dispatches it faster)
+            self._plan = (self._cond, self._q, self._sel, self._spar, self._o, self._bp, self._d, self._lf, self._lc)
 
     # ------------------------------------------------------------------ helpers
     def set_cost(self, cost: CostCurve | None) -> None:
@@ -360,12 +362,10 @@ class Engine:
         self._alloc(m)
         acc = self.acceptance
         table = self._cost_at(self.backend.n_past)
-        return plan_step(tree.parents, tree.probs, tree.source, acc.n_c, acc.a_c, acc.n_f, acc.a_f,
+        return plan_step(tree.parents, tree.probs, tree.source, (acc.n_c, acc.a_c, acc.n_f, acc.a_f),
                          acc.K0, acc.K1, table,
                          self.overhead_rel if self.config.gate_overhead is None else self.config.gate_overhead,
-                         min(budget, self.config.max_nodes),
-                         self.config.cost_gate, self._cond, self._q, self._sel, self._spar, self._o,
-                         self._bp, self._d, self._lf, self._lc)
+                         min(budget, self.config.max_nodes), self.config.cost_gate, self._plan)
 
     def _relaxed_child(self, logits, slot: int, bpl: list, btl: list, tree: DraftTree, sel, order) -> int:
         """Lossy verification (VerifyConfig): the best retrieved child of `slot`

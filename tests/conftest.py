@@ -11,10 +11,12 @@ files, no llama.cpp context).  The prompts the tests use are in tests/data
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from edgespec import SpecModel
 from edgespec.drafters.base import Drafter
@@ -22,6 +24,13 @@ from edgespec.tree import DraftTree
 
 DATA = Path(__file__).resolve().parent / "data"
 DEV_PROMPTS = DATA / "spec_bench_prompts.jsonl"
+
+# Property tests are derandomized by default, so a run (CI's included) tries
+# the same cases every time and a failure reproduces; HYPOTHESIS_PROFILE=explore
+# draws fresh random cases each run (for a fuzzing session).
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # fixtures that load a model (the default GGUF's path is only handed to
 # something that loads it); fixtures built on them are covered too, since

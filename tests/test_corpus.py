@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import edgespec.corpus as C
 from edgespec.corpus import Corpus, CorpusError, compile_tokens, suffix_array
+from edgespec.progress import NoBar
 
 
 # ------------------------------------------------------------ references
@@ -326,11 +327,11 @@ def test_file_chunks(tmp_path):
     p = tmp_path / "a.txt"
     text = "héllo wörld\n" * 20000 + "no newline at the end " * 10
     p.write_text(text, encoding="utf-8")
-    parts = list(C._file_chunks(str(p), C._NoBar(), size=4096))
+    parts = list(C._file_chunks(str(p), NoBar(), size=4096))
     assert "".join(parts) == text and len(parts) > 10
     b = tmp_path / "b.bin"
     b.write_bytes(b"\x00\x01binary")
-    assert list(C._file_chunks(str(b), C._NoBar())) == []
+    assert list(C._file_chunks(str(b), NoBar())) == []
 
 
 # --------------------------------------------------- building (real model)
