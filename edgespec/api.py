@@ -156,7 +156,11 @@ class SpecModel:
         """Tokens for a prompt: a list of ids, a messages list, or a string (wrapped
         as one user message with the chat template unless raw)."""
         if isinstance(prompt, np.ndarray) or (isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], (int, np.integer))):
-            return np.asarray(prompt, np.int32)
+            ids = np.asarray(prompt)
+            n = self.vocab.n_vocab
+            if ids.ndim != 1 or ids.dtype.kind not in "iu" or (ids.size and (ids.min() < 0 or ids.max() >= n)):
+                raise ValueError(f"token ids must be a flat list of integers in 0..{n - 1}")
+            return ids.astype(np.int32)
         if isinstance(prompt, str):
             if raw:
                 return self.tokenize(prompt, add_special=True, parse_special=False)

@@ -43,6 +43,7 @@ from .verify import rouge_l
 LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-pld")
 DEFAULT_METHODS = ("none", "suffix") + LLAMA_METHODS
 WARMUP_PROMPT = "Say hello."
+MAX_PROMPTS_BYTES = 64 << 20     # Spec-Bench's 480 questions take 0.7 MB
 
 RESULT_FIELDS = ("question_id", "category", "method", "text", "tokens", "n_prompt_tokens",
                  "n_generated", "n_steps", "mean_accepted", "prefill_s", "decode_s",
@@ -71,6 +72,8 @@ def _json_objects(path: str, lines):
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise BenchError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise BenchError(f"{path}:{lineno}: not valid JSON (nested too deeply)") from None
         if not isinstance(rec, dict):
             raise BenchError(f"{path}:{lineno}: expected a JSON object")
         yield lineno, rec
@@ -86,6 +89,10 @@ def load_prompts(path: str, categories: Sequence[str] | None = None,
     """
     if not os.path.isfile(path):
         raise BenchError(f"prompts file not found: {path}")
+    size = os.path.getsize(path)
+    if size > MAX_PROMPTS_BYTES:
+        raise BenchError(f"prompts file {path} is {size / 2**20:.0f} MiB; the bench reads at most "
+                         f"{MAX_PROMPTS_BYTES >> 20} MiB of prompts")
     prompts: list[BenchPrompt] = []
     try:
         with open(path, encoding="utf-8") as f:
@@ -96,7 +103,14 @@ def load_prompts(path: str, categories: Sequence[str] | None = None,
         turns = rec.get("turns")
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0]:
             raise BenchError(f"{path}:{lineno}: needs `turns`, a list whose first item is a non-empty string")
-        prompts.append(BenchPrompt(rec.get("question_id", lineno), str(rec.get("category", "none")), turns[0]))
+        category = str(rec.get("category", "none"))
+        try:
+            turns[0].encode("utf-8")
+            category.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BenchError(f"{path}:{lineno}: an unpaired surrogate escape (\\ud800-\\udfff) in the first "
+                             "turn or the category, which is not text") from None
+        prompts.append(BenchPrompt(rec.get("question_id", lineno), category, turns[0]))
     if not prompts:
         raise BenchError(f"no prompts in {path}")
     if categories:
@@ -282,6 +296,13 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
             r["tokens"] = [int(t) for t in r["tokens"]]
         return r
 
+    # every prompt is tokenized and checked before the results file is opened:
+    # a prompt that does not fit fails the run before anything is written
+    prompt_tokens = [model.prompt_tokens([{"role": "user", "content": p.turn}]) for p in prompts]
+    for p, tokens in zip(prompts, prompt_tokens):
+        if len(tokens) >= be.n_ctx:
+            raise BenchError(f"prompt {p.question_id} ({p.category}) has {len(tokens)} tokens, "
+                             f"more than the context of {be.n_ctx}; raise --ctx")
     head = header(model, methods, max_tokens, prompts_file, len(prompts), llama_threads)
     head["repeat"] = repeat
     out = None
@@ -300,11 +321,7 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
             say(f"{tag}warming up: {', '.join(methods)}")
             for m in methods:
                 run_one(m, WARMUP_PROMPT, warm_tokens, 16)
-            for i, p in enumerate(prompts, 1):
-                tokens = model.prompt_tokens([{"role": "user", "content": p.turn}])
-                if len(tokens) >= be.n_ctx:
-                    raise BenchError(f"prompt {p.question_id} ({p.category}) has {len(tokens)} tokens, "
-                                     f"more than the context of {be.n_ctx}; raise --ctx")
+            for i, (p, tokens) in enumerate(zip(prompts, prompt_tokens), 1):
                 rows = {}
                 # rotate the order from prompt to prompt (and pass to pass):
                 # whatever running first or second after another method costs

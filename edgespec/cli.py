@@ -231,7 +231,10 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
         raise click.UsageError(f"expected [MODEL] PROMPT, got {len(args)} arguments "
                                "(quote a prompt that has spaces)")
     if prompt == "-":
-        prompt = sys.stdin.read()
+        try:
+            prompt = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise click.ClickException(f"the prompt on stdin is not UTF-8 text (byte {e.start})") from None
     if not prompt.strip():
         raise click.UsageError("the prompt is empty")
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)

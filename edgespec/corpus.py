@@ -51,6 +51,7 @@ FORMAT_VERSION = 1
 ALIGN = 64
 MAX_HEADER_BYTES = 256 << 20
 CHUNK_BYTES = 1 << 16        # text is tokenized in pieces of about this size, cut at line ends
+MAX_RECORD_BYTES = 64 << 20  # the longest line of a JSON-lines input
 COUNT_BLOCK = 1 << 20        # tokens per n-gram counting block
 WRITE_BLOCK = 16 << 20       # bytes per write call
 
@@ -862,24 +863,37 @@ class _ModelTokenizer:
             self.model = None
 
 
+def _check_text(text: str, where: str) -> str:
+    """`text`, unless it holds an unpaired surrogate (JSON allows the escape
+    \\ud800 alone; it is not text and cannot be tokenized)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CorpusError(f"{where}: the text holds an unpaired surrogate escape (\\ud800-\\udfff)") from None
+    return text
+
+
 def _record_text(rec, field, tok: _ModelTokenizer, where: str):
     """(text, parse_special) of one JSON record: `field` (default "text") if the
     record has it, else a `messages` list rendered with the chat template; a bare
     JSON string is text."""
     if isinstance(rec, str):
-        return rec, False
+        return _check_text(rec, where), False
     if not isinstance(rec, dict):
         raise CorpusError(f"{where}: expected a JSON object")
     name = field or "text"
     if name in rec:
         if not isinstance(rec[name], str):
             raise CorpusError(f"{where}: field {name!r} is not a string")
-        return rec[name], False
+        return _check_text(rec[name], where), False
     msgs = rec.get("messages")
     if isinstance(msgs, list):
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                    for m in msgs):
             raise CorpusError(f"{where}: `messages` must be a list of {{role, content}} objects with string values")
+        for m in msgs:
+            _check_text(m["role"], where)
+            _check_text(m["content"], where)
         return tok.render(msgs), True
     raise CorpusError(f"{where}: no {name!r} field and no `messages` list"
                       + ("" if field else " (name the text field with --field)"))
@@ -891,13 +905,18 @@ def _source_docs(src: Source, tok: _ModelTokenizer, field, bar):
         yield ((t, False) for t in _file_chunks(src.path, bar))
     elif src.kind == "jsonl":
         with open(src.path, "rb") as f:
-            for i, line in enumerate(f, 1):
+            # a line is read whole: one longer than MAX_RECORD_BYTES is refused
+            # instead of filling memory
+            for i, line in enumerate(iter(lambda: f.readline(MAX_RECORD_BYTES + 1), b""), 1):
                 bar.update(len(line))
+                if len(line) > MAX_RECORD_BYTES:
+                    raise CorpusError(f"{src.path} line {i}: longer than {MAX_RECORD_BYTES >> 20} MiB "
+                                      "(one JSON record a line)")
                 if not line.strip():
                     continue
                 try:
                     rec = json.loads(line)
-                except (UnicodeDecodeError, ValueError):
+                except (UnicodeDecodeError, ValueError, RecursionError):
                     raise CorpusError(f"{src.path} line {i}: not valid JSON") from None
                 text, special = _record_text(rec, field, tok, f"{src.path} line {i}")
                 yield ((t, special) for t in split_text(text))

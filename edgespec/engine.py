@@ -428,10 +428,15 @@ class Engine:
                record_topk: int, is_cancelled) -> "_RunState":
         """Check the request, reuse the common prefix of the KV cache, prefill
         the rest and choose the first token."""
-        prompt = np.ascontiguousarray(prompt, dtype=np.int32)
         be = self.backend
-        if len(prompt) == 0:
+        ids = np.asarray(prompt)
+        if ids.ndim == 1 and ids.size == 0:
             raise ValueError("empty prompt")
+        # checked before the cast to int32, which would wrap large ids: a
+        # drafter indexes its tables with them, llama.cpp refuses them
+        if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= be.n_vocab:
+            raise ValueError(f"a prompt of token ids must be a flat list of integers in 0..{be.n_vocab - 1}")
+        prompt = np.ascontiguousarray(ids, dtype=np.int32)
         if len(prompt) >= be.n_ctx:
             raise ValueError(f"the prompt has {len(prompt)} tokens, which does not fit the context of "
                              f"{be.n_ctx} tokens (raise it with --ctx / n_ctx)")

@@ -106,7 +106,7 @@ def _read_cache(path: str) -> dict:
                 try:
                     r = json.loads(line)
                     cache[(r["model"], r["max_tokens"], r["instruction"])] = r["answer"]
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, RecursionError):
                     continue   # a line cut short by an interrupted run: generated again
     return cache
 

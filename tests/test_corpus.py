@@ -489,3 +489,21 @@ def test_presets(tmp_path, model_path, monkeypatch):
     r = invoke(["build-corpus", "--preset", "chat", "--limit", "2", "--max-tokens", "16", "-o", out, "--quiet"])
     assert r.exit_code == 0, r.output
     assert Corpus.load(out).tokens.tolist() == c.tokens.tolist()
+
+
+def test_chat_preset_needs_a_model_to_answer_with(tmp_path, model_path):
+    """presets.py does not import the API: without load_model, the chat preset
+    with answers still to generate is one clear error, and nothing is written."""
+    from edgespec.presets import PresetError
+    with pytest.raises(PresetError, match="load_model"):
+        C.build_corpus([], model_path, str(tmp_path / "chat.corpus"), preset="chat", limit=1, progress=False)
+    assert not (tmp_path / "chat.corpus").exists()
+
+
+def test_preset_recipes_are_package_data():
+    """The recipes ship inside the package (a wheel install has them)."""
+    from edgespec import presets
+    assert presets.recipe("stdlib")["suffixes"] == [".py"]
+    assert len(presets.chat_instructions()) > 300
+    with pytest.raises(presets.PresetError, match="unknown preset"):
+        presets.recipe("nope")

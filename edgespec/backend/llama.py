@@ -151,7 +151,11 @@ class Vocab:
         self._formatters: dict = {}      # add_generation_prompt -> Jinja2ChatFormatter
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"the text is not valid Unicode: an unpaired surrogate at character {e.start} "
+                             "(bytes that were not UTF-8, decoded with surrogateescape?)") from None
         cap = len(data) + 8
         buf = (L.llama_token * cap)()
         n = L.llama_tokenize(self.ptr, data, len(data), buf, cap, add_special, parse_special)
@@ -202,8 +206,16 @@ class Vocab:
         """Messages ({role, content} dicts) rendered with the model's chat
         template, the Jinja rendering llama-cpp-python's create_chat_completion
         uses, with the model's BOS/EOS texts; add_generation_prompt opens the
-        assistant's turn at the end.  ValueError when the model has no template
-        or the template does not render."""
+        assistant's turn at the end.  ValueError when a message is not a dict
+        with string role and content, the model has no template, or the
+        template does not render."""
+        messages = list(messages)
+        if not messages:
+            raise ValueError("no messages to render")
+        for i, m in enumerate(messages):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise ValueError(f"message {i + 1} is not a {{role, content}} object with string values: "
+                                 f"{str(m)[:80]}")
         fmt = self._formatters.get(add_generation_prompt)
         if fmt is None:
             template = self.chat_template()
@@ -218,7 +230,7 @@ class Vocab:
                 raise ValueError(f"the model's chat template does not parse: {e}") from None
             self._formatters[add_generation_prompt] = fmt
         try:
-            return fmt(messages=list(messages)).prompt
+            return fmt(messages=messages).prompt
         except jinja2.TemplateError as e:
             raise ValueError(f"the model's chat template failed on these messages: {e}") from None
 
