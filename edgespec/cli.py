@@ -96,7 +96,8 @@ def backend_options(f):
     f = click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads for llama.cpp (default: one per physical core available).")(f)
     f = click.option("--n-gpu-layers", type=int, default=0, show_default=True,
-                     help="Layers to offload to the GPU (-1 = all).")(f)
+                     help="Layers to offload to the GPU (-1 = all); needs a llama-cpp-python built with a GPU "
+                          "backend (README, GPU).")(f)
     f = click.option("--ctx", type=click.IntRange(min=MIN_CTX), default=4096, show_default=True,
                      help=f"Context size in tokens (prompt + answer); at least {MIN_CTX}, rounded up to a "
                           f"multiple of {MIN_CTX} (llama.cpp's KV cache holds a multiple of {MIN_CTX} cells).")(f)

@@ -411,8 +411,11 @@ def test_ci_script_runs_the_readme_test_command():
     ci = open(os.path.join(root, ".ci", "run")).read()
     readme = open(os.path.join(root, "README.md")).read()
     assert "set -euo pipefail" in ci
-    assert "pip install -e '.[test]'" in ci and "python3 -m pytest -q" in ci
+    # the README's test command, run in a fresh virtualenv, then the wheel smoke job
     assert "pip install -e '.[test]' && python -m pytest -q" in readme
+    for step in ("-m venv", "pip install -e '.[test]'", "python -m pytest -q", "unset PYTHONPATH",
+                 "pip wheel", "edgespec generate", "edgespec build-corpus --preset stdlib"):
+        assert step in ci, step
     assert os.access(os.path.join(root, ".ci", "run"), os.X_OK)
 
 
