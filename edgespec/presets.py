@@ -25,12 +25,13 @@ import sysconfig
 import time
 from importlib import resources
 
+from .errors import CorpusError
 from .progress import progress_bar
 
 PRESETS = ("stdlib", "chat")
 
 
-class PresetError(ValueError):
+class PresetError(CorpusError):
     """An unknown preset, a missing recipe, or a preset that cannot be built here."""
 
 

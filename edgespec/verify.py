@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import ConfigError
+
 
 @dataclass
 class SamplingConfig:
@@ -46,13 +48,13 @@ class SamplingConfig:
 
     def __post_init__(self):
         if not (self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if not (0.0 <= self.min_p < 1.0):
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+            raise ConfigError(f"min_p must be in [0, 1), got {self.min_p}")
 
     @property
     def greedy(self) -> bool:
@@ -129,15 +131,15 @@ class VerifyConfig:
 
     def __post_init__(self):
         if self.mode not in VERIFY_MODES:
-            raise ValueError(f"verify mode must be one of {', '.join(VERIFY_MODES)}, got {self.mode!r}")
+            raise ConfigError(f"verify mode must be one of {', '.join(VERIFY_MODES)}, got {self.mode!r}")
         if self.top_k < 1:
-            raise ValueError("verify top_k must be >= 1")
+            raise ConfigError("verify top_k must be >= 1")
         if not self.tau >= 0:
-            raise ValueError("verify tau must be >= 0")
+            raise ConfigError("verify tau must be >= 0")
         if self.lookahead < 0:
-            raise ValueError("verify lookahead must be >= 0")
+            raise ConfigError("verify lookahead must be >= 0")
         if not (0.0 < self.eps <= 1.0):
-            raise ValueError("verify eps must be in (0, 1]")
+            raise ConfigError("verify eps must be in (0, 1]")
 
     @property
     def exact(self) -> bool:

@@ -8,8 +8,8 @@ Reads one job (JSON) from stdin:
 `work` starts as a copy of `base`; each case damages it in place, runs the
 target on it and restores it.  For each case it prints {"i": i} before the
 target runs and then one result line: {"i", "ok": what it did} or {"i",
-"error", "type"} for an exception a user is meant to see (the CLI prints
-those as one line), or {"i", "unexpected": traceback} for anything else.
+"error", "type"} for an EdgespecError (the CLI prints those as one line), or
+{"i", "unexpected": traceback} for anything else.
 The address space is capped at mem_cap (RLIMIT_AS), so a huge allocation
 fails here instead of taking the machine's memory.
 """
@@ -115,9 +115,9 @@ def main() -> None:
     job = json.load(sys.stdin)
     if job.get("mem_cap"):
         resource.setrlimit(resource.RLIMIT_AS, (job["mem_cap"], job["mem_cap"]))
-    from edgespec.backend.llama import BackendError
+    from edgespec.errors import EdgespecError
 
-    clear = (ValueError, BackendError)   # what edgespec's CLI turns into one "Error:" line
+    clear = EdgespecError        # what edgespec's CLI turns into one "Error:" line
     target, base, work = TARGETS[job["target"]], job["base"], job["work"]
     shutil.copyfile(base, work)
     for i, case in enumerate(job["cases"]):

@@ -40,6 +40,8 @@ import numpy as np
 import llama_cpp as L
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from ..errors import BackendError, ConfigError, ModelLoadError  # re-exported
+
 EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
 SPLIT_KV_FREE_CELLS = 256   # a one-token decode up to this many cells avoids split-KV
 # llama.cpp rounds every context size up to a multiple of 256 KV cells (the
@@ -50,14 +52,6 @@ MIN_CTX = 256
 # CPU is q8_0, whose one-token decodes never take the split-KV path (see
 # LlamaBackend.__init__), so every decode can use every thread and stay exact.
 CACHE_TYPES_K = {"f16": 1, "q8_0": 8}
-
-
-class BackendError(RuntimeError):
-    """llama.cpp refused or failed an operation."""
-
-
-class ModelLoadError(BackendError):
-    """The model file could not be loaded."""
 
 
 _log_lock = threading.Lock()
@@ -154,8 +148,8 @@ class Vocab:
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise ValueError(f"the text is not valid Unicode: an unpaired surrogate at character {e.start} "
-                             "(bytes that were not UTF-8, decoded with surrogateescape?)") from None
+            raise ConfigError(f"the text is not valid Unicode: an unpaired surrogate at character {e.start} "
+                              "(bytes that were not UTF-8, decoded with surrogateescape?)") from None
         cap = len(data) + 8
         buf = (L.llama_token * cap)()
         n = L.llama_tokenize(self.ptr, data, len(data), buf, cap, add_special, parse_special)
@@ -197,6 +191,14 @@ class Vocab:
     def token_text(self, token: int) -> str:
         return self.piece(token, special=True).decode("utf-8", errors="replace")
 
+    def eos_token(self) -> int:
+        """The end-of-sequence token id (-1 if the model has none)."""
+        return int(L.llama_vocab_eos(self.ptr))
+
+    def bos_token(self) -> int:
+        """The beginning-of-sequence token id (-1 if the model has none)."""
+        return int(L.llama_vocab_bos(self.ptr))
+
     def chat_template(self) -> str | None:
         """The model's chat template (GGUF key tokenizer.chat_template), or None."""
         t = L.llama_model_chat_template(self._model, None)
@@ -206,33 +208,33 @@ class Vocab:
         """Messages ({role, content} dicts) rendered with the model's chat
         template, the Jinja rendering llama-cpp-python's create_chat_completion
         uses, with the model's BOS/EOS texts; add_generation_prompt opens the
-        assistant's turn at the end.  ValueError when a message is not a dict
-        with string role and content, the model has no template, or the
-        template does not render."""
+        assistant's turn at the end.  ConfigError (a ValueError) when a
+        message is not a dict with string role and content, the model has no
+        template, or the template does not render."""
         messages = list(messages)
         if not messages:
-            raise ValueError("no messages to render")
+            raise ConfigError("no messages to render")
         for i, m in enumerate(messages):
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise ValueError(f"message {i + 1} is not a {{role, content}} object with string values: "
-                                 f"{str(m)[:80]}")
+                raise ConfigError(f"message {i + 1} is not a {{role, content}} object with string values: "
+                                  f"{str(m)[:80]}")
         fmt = self._formatters.get(add_generation_prompt)
         if fmt is None:
             template = self.chat_template()
             if not template:
-                raise ValueError("this model has no chat template")
-            eos, bos = L.llama_vocab_eos(self.ptr), L.llama_vocab_bos(self.ptr)
+                raise ConfigError("this model has no chat template")
+            eos, bos = self.eos_token(), self.bos_token()
             try:
                 fmt = Jinja2ChatFormatter(template=template, add_generation_prompt=add_generation_prompt,
                                           eos_token=self.token_text(eos) if eos >= 0 else "",
                                           bos_token=self.token_text(bos) if bos >= 0 else "")
             except jinja2.TemplateError as e:
-                raise ValueError(f"the model's chat template does not parse: {e}") from None
+                raise ConfigError(f"the model's chat template does not parse: {e}") from None
             self._formatters[add_generation_prompt] = fmt
         try:
             return fmt(messages=messages).prompt
         except jinja2.TemplateError as e:
-            raise ValueError(f"the model's chat template failed on these messages: {e}") from None
+            raise ConfigError(f"the model's chat template failed on these messages: {e}") from None
 
 
 def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbose: bool = False,
@@ -320,15 +322,15 @@ class LlamaBackend:
                  max_leaves: int = 32, exact: bool = True, cache_type_k: str | None = None,
                  cpu_repack: bool = False, verbose: bool = False):
         if max_leaves > L.llama_max_parallel_sequences():
-            raise ValueError(f"max_leaves must be <= {L.llama_max_parallel_sequences()}")
+            raise ConfigError(f"max_leaves must be <= {L.llama_max_parallel_sequences()}")
         if n_ctx < MIN_CTX:
-            raise ValueError(f"the context size (--ctx, n_ctx) must be at least {MIN_CTX} tokens, not {n_ctx}: "
-                             f"llama.cpp's KV cache holds a multiple of {MIN_CTX} cells")
+            raise ConfigError(f"the context size (--ctx, n_ctx) must be at least {MIN_CTX} tokens, not {n_ctx}: "
+                              f"llama.cpp's KV cache holds a multiple of {MIN_CTX} cells")
         if n_gpu_layers and not gpu_offload_available():
-            raise ValueError(f"GPU offload (--n-gpu-layers, n_gpu_layers={n_gpu_layers}) was asked for, but this "
-                             "llama-cpp-python was built without a GPU backend: reinstall it with "
-                             "CMAKE_ARGS=\"-DGGML_CUDA=on\" (see the README's GPU section), or leave "
-                             "--n-gpu-layers out to run on the CPU")
+            raise ConfigError(f"GPU offload (--n-gpu-layers, n_gpu_layers={n_gpu_layers}) was asked for, but this "
+                              "llama-cpp-python was built without a GPU backend: reinstall it with "
+                              "CMAKE_ARGS=\"-DGGML_CUDA=on\" (see the README's GPU section), or leave "
+                              "--n-gpu-layers out to run on the CPU")
         self.model_path = model_path
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = n_threads or default_threads()
@@ -340,7 +342,7 @@ class LlamaBackend:
             # one thread never takes the split-KV path: keep llama.cpp's default
             cache_type_k = "q8_0" if (self.exact and self.n_threads > 1) else "f16"
         if cache_type_k not in CACHE_TYPES_K:
-            raise ValueError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), not {cache_type_k!r}")
+            raise ConfigError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), not {cache_type_k!r}")
         self.cache_type_k = cache_type_k
         self.cpu_repack = bool(cpu_repack)
         self.model = load_model(model_path, n_gpu_layers, verbose=verbose, cpu_repack=self.cpu_repack)
