@@ -251,7 +251,6 @@ class SpecModel:
         self._drafter = drafter
         self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
         self.engine = self._engine_for(drafter)
-        self._formatter = None
 
     # -------------------------------------------------------------- set-up
     @contextlib.contextmanager
@@ -379,23 +378,19 @@ class SpecModel:
         """Render messages with the GGUF's own chat template (the same Jinja
         rendering llama-cpp-python's create_chat_completion uses)."""
         with self._gate.using():
-            if self._formatter is None:
-                template = self.backend.chat_template()
-                if not template:
-                    raise ConfigError("this model has no chat template; use raw prompts (--raw)")
-                from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-                v = self.vocab
-                import llama_cpp as L
-                eos = v.token_text(L.llama_vocab_eos(v.ptr)) if L.llama_vocab_eos(v.ptr) >= 0 else ""
-                bos = v.token_text(L.llama_vocab_bos(v.ptr)) if L.llama_vocab_bos(v.ptr) >= 0 else ""
-                self._formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
-            return self._formatter(messages=list(messages)).prompt
+            if not self.vocab.chat_template():
+                raise ConfigError("this model has no chat template; use raw prompts (--raw)")
+            return self.vocab.format_chat(messages)
 
     def prompt_tokens(self, prompt, raw: bool = False) -> np.ndarray:
         """Tokens for a prompt: a list of ids, a messages list, or a string (wrapped
         as one user message with the chat template unless raw)."""
         if isinstance(prompt, np.ndarray) or (isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], (int, np.integer))):
-            return np.asarray(prompt, np.int32)
+            ids = np.asarray(prompt)
+            n = self.vocab.n_vocab
+            if ids.ndim != 1 or ids.dtype.kind not in "iu" or (ids.size and (ids.min() < 0 or ids.max() >= n)):
+                raise ConfigError(f"token ids must be a flat list of integers in 0..{n - 1}")
+            return ids.astype(np.int32)
         if isinstance(prompt, str):
             if raw:
                 return self.tokenize(prompt, add_special=True, parse_special=False)

@@ -26,6 +26,7 @@ the end.  Decode speed is (n_generated - 1) / decode_s.
 from __future__ import annotations
 
 import datetime
+import gzip
 import multiprocessing
 import json
 import os
@@ -43,6 +44,7 @@ from .verify import rouge_l
 LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-pld")
 DEFAULT_METHODS = ("none", "suffix") + LLAMA_METHODS
 WARMUP_PROMPT = "Say hello."
+MAX_PROMPTS_BYTES = 64 << 20     # Spec-Bench's 480 questions take 0.7 MB
 
 RESULT_FIELDS = ("question_id", "category", "method", "text", "tokens", "n_prompt_tokens",
                  "n_generated", "n_steps", "mean_accepted", "prefill_s", "decode_s",
@@ -67,6 +69,8 @@ def _json_objects(path: str, lines):
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise BenchError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise BenchError(f"{path}:{lineno}: not valid JSON (nested too deeply)") from None
         if not isinstance(rec, dict):
             raise BenchError(f"{path}:{lineno}: expected a JSON object")
         yield lineno, rec
@@ -82,6 +86,10 @@ def load_prompts(path: str, categories: Sequence[str] | None = None,
     """
     if not os.path.isfile(path):
         raise BenchError(f"prompts file not found: {path}")
+    size = os.path.getsize(path)
+    if size > MAX_PROMPTS_BYTES:
+        raise BenchError(f"prompts file {path} is {size / 2**20:.0f} MiB; the bench reads at most "
+                         f"{MAX_PROMPTS_BYTES >> 20} MiB of prompts")
     prompts: list[BenchPrompt] = []
     try:
         with open(path, encoding="utf-8") as f:
@@ -92,7 +100,14 @@ def load_prompts(path: str, categories: Sequence[str] | None = None,
         turns = rec.get("turns")
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0]:
             raise BenchError(f"{path}:{lineno}: needs `turns`, a list whose first item is a non-empty string")
-        prompts.append(BenchPrompt(rec.get("question_id", lineno), str(rec.get("category", "none")), turns[0]))
+        category = str(rec.get("category", "none"))
+        try:
+            turns[0].encode("utf-8")
+            category.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BenchError(f"{path}:{lineno}: an unpaired surrogate escape (\\ud800-\\udfff) in the first "
+                             "turn or the category, which is not text") from None
+        prompts.append(BenchPrompt(rec.get("question_id", lineno), category, turns[0]))
     if not prompts:
         raise BenchError(f"no prompts in {path}")
     if categories:
@@ -201,9 +216,8 @@ class _LlamaRunner:
 def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | None,
            n_prompts: int, llama_threads: int | None = None) -> dict:
     """Machine and settings metadata: the first line of a results file."""
-    import llama_cpp
-
     from . import __version__
+    from .backend.llama import llama_cpp_version
     from .costmodel import _cpu_name
 
     be = model.backend
@@ -224,7 +238,7 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "n_gpu_layers": be.n_gpu_layers,
         "max_nodes": model.config.max_nodes,
         "cost_gate": model.config.cost_gate,
-        "llama_cpp_version": llama_cpp.__version__,
+        "llama_cpp_version": llama_cpp_version(),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "hostname": platform.node(),
         "cpu": _cpu_name(),
@@ -278,6 +292,13 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
             r["tokens"] = [int(t) for t in r["tokens"]]
         return r
 
+    # every prompt is tokenized and checked before the results file is opened:
+    # a prompt that does not fit fails the run before anything is written
+    prompt_tokens = [model.prompt_tokens([{"role": "user", "content": p.turn}]) for p in prompts]
+    for p, tokens in zip(prompts, prompt_tokens):
+        if len(tokens) >= be.n_ctx:
+            raise BenchError(f"prompt {p.question_id} ({p.category}) has {len(tokens)} tokens, "
+                             f"more than the context of {be.n_ctx}; raise --ctx")
     head = header(model, methods, max_tokens, prompts_file, len(prompts), llama_threads)
     head["repeat"] = repeat
     out = None
@@ -296,11 +317,7 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
             say(f"{tag}warming up: {', '.join(methods)}")
             for m in methods:
                 run_one(m, WARMUP_PROMPT, warm_tokens, 16)
-            for i, p in enumerate(prompts, 1):
-                tokens = model.prompt_tokens([{"role": "user", "content": p.turn}])
-                if len(tokens) >= be.n_ctx:
-                    raise BenchError(f"prompt {p.question_id} ({p.category}) has {len(tokens)} tokens, "
-                                     f"more than the context of {be.n_ctx}; raise --ctx")
+            for i, (p, tokens) in enumerate(zip(prompts, prompt_tokens), 1):
                 rows = {}
                 # rotate the order from prompt to prompt (and pass to pass):
                 # whatever running first or second after another method costs
@@ -354,22 +371,28 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
 
 # ------------------------------------------------------------------ report
 def read_results(path: str) -> tuple[dict | None, list[dict]]:
-    """Read a results file written by run_bench: (header or None, result dicts)."""
+    """Read a results file written by run_bench, plain or gzip-compressed
+    (results.jsonl.gz, as the repository keeps them): (header or None, result dicts)."""
     if not os.path.isfile(path):
         raise BenchError(f"results file not found: {path}")
     head, results = None, []
-    with open(path, encoding="utf-8") as f:
-        for lineno, rec in _json_objects(path, f):
-            if rec.get("kind") == "header":
-                head = rec
-                continue
-            if rec.get("kind") == "calibration":
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    try:
+        with (gzip.open(path, "rt", encoding="utf-8") if gz else open(path, encoding="utf-8")) as f:
+            for lineno, rec in _json_objects(path, f):
+                if rec.get("kind") == "header":
+                    head = rec
+                    continue
+                if rec.get("kind") == "calibration":
+                    results.append(rec)
+                    continue
+                missing = [k for k in ("category", "method", "n_generated", "decode_s") if k not in rec]
+                if missing:
+                    raise BenchError(f"{path}:{lineno}: not a bench result (missing {', '.join(missing)})")
                 results.append(rec)
-                continue
-            missing = [k for k in ("category", "method", "n_generated", "decode_s") if k not in rec]
-            if missing:
-                raise BenchError(f"{path}:{lineno}: not a bench result (missing {', '.join(missing)})")
-            results.append(rec)
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise BenchError(f"cannot read results file {path}: {e}") from None
     if not results:
         raise BenchError(f"no results in {path}")
     return head, results

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 
 import click
 
+from .backend.llama import MIN_CTX
 from .drafters import NAMES as DRAFTERS
 from .drafters import parse_drafter_name
+
 CHAT_COMMANDS = {
     "/stats": "acceptance report and totals of this session",
     "/reset": "forget the conversation",
@@ -40,7 +43,7 @@ def _calibration_note(intro: str | None = "measuring the verify cost c(T) for th
     """A progress callback for the c(T) measurement: says once, on stderr, what
     is going on, then (on a terminal) counts the measurement rounds."""
     said = []
-    tty = click.get_text_stream("stderr").isatty()
+    tty = sys.stderr is not None and sys.stderr.isatty()
 
     def cb(done, total):
         if not said:
@@ -92,9 +95,11 @@ def backend_options(f):
     f = click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads for llama.cpp (default: one per physical core available).")(f)
     f = click.option("--n-gpu-layers", type=int, default=0, show_default=True,
-                     help="Layers to offload to the GPU (-1 = all).")(f)
-    f = click.option("--ctx", type=click.IntRange(min=16), default=4096, show_default=True,
-                     help="Context size in tokens (prompt + answer).")(f)
+                     help="Layers to offload to the GPU (-1 = all); needs a llama-cpp-python built with a GPU "
+                          "backend (README, GPU).")(f)
+    f = click.option("--ctx", type=click.IntRange(min=MIN_CTX), default=4096, show_default=True,
+                     help=f"Context size in tokens (prompt + answer); at least {MIN_CTX}, rounded up to a "
+                          f"multiple of {MIN_CTX} (llama.cpp's KV cache holds a multiple of {MIN_CTX} cells).")(f)
     return f
 
 
@@ -111,7 +116,8 @@ def generation_options(f):
                      help="0 = greedy (output identical to --drafter none); > 0 samples."),
         click.option("--top-k", type=int, default=40, show_default=True, help="Sampling: keep the k most likely tokens (0 = off)."),
         click.option("--top-p", type=float, default=0.95, show_default=True, help="Sampling: nucleus mass (1.0 = off)."),
-        click.option("--min-p", type=float, default=0.05, show_default=True, help="Sampling: drop tokens below min_p x the top one (0 = off)."),
+        click.option("--min-p", type=float, default=0.05, show_default=True,
+                     help="Sampling: drop tokens below min_p x the top one (0 = off)."),
         click.option("--seed", type=int, default=None, help="Sampling seed (default: fresh randomness)."),
         click.option("--max-nodes", type=click.IntRange(1, 256), default=32, show_default=True,
                      help="Largest verification batch (pending token + drafts)."),
@@ -225,7 +231,10 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
         raise click.UsageError(f"expected [MODEL] PROMPT, got {len(args)} arguments "
                                "(quote a prompt that has spaces)")
     if prompt == "-":
-        prompt = click.get_text_stream("stdin").read()
+        try:
+            prompt = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise click.ClickException(f"the prompt on stdin is not UTF-8 text (byte {e.start})") from None
     if not prompt.strip():
         raise click.UsageError("the prompt is empty")
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
@@ -502,6 +511,11 @@ def bench_report(results_file):
 
 
 # ------------------------------------------------------------------ build-corpus
+def _answer_model(model_path: str, n_ctx: int):
+    """The model that answers the chat preset's instructions (build-corpus --preset chat)."""
+    return load_model(model_path, drafter="suffix", ctx=n_ctx)
+
+
 @main.command("build-corpus")
 @click.argument("inputs", nargs=-1, metavar="[INPUT]...")
 @click.option("--model", default=None, metavar="MODEL", help="GGUF whose tokenizer (and, for --preset chat, answers) the "
@@ -515,7 +529,7 @@ def bench_report(results_file):
                                             "with a `messages` list are rendered with the chat template.")
 @click.option("--preset", type=click.Choice(("stdlib", "chat")), default=None,
               help="Add a preset corpus: stdlib (this Python's standard library, up to 20 MB) or chat "
-                   "(the model's own answers to corpora/chat_instructions.txt, cached in OUT.answers.jsonl).")
+                   "(the model's own answers to edgespec/corpora/chat_instructions.txt, cached in OUT.answers.jsonl).")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="With --preset: only its first N files (stdlib) or instructions (chat).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
@@ -543,7 +557,7 @@ def build_corpus_cmd(inputs, model, out_path, globs, field, preset, limit, max_t
         try:
             c = build_corpus(list(inputs), resolve_model(model), out_path, glob=list(globs) or None, field=field,
                              preset=preset, limit=limit, max_tokens=max_tokens, max_successors=max_successors,
-                             progress=not quiet)
+                             load_model=_answer_model, progress=not quiet)
         except OSError as e:
             raise click.ClickException(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
     size = os.path.getsize(out_path)

@@ -151,12 +151,10 @@ class Llama:
         return self._model.vocab.n_vocab
 
     def token_eos(self) -> int:
-        import llama_cpp as L
-        return int(L.llama_vocab_eos(self._model.vocab.ptr))
+        return self._model.vocab.eos_token()
 
     def token_bos(self) -> int:
-        import llama_cpp as L
-        return int(L.llama_vocab_bos(self._model.vocab.ptr))
+        return self._model.vocab.bos_token()
 
     def set_seed(self, seed: int) -> None:
         self._seed = seed

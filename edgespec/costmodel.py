@@ -52,11 +52,12 @@ def _cpu_name() -> str:
 
 
 def calibration_key(model_path: str, n_gpu_layers: int, n_threads: int, extra: str = "") -> str:
+    from .backend.llama import llama_cpp_version
+
     st = os.stat(model_path)
-    import llama_cpp
     parts = [os.path.realpath(model_path), str(st.st_size), str(st.st_mtime_ns),
              f"ngl={n_gpu_layers}", f"threads={n_threads}", platform.machine(), _cpu_name(),
-             str(os.cpu_count()), llama_cpp.__version__, f"v{CALIBRATION_VERSION}", extra]
+             str(os.cpu_count()), llama_cpp_version(), f"v{CALIBRATION_VERSION}", extra]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 

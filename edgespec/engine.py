@@ -300,8 +300,6 @@ class Engine:
             self._tk = np.zeros((n, self._topk), np.int32)
             self._tv = np.zeros((n, self._topk), np.float32)
             self._rows = np.arange(n, dtype=np.int64)
-        self._m = 0
-        self._alloc(256)
         self._o = np.zeros(n, np.int64)
         self._bp = np.zeros(n, np.int64)
         self._d = np.zeros(n, np.int32)
@@ -309,6 +307,8 @@ class Engine:
         self._lc = np.zeros(n, np.int32)
         self._sel = np.zeros(n, np.int64)
         self._spar = np.zeros(n, np.int32)
+        self._m = 0
+        self._alloc(256)
 
     def _alloc(self, m: int) -> None:
         """Per-node scratch arrays, grown to the largest proposal seen."""
@@ -318,6 +318,8 @@ class Engine:
             self._q = np.zeros(m, np.float64)
             self._nacc = np.zeros(m, np.bool_)
             self._ntest = np.zeros(m, np.bool_)
+            # plan_step's PlanScratch as a plain tuple (numba dispatches it faster)
+            self._plan = (self._cond, self._q, self._sel, self._spar, self._o, self._bp, self._d, self._lf, self._lc)
 
     # ------------------------------------------------------------------ helpers
     def set_cost(self, cost: CostCurve | None) -> None:
@@ -361,12 +363,10 @@ class Engine:
         self._alloc(m)
         acc = self.acceptance
         table = self._cost_at(self.backend.n_past)
-        return plan_step(tree.parents, tree.probs, tree.source, acc.n_c, acc.a_c, acc.n_f, acc.a_f,
+        return plan_step(tree.parents, tree.probs, tree.source, (acc.n_c, acc.a_c, acc.n_f, acc.a_f),
                          acc.K0, acc.K1, table,
                          self.overhead_rel if self.config.gate_overhead is None else self.config.gate_overhead,
-                         min(budget, self.config.max_nodes),
-                         self.config.cost_gate, self._cond, self._q, self._sel, self._spar, self._o,
-                         self._bp, self._d, self._lf, self._lc)
+                         min(budget, self.config.max_nodes), self.config.cost_gate, self._plan)
 
     def _relaxed_child(self, logits, slot: int, bpl: list, btl: list, tree: DraftTree, sel, order) -> int:
         """Lossy verification (VerifyConfig): the best retrieved child of `slot`
@@ -445,8 +445,13 @@ class Engine:
                record_topk: int, is_cancelled) -> "_RunState":
         """Check the request, reuse the common prefix of the KV cache, prefill
         the rest and choose the first token."""
-        prompt = np.ascontiguousarray(prompt, dtype=np.int32)
         be = self.backend
+        ids = np.asarray(prompt)
+        # checked before the cast to int32, which would wrap large ids: a
+        # drafter indexes its tables with them, llama.cpp refuses them
+        if ids.ndim != 1 or (ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= be.n_vocab)):
+            raise ConfigError(f"a prompt of token ids must be a flat list of integers in 0..{be.n_vocab - 1}")
+        prompt = np.ascontiguousarray(ids, dtype=np.int32)
         self.check_request(len(prompt), max_tokens, sampling)
         st = _RunState(prompt=prompt, sampling=sampling, max_tokens=max_tokens, record_topk=record_topk,
                        out=_TextStream(be.vocab, stop or []), t_start=time.perf_counter())

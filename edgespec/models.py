@@ -1,6 +1,7 @@
 """Finding the model file and checking it before llama.cpp sees it."""
 from __future__ import annotations
 
+import math
 import os
 import struct
 
@@ -84,6 +85,19 @@ def gguf_tensor(path: str, name: str) -> tuple[list[int], int, int]:
     return dims, ggml_type, data_start + off
 
 
+# float hyperparameters llama.cpp uses unchecked: a negative or NaN norm
+# epsilon aborts its CPU kernels (GGML_ASSERT(eps >= 0.0f)); a rope base that
+# is not positive and finite turns every logit into NaN
+_TRUSTED_FLOATS = (b"epsilon", b"freq_base")
+_MAX_LAYERS = 512           # LLAMA_MAX_LAYERS
+
+
+def _check_float(key: bytes, v: float, path: str) -> None:
+    ok = math.isfinite(v) and (v > 0 if key.endswith(b"freq_base") else v >= 0)
+    if not ok:
+        raise ModelFileError(f"corrupt GGUF metadata ({key.decode('utf-8', 'replace')} = {v}): {path}")
+
+
 def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
     def need(n: int) -> bytes:
         b = f.read(n)
@@ -100,6 +114,12 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
     def skip_value(t: int, key: bytes) -> object:
         if t in _GGUF_TYPE_SIZES:
             b = need(_GGUF_TYPE_SIZES[t])
+            if t in (6, 12) and key.endswith(_TRUSTED_FLOATS):
+                _check_float(key, struct.unpack("<f" if t == 6 else "<d", b)[0], path)
+            if key.endswith(b".block_count") and not 1 <= int.from_bytes(b, "little") <= _MAX_LAYERS:
+                # llama.cpp asserts 0 < n_layer <= LLAMA_MAX_LAYERS (abort)
+                raise ModelFileError(f"corrupt GGUF metadata ({key.decode('utf-8', 'replace')} = "
+                                     f"{int.from_bytes(b, 'little')}): {path}")
             return int.from_bytes(b, "little") if key == b"general.alignment" else None
         if t == 8:
             read_str()
@@ -134,6 +154,11 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
         dims = list(struct.unpack(f"<{nd}Q", need(8 * nd)))
         (ggml_type,) = struct.unpack("<I", need(4))
         (off,) = struct.unpack("<Q", need(8))
+        if nd == 1 and ggml_type != 0:
+            # norm weights and biases meet F32 activations in llama.cpp's CPU
+            # binary ops, which abort on any other type (converters write F32)
+            raise ModelFileError(f"unsupported GGUF tensor {name}: a one-dimensional tensor must be F32, "
+                                 f"not ggml type {ggml_type}: {path}")
         tensors[name] = (dims, ggml_type, off)
         max_off = max(max_off, off)
     data_start = (f.tell() + alignment - 1) // alignment * alignment

@@ -153,10 +153,31 @@ def test_prompt_longer_than_context(model_path):
 def test_prompt_longer_than_small_context(model_path):
     # in a subprocess: a llama.cpp abort would kill the test run
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
-    p = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--ctx", "64", "word " * 400],
-                       capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--ctx", "256", "word " * 400],
+                       capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 1, p.stderr[-500:]
     assert p.stderr.strip().startswith("Error:") and "context" in p.stderr
+
+
+def test_ctx_below_the_minimum(model_path):
+    """llama.cpp rounds a context up to a multiple of 256 cells: a smaller --ctx
+    is refused with the minimum, instead of silently becoming 256."""
+    r = invoke(["generate", "--ctx", "64", "hi"])
+    assert r.exit_code == 2 and "x>=256" in r.output, r.output
+    from edgespec import SpecModel
+    with pytest.raises(ValueError, match="at least 256 tokens, not 64"):
+        SpecModel(model_path, n_ctx=64, calibrate=False)
+
+
+def test_gpu_layers_need_a_gpu_build(model_path):
+    """--n-gpu-layers on a llama-cpp-python built without a GPU backend is one
+    clear error (llama.cpp itself would run on the CPU without a word)."""
+    from edgespec.backend.llama import gpu_offload_available
+    r = invoke(["generate", "--n-gpu-layers", "-1", "--max-tokens", "4", "hi"])
+    if gpu_offload_available():
+        assert r.exit_code == 0, r.output
+    else:
+        assert_clean_error(r, "built without a GPU backend", "CMAKE_ARGS")
 
 
 # ---------------------------------------------------------------- chat
@@ -390,8 +411,11 @@ def test_ci_script_runs_the_readme_test_command():
     ci = open(os.path.join(root, ".ci", "run")).read()
     readme = open(os.path.join(root, "README.md")).read()
     assert "set -euo pipefail" in ci
-    assert "pip install -e '.[test]'" in ci and "python3 -m pytest -q" in ci
+    # the README's test command, run in a fresh virtualenv, then the wheel smoke job
     assert "pip install -e '.[test]' && python -m pytest -q" in readme
+    for step in ("-m venv", "pip install -e '.[test]'", "python -m pytest -q", "unset PYTHONPATH",
+                 "pip wheel", "edgespec generate", "edgespec build-corpus --preset stdlib"):
+        assert step in ci, step
     assert os.access(os.path.join(root, ".ci", "run"), os.X_OK)
 
 
