@@ -264,3 +264,90 @@ def test_base_model_says_it_cannot_chat(tmp_path):
     assert p.returncode == 1
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and "has no chat template" in lines[0], p.stderr
+
+
+# ---------------------------------------------------------------- piped, in process (click's CliRunner)
+def invoke(args, input):
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+    try:
+        runner = CliRunner(mix_stderr=False)       # click 8.1 needs the flag to keep stderr apart
+    except TypeError:
+        runner = CliRunner()
+    return runner.invoke(main, args, input=input)
+
+
+def test_chat_commands_stats_and_reset(calibrated):
+    r = invoke(["chat", "--max-tokens", "16"], input="hello\n\n/stats\n\n/reset\n\nhi again\n\n/exit\n\nnot sent\n")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert len(summaries(out)) == 2 and out.count("tok/s") == 3    # two answers and the /stats totals
+    assert "tokens/step" in out
+    assert "session: answers 1" in out      # /stats after the first answer
+    assert "conversation cleared" in out
+    # after /reset the second message starts a new conversation: nothing to reuse
+    assert "(0 reused)" in out.split("conversation cleared")[1]
+
+
+def test_chat_reuses_the_cache_and_ends_at_eof(calibrated):
+    r = invoke(["chat", "--max-tokens", "12", "--system", "Answer briefly."], input="Name a fruit.\n\nName another one.\n")
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.stdout.splitlines() if re.match(SUMMARY, ln)]
+    assert len(lines) == 2
+    assert "(0 reused)" in lines[0] and "(0 reused)" not in lines[1]
+
+
+def test_chat_errors_leave_the_session_going(calibrated, tmp_path):
+    # a message longer than the context, an unknown command, a missing file:
+    # one `Error:` line each on stderr, and the chat goes on
+    r = invoke(["chat", "--ctx", "512", "--max-tokens", "8"],
+               input="word " * 700 + "\n\n/frobnicate\n\n/file " + str(tmp_path / "nope.txt") + "\n\nSay hi.\n")
+    assert r.exit_code == 0, r.output
+    errors = r.stderr.strip().splitlines()
+    assert len(errors) == 3 and all(e.startswith("Error:") for e in errors), r.stderr
+    assert "does not fit the context" in errors[0]
+    assert "unknown command /frobnicate" in errors[1] and "no such file" in errors[2]
+    assert len(summaries(r.stdout)) == 1 and "Traceback" not in r.output
+
+
+def test_chat_ctrl_c_stops_the_answer_only(calibrated, monkeypatch):
+    from edgespec.api import SpecModel
+
+    real_chat = SpecModel.chat
+    calls = []
+
+    def chat(self, messages, **kw):
+        calls.append([dict(m) for m in messages])
+        if len(calls) == 1:  # interrupt the first answer after a few chunks, as Ctrl-C would
+            user_cb = kw["on_chunk"]
+            seen = []
+
+            def on_chunk(chunk):
+                user_cb(chunk)
+                seen.append(chunk)
+                if len(seen) >= 3:
+                    raise KeyboardInterrupt
+            kw["on_chunk"] = on_chunk
+        return real_chat(self, messages, **kw)
+
+    monkeypatch.setattr(SpecModel, "chat", chat)
+    r = invoke(["chat", "--max-tokens", "24"], input="Tell me a long story.\n\nThanks!\n")
+    assert r.exit_code == 0, r.output
+    assert "answer stopped" in r.stdout
+    assert len(calls) == 2
+    # the partial answer stays in the conversation
+    assert calls[1][1]["role"] == "assistant" and calls[1][1]["content"]
+    assert calls[1][2] == {"role": "user", "content": "Thanks!"}
+    assert len(summaries(r.stdout)) == 1    # the second answer completed
+
+
+def test_chat_drops_old_turns_when_the_context_is_full(calibrated):
+    """Past the context, chat forgets its oldest turns (and says so) instead of
+    refusing every further message."""
+    turns = "".join(f"Tell me a long story about animal number {i}.\n\n" for i in range(7))
+    r = invoke(["chat", "--ctx", "512", "--max-tokens", "64"], input=turns + "/exit\n")
+    assert r.exit_code == 0, r.output
+    assert len(summaries(r.stdout)) == 7, r.output
+    assert "outgrew the context of 512 tokens: dropped its 2 oldest messages" in r.stdout
+    assert "Error" not in r.output
