@@ -261,7 +261,9 @@ def chat(model, **options):
     Text that arrived as accepted drafts is drawn in cyan.  Commands: /file,
     /system, /save, /load, /retry, /stats, /reset, /help, /exit (or Ctrl-D).
     Ctrl-C stops an answer; at the prompt it clears the line, on an empty
-    line it leaves.
+    line it leaves.  Up/Down recall earlier messages, also from earlier runs
+    (history in $EDGESPEC_DATA_DIR, else $XDG_DATA_HOME/edgespec, else
+    ~/.local/share/edgespec).
 
     With stdin not a terminal, the whole input is read and sent as one
     message per blank-line-separated block (a \"\"\" block keeps its blank

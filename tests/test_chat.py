@@ -291,7 +291,8 @@ def test_chat_commands_stats_and_reset(calibrated):
 
 
 def test_chat_reuses_the_cache_and_ends_at_eof(calibrated):
-    r = invoke(["chat", "--max-tokens", "12", "--system", "Answer briefly."], input="Name a fruit.\n\nName another one.\n")
+    r = invoke(["chat", "--max-tokens", "12", "--system", "Answer briefly."],
+               input="Name a fruit.\n\nName another one.\n")
     assert r.exit_code == 0, r.output
     lines = [ln for ln in r.stdout.splitlines() if re.match(SUMMARY, ln)]
     assert len(lines) == 2
