@@ -296,8 +296,11 @@ class ChatSession:
                 r = self.m.chat(self.messages, max_tokens=self.max_tokens, sampling=self.sampling,
                                 stop=self.stop, on_chunk=on_chunk)
         except KeyboardInterrupt:
-            self.messages.append({"role": "assistant", "content": "".join(pieces)})
             click.echo()
+            if not "".join(pieces):
+                self.dim("[answer stopped before it began; the message was not kept]")
+                return False
+            self.messages.append({"role": "assistant", "content": "".join(pieces)})
             self.dim("[answer stopped; the partial answer stays in the conversation]")
             return True
         except click.ClickException as e:
@@ -430,13 +433,13 @@ def run_chat(model, *, max_tokens, drafter, temperature, top_k, top_p, min_p, se
             m.calibrate(progress=_calibration_note())
         color = use_color(no_color)
         session = ChatSession(m, max_tokens=max_tokens, sampling=sampling, stop=stop, system=system, color=color)
+        if not sys.stdin.isatty():
+            piped(session, sys.stdin.read())
+            return
         session.dim(f"edgespec chat: {m.model_path} (drafter {drafter}); /help for commands, Ctrl-D to leave")
         if color:
             click.echo(f"{click.style(DRAFT_COLOR, fg=DRAFT_COLOR)} text arrived as accepted drafts "
                        "(several tokens in one step)", color=True)
-        if sys.stdin.isatty():
-            interactive(session)
-        else:
-            piped(session, sys.stdin.read())
+        interactive(session)
     finally:
         m.close()

@@ -279,9 +279,12 @@ def invoke(args, input):
 
 
 def test_chat_commands_stats_and_reset(calibrated):
-    r = invoke(["chat", "--max-tokens", "16"], input="hello\n\n/stats\n\n/reset\n\nhi again\n\n/exit\n\nnot sent\n")
+    r = invoke(["chat", "--max-tokens", "16"],
+               input="/help\n\nhello\n\n/stats\n\n/reset\n\nhi again\n\n/exit\n\nnot sent\n")
     assert r.exit_code == 0, r.output
     out = r.stdout
+    for word in ("/file PATH", "/retry", "/load FILE", "Alt-Enter", "chat_history"):    # /help
+        assert word in out, word
     assert len(summaries(out)) == 2 and out.count("tok/s") == 3    # two answers and the /stats totals
     assert "tokens/step" in out
     assert "session: answers 1" in out      # /stats after the first answer

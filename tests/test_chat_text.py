@@ -140,3 +140,87 @@ def test_split_blocks_closing_fence_ends_the_block():
     assert C.split_blocks('"""\na\n"""\nb\n') == ["a", "b"]
     assert C.split_blocks('x:\n"""\ny\n') == ['x:\n"""\ny']
     assert C.split_blocks('"""\n"""\nz') == ["z"]       # an empty fenced block sends nothing
+
+
+# ---------------------------------------------------------------- the session over a stand-in model
+class FakeModel:
+    """Stands in for SpecModel where only the conversation bookkeeping is
+    tested: chat() answers from a script (text, or an exception to raise)."""
+
+    def __init__(self, script):
+        from types import SimpleNamespace
+        self.script = list(script)
+        self.calls = []
+        self.backend = SimpleNamespace(n_ctx=4096)
+        self.engine = SimpleNamespace(reset=lambda: None)
+
+    def fit_messages(self, messages, reserve=0):
+        return list(messages), 0
+
+    def chat(self, messages, on_chunk=None, **kw):
+        from types import SimpleNamespace
+
+        from edgespec.engine import Chunk
+        self.calls.append([dict(m) for m in messages])
+        step = self.script.pop(0)
+        if isinstance(step, BaseException):
+            raise step
+        on_chunk(Chunk(step, [1], 0, [(step, False)]))
+        return SimpleNamespace(text=step, n_generated=1, n_draft_accepted=0, tokens_per_s=1.0, mean_accepted=1.0,
+                               n_prompt_tokens=5, n_reused_tokens=0, prefill_s=0.1, decode_s=0.1, n_steps=1,
+                               n_draft_nodes=0, stop_reason="stop")
+
+
+def session(script, system=None):
+    return C.ChatSession(FakeModel(script), max_tokens=8, sampling=None, stop=(), system=system, color=False)
+
+
+def test_system_command_and_reset_keep_the_system_message(capsys):
+    s = session(["A1"])
+    s.handle("/system")
+    assert "system message: (none)" in capsys.readouterr().out
+    s.handle("Hi")
+    s.handle("/system Be brief.")                   # inserted before the conversation
+    assert s.messages[0] == {"role": "system", "content": "Be brief."} and len(s.messages) == 3
+    s.handle("/system Be terse.")                   # replaced, not added
+    assert s.messages[0]["content"] == "Be terse." and len(s.messages) == 3
+    s.handle("/reset")
+    assert s.messages == [{"role": "system", "content": "Be terse."}]
+
+
+def test_retry_replaces_the_last_answer_and_restores_it_on_failure(capsys):
+    s = session(["first", "second", ValueError("the prompt has 9999 tokens, which does not fit")])
+    s.handle("/retry")                              # nothing answered yet
+    assert "nothing to retry" in capsys.readouterr().err
+    s.handle("Q")
+    s.handle("/retry")
+    assert s.messages == [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "second"}]
+    assert s.m.calls[1] == [{"role": "user", "content": "Q"}]    # the old answer was not sent again
+    s.handle("/retry")                              # fails: the previous answer comes back
+    assert "Error: the prompt has 9999 tokens" in capsys.readouterr().err
+    assert s.messages[-1] == {"role": "assistant", "content": "second"}
+
+
+def test_interrupt_before_the_first_token_drops_the_message(capsys):
+    s = session([KeyboardInterrupt(), "ok"])
+    s.handle("Q1")
+    assert s.messages == [] and "stopped before it began" in capsys.readouterr().out
+    s.handle("Q2")
+    assert s.messages == [{"role": "user", "content": "Q2"}, {"role": "assistant", "content": "ok"}]
+
+
+def test_attachments_go_with_the_next_message_only(tmp_path, capsys):
+    f = tmp_path / "a.txt"
+    f.write_text("alpha\n")
+    s = session(["r1", "r2"])
+    s.handle(f"/file {f}")
+    s.handle("/file")                               # no path: usage, nothing attached
+    assert "usage: /file PATH" in capsys.readouterr().err
+    s.handle("Summarize.")
+    s.handle("Again.")
+    assert s.messages[0]["content"] == f"Summarize.\n\n{f}:\n```\nalpha\n```"
+    assert s.messages[2]["content"] == "Again."
+    # a message that starts with a path is text, not an unknown command
+    s2 = session(["r"])
+    s2.handle("/usr/bin/python crashed, why?")
+    assert s2.messages[0]["content"] == "/usr/bin/python crashed, why?"
