@@ -17,14 +17,6 @@ from .backend.llama import MIN_CTX
 from .drafters import NAMES as DRAFTERS
 from .drafters import parse_drafter_name
 
-CHAT_COMMANDS = {
-    "/stats": "acceptance report and totals of this session",
-    "/reset": "forget the conversation",
-    "/exit": "leave (Ctrl-D does too)",
-    "/help": "this list",
-}
-
-
 # ------------------------------------------------------------------ helpers
 @contextlib.contextmanager
 def user_errors():
@@ -265,163 +257,28 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
 @click.argument("model", required=False)
 @generation_options
 @click.option("--system", default=None, help="A system message that opens the conversation.")
-def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate,
-         stop, verify, ctx, n_gpu_layers, threads, cache_type_k, corpora, system):
-    """Chat with MODEL in the terminal.
+@click.option("--no-color", is_flag=True, help="No colours (NO_COLOR=1 does the same).")
+def chat(model, **options):
+    """Chat with MODEL in the terminal (the code is in edgespec/chat.py).
 
-    Each turn reuses the KV cache of the earlier ones.  Commands: /stats, /reset,
-    /exit (or Ctrl-D).  Ctrl-C stops an answer; at the prompt it leaves.
+    \b
+    Enter sends; Alt-Enter (or Esc, then Enter) inserts a newline; a pasted
+    block is one message; a message whose first line is \"\"\" runs to a
+    closing \"\"\" line.  Each turn reuses the KV cache of the earlier ones.
+    Text that arrived as accepted drafts is drawn in cyan.  Commands: /file,
+    /system, /save, /load, /retry, /stats, /reset, /help, /exit (or Ctrl-D).
+    Ctrl-C stops an answer; at the prompt it clears the line, on an empty
+    line it leaves.  Up/Down recall earlier messages, also from earlier runs
+    (history in $EDGESPEC_DATA_DIR, else $XDG_DATA_HOME/edgespec, else
+    ~/.local/share/edgespec).
+
+    With stdin not a terminal, the whole input is read and sent as one
+    message per blank-line-separated block (a \"\"\" block keeps its blank
+    lines; a block starting with /name is a command).
     """
-    sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
-    m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
-                   cache_type_k=cache_type_k,
-                   max_nodes=max_nodes, gate=not no_gate, corpora=corpora, verify=verify)
-    base = [{"role": "system", "content": system}] if system else []
-    messages = list(base)
-    totals = {"turns": 0, "tokens": 0, "decode_s": 0.0, "steps": 0, "draft_nodes": 0, "draft_accepted": 0,
-              "prefill_tokens": 0, "prefill_s": 0.0}
-    dim = lambda s: click.style(s, fg="bright_black")  # noqa: E731
-    click.echo(dim(f"edgespec chat: {m.model_path} (drafter {drafter}); /help for commands, Ctrl-D to leave"))
-    try:
-        while True:
-            try:
-                line = click.prompt(">", prompt_suffix=" ",
-                                    default="", show_default=False)
-            except click.exceptions.Abort:  # Ctrl-D / Ctrl-C at the prompt
-                click.echo()
-                break
-            text = line.strip()
-            if not text:
-                continue
-            if text.startswith("/"):
-                cmd = text.split()[0].lower()
-                if cmd in ("/exit", "/quit"):
-                    break
-                if cmd == "/reset":
-                    messages = list(base)
-                    m.engine.reset()
-                    click.echo(dim("conversation cleared"))
-                elif cmd == "/stats":
-                    for s in _chat_stats(m, totals):
-                        click.echo(s)
-                elif cmd == "/help":
-                    for k, v in CHAT_COMMANDS.items():
-                        click.echo(f"  {k:<7} {v}")
-                else:
-                    click.echo(f"unknown command {cmd}; commands: {', '.join(CHAT_COMMANDS)}")
-                continue
+    from .chat import run_chat
 
-            messages.append({"role": "user", "content": line})
-            pieces: list[str] = []
-
-            def on_text(piece: str) -> None:
-                pieces.append(piece)
-                click.echo(piece, nl=False)
-
-            try:
-                with user_errors():
-                    # a conversation that outgrew the context loses its oldest
-                    # turns, so that the new message and room for an answer fit
-                    n_ctx = m.backend.n_ctx
-                    messages, dropped = m.fit_messages(messages, reserve=min(max_tokens, n_ctx // 4))
-                    if dropped:
-                        click.echo(dim(f"[the conversation outgrew the context of {n_ctx} tokens: dropped its "
-                                       f"{dropped} oldest message{'s' if dropped > 1 else ''}; /reset starts "
-                                       f"over, --ctx allows more]"))
-                    r = m.chat(messages, max_tokens=max_tokens, sampling=sampling, stop=list(stop), on_text=on_text)
-            except KeyboardInterrupt:
-                messages.append({"role": "assistant", "content": "".join(pieces)})
-                click.echo()
-                click.echo(dim("[answer stopped; the partial answer stays in the conversation]"))
-                continue
-            except click.ClickException as e:
-                messages.pop()
-                click.echo()
-                click.echo(f"Error: {e.message}", err=True)
-                continue
-            messages.append({"role": "assistant", "content": r.text})
-            click.echo()
-            totals["turns"] += 1
-            totals["tokens"] += r.n_generated
-            totals["decode_s"] += r.decode_s
-            totals["steps"] += r.n_steps
-            totals["draft_nodes"] += r.n_draft_nodes
-            totals["draft_accepted"] += r.n_draft_accepted
-            totals["prefill_tokens"] += r.n_prompt_tokens - r.n_reused_tokens
-            totals["prefill_s"] += r.prefill_s
-            click.echo(dim(f"[{r.n_generated} tokens, {r.tokens_per_s:.1f} tok/s, {r.mean_accepted:.2f} tokens/step, "
-                           f"prefill {r.n_prompt_tokens - r.n_reused_tokens} new tokens in {r.prefill_s:.2f}s "
-                           f"({r.n_reused_tokens} reused), stop: {_stop_label(r, max_tokens)}]"))
-    finally:
-        m.close()
-
-
-@main.command()
-@click.argument("model", required=False)
-@generation_options
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (0.0.0.0 = every interface: set --api-key then).")
-@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
-@click.option("--api-key", envvar="EDGESPEC_API_KEY", default=None,
-              help="Require `Authorization: Bearer KEY` on /v1/* (or set EDGESPEC_API_KEY).")
-@click.option("--queue", "max_queue", type=click.IntRange(min=0), default=16, show_default=True,
-              help="Requests that may wait while one runs; more get 503 with Retry-After.")
-@click.option("--model-id", default=None, help="The model's name in /v1/models (default: the file's name "
-                                               "without .gguf).")
-def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate, stop, verify,
-          ctx, n_gpu_layers, threads, cache_type_k, corpora, host, port, api_key, max_queue, model_id):
-    """Serve MODEL over an OpenAI-compatible HTTP API, with a chat page at /.
-
-    POST /v1/chat/completions and /v1/completions (streamed or not), GET
-    /v1/models and /health.  The generation options are the defaults of
-    requests that leave them out.  One request runs at a time; the others wait
-    in a queue of --queue requests.
-    """
-    import os
-
-    try:
-        from . import server as S
-    except ImportError as e:
-        raise click.ClickException(f"serve needs {e.name}: pip install 'edgespec[serve]'") from None
-    make_sampling(temperature, top_k, top_p, min_p, seed)      # a bad value fails before the model loads
-    m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
-                   cache_type_k=cache_type_k, max_nodes=max_nodes, gate=not no_gate, corpora=corpora,
-                   verify=verify)
-    name = model_id or os.path.basename(m.model_path).removesuffix(".gguf")
-    defaults = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-                "min_p": min_p, "seed": seed, "stop": list(stop), "drafter": drafter}
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it may use it", err=True)
-    click.echo(f"edgespec serve: {name} (drafter {drafter}) on http://{host}:{port}/  (chat page at /, "
-               f"API at /v1)", err=True)
-    try:
-        S.serve(m, host=host, port=port, model_id=name, api_key=api_key, max_queue=max_queue, defaults=defaults,
-                log_level="warning")
-    finally:
-        m.close()
-
-
-def _stop_label(r, max_tokens: int) -> str:
-    """The stop reason for people: 'length' before max_tokens means the context is full."""
-    if r.stop_reason == "length" and r.n_generated < max_tokens:
-        return "context full"
-    return r.stop_reason
-
-
-def _chat_stats(m, t) -> list[str]:
-    lines = []
-    if t["turns"]:
-        tps = t["tokens"] / t["decode_s"] if t["decode_s"] > 0 else 0.0
-        acc = (t["steps"] + t["draft_accepted"]) / t["steps"] if t["steps"] else 0.0
-        lines.append(f"session: answers {t['turns']}, {t['tokens']} tokens in {t['decode_s']:.2f}s "
-                     f"({tps:.1f} tok/s), {t['steps']} steps ({acc:.2f} tokens/step), "
-                     f"draft nodes verified {t['draft_nodes']}, accepted {t['draft_accepted']}; "
-                     f"prefill {t['prefill_tokens']} tokens in {t['prefill_s']:.2f}s")
-    else:
-        lines.append("session: no answers yet")
-    if m.cost is not None:
-        lines.append(m.cost.describe())
-    return lines + acceptance_lines(m)
+    run_chat(model, **options)
 
 
 @main.command()
