@@ -50,13 +50,22 @@ def check_gguf(path: str) -> tuple[dict, int]:
         if len(_CHECKED) >= 8:
             _CHECKED.clear()
         _CHECKED[key] = _check_gguf(path)
-    return _CHECKED[key]
+    return _CHECKED[key][:2]
+
+
+def gguf_metadata(path: str) -> dict:
+    """The string-valued metadata of a GGUF file (general.architecture,
+    general.name, tokenizer.chat_template, ...), read from its header after
+    check_gguf's checks."""
+    check_gguf(path)
+    st = os.stat(path)
+    return dict(_CHECKED[(os.path.realpath(path), st.st_size, st.st_mtime_ns)][2])
 
 
 _CHECKED: dict = {}
 
 
-def _check_gguf(path: str) -> tuple[dict, int]:
+def _check_gguf(path: str) -> tuple[dict, int, dict]:
     size = os.path.getsize(path)
     try:
         with open(path, "rb") as f:
@@ -104,8 +113,7 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
             b = need(_GGUF_TYPE_SIZES[t])
             return int.from_bytes(b, "little") if key == b"general.alignment" else None
         if t == 8:
-            read_str()
-            return None
+            return read_str().decode("utf-8", "replace")
         if t == 9:
             (et,) = struct.unpack("<I", need(4))
             (cnt,) = struct.unpack("<Q", need(8))
@@ -113,6 +121,9 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
                 raise ModelFileError(f"corrupt GGUF metadata (array of {cnt}): {path}")
             if et in _GGUF_TYPE_SIZES:
                 need(_GGUF_TYPE_SIZES[et] * cnt)
+            elif et == 8:
+                for _ in range(cnt):
+                    read_str()
             else:
                 for _ in range(cnt):
                     skip_value(et, b"")
@@ -120,11 +131,14 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
         raise ModelFileError(f"corrupt GGUF metadata (value type {t}): {path}")
 
     alignment = 32
+    strings = {}
     for _ in range(n_kv):
         key = read_str()
         (t,) = struct.unpack("<I", need(4))
         v = skip_value(t, key)
-        if v:
+        if isinstance(v, str):
+            strings[key.decode("utf-8", "replace")] = v
+        elif v:
             alignment = int(v)
     max_off = 0
     tensors = {}
@@ -141,7 +155,7 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
     data_start = (f.tell() + alignment - 1) // alignment * alignment
     if n_tensors and data_start + max_off >= size:
         raise ModelFileError(f"truncated GGUF file (tensor data missing, file is {size} bytes): {path}")
-    return tensors, data_start
+    return tensors, data_start, strings
 
 
 def resolve_model(path: str | None) -> str:
