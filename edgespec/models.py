@@ -159,7 +159,16 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
 
 
 def resolve_model(path: str | None) -> str:
-    """The model to load: `path`, or the default; checked with check_gguf."""
+    """The model to load: `path`, a benchmark model's name (edgespec.modelzoo:
+    smollm2, gemma3-270m, ... once fetched with tools/get_models.py), or the
+    default; checked with check_gguf."""
     p = os.path.expanduser(path) if path else default_model_path()
+    if path and not os.path.exists(p):
+        from .modelzoo import MODELS, ModelZooError, require_model
+        if path in MODELS:
+            try:
+                p = require_model(path)
+            except ModelZooError as e:
+                raise ModelFileError(str(e)) from None
     check_gguf(p)
     return p
