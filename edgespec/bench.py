@@ -798,7 +798,7 @@ def plot_results(results: Iterable[dict], path: str, head: dict | None = None) -
     speeds = np.array([[method_stats([r for r in results if r["method"] == m and c in ("all", r["category"])])
                         ["tokens_per_s"] for c in cats] for m in methods])
     width = 0.8 / max(1, len(methods))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(cats) * max(1, len(methods)) ** 0.5 + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6.0, (0.5 + 0.12 * len(methods)) * len(cats) + 3), 4.5))
     x = np.arange(len(cats))
     for i, m in enumerate(methods):
         ax.bar(x + (i - (len(methods) - 1) / 2) * width, speeds[i], width, label=m)
@@ -810,7 +810,7 @@ def plot_results(results: Iterable[dict], path: str, head: dict | None = None) -
         title += f"\n{head.get('cpu')}, {head.get('n_threads')} threads, K cache {head.get('cache_type_k')}, " \
                  f"max_tokens {head.get('max_tokens')}"
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     try:

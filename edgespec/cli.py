@@ -194,6 +194,18 @@ def exactness_notice(model) -> str | None:
             f"tokens nearly tie (README: what lossless means)")
 
 
+def _with_chat_template(model, advice: str) -> str:
+    """The resolved model path, or a one-line error (before the model is
+    loaded and calibrated) when its GGUF has no chat template."""
+    from .models import gguf_metadata, resolve_model
+
+    with user_errors():
+        path = resolve_model(model)
+        if "tokenizer.chat_template" not in gguf_metadata(path):
+            raise click.ClickException(f"{path} has no chat template (a base or completion model): {advice}")
+    return path
+
+
 def _echo_stream(piece: str) -> None:
     click.echo(piece, nl=False)
 
@@ -244,6 +256,8 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
     if not prompt.strip():
         raise click.UsageError("the prompt is empty")
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
+    if not raw:
+        model_path = _with_chat_template(model_path, "use --raw to send the prompt as plain text")
     model = load_model(model_path, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
                        cache_type_k=cache_type_k,
                        max_nodes=max_nodes, gate=not no_gate, corpora=corpora, verify=verify)
@@ -285,12 +299,7 @@ def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max
     /exit (or Ctrl-D).  Ctrl-C stops an answer; at the prompt it leaves.
     """
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
-    from .models import gguf_metadata, resolve_model
-    with user_errors():
-        model = resolve_model(model)
-        if "tokenizer.chat_template" not in gguf_metadata(model):
-            raise click.ClickException(f"{model} has no chat template (a base or completion model): chat needs one; "
-                                       "`edgespec generate --raw MODEL PROMPT` continues a text instead")
+    model = _with_chat_template(model, "chat needs one; `edgespec generate --raw MODEL PROMPT` continues a text instead")
     m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
                    cache_type_k=cache_type_k,
                    max_nodes=max_nodes, gate=not no_gate, corpora=corpora, verify=verify)
@@ -468,6 +477,8 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out
     with user_errors():
         prompts = B.load_prompts(prompts_file, categories=list(category), limit=limit)
         method_list = B.parse_methods(methods)
+    if not raw:
+        model = _with_chat_template(model, "use --raw to send the prompts as plain text")
     m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, corpora=corpora,
                    cache_type_k=cache_type_k)
     try:
