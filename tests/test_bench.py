@@ -183,3 +183,24 @@ def test_bench_raw_and_expert_peer(smol, tmp_path):
     assert res["none"]["n_prompt_tokens"] == len(smol.prompt_tokens("Once upon a time, there was a", raw=True))
     assert "<|im_start|>" not in smol.detokenize(smol.prompt_tokens(prompts[0].turn, raw=True))
     assert res["llama-cpp-python-expert"]["text"] and res["llama-cpp-python-expert"]["n_generated"] >= 1
+
+
+def test_replay_flat_cost_curve():
+    """tools/replay.py --flat: a GPU-like curve, c(T) = 1 + slope (T - 1) at every
+    context and in the short regime, no after-batch cost, one-token times kept."""
+    import importlib.util
+
+    from edgespec.costmodel import CostCurve
+    spec = importlib.util.spec_from_file_location("replay_tool", os.path.join(ROOT, "tools", "replay.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    ts = [1, 2, 4, 8]
+    measured = CostCurve(ts, [1.0, 1.9, 3.0, 5.5], 0.01, {"prefix": 300}, 0.008,
+                         [{"n_kv": 1000, "t1_s": 0.012, "rel": [1.0, 2.0, 3.3, 6.0], "after_s": 0.0005}],
+                         [1.0, 1.8, 2.9, 5.0], 0.0004, 0.0003)
+    flat = CostCurve.from_json(tool.flat_curve(measured, 0.05).to_json())     # still a valid curve
+    assert flat.t1_s == 0.01 and flat.t1_at(1000) == pytest.approx(0.012)
+    for n_kv in (None, 300, 1000, 1500):
+        assert flat.table(8, n_kv=n_kv)[1:] == pytest.approx([1 + 0.05 * (t - 1) for t in range(1, 9)])
+    short = flat.table(8, short=True)
+    assert short[2] / short[1] == pytest.approx(1.05)
