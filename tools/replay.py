@@ -40,6 +40,10 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", action="append", default=[])
     ap.add_argument("--category", action="append", default=[])
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--flat", type=float, default=None, metavar="SLOPE",
+                    help="model a GPU-like flat cost curve, c(T) = 1 + SLOPE x (T - 1) at every context, instead "
+                         "of the calibrated one (the gate and the time model both use it): what these drafts "
+                         "would give where a batch costs little more than one token (modelled, not measured)")
     ap.add_argument("--overhead-ms", type=float, default=None,
                     help="engine work per step for the time model (default: the bench's own figure per method, "
                          "else 0.15 ms)")
@@ -50,6 +54,8 @@ def main(argv=None) -> int:
     if head is None or not head.get("cost_curve"):
         sys.exit("the results file has no header with a cost curve (run `edgespec bench` to make one)")
     cost = CostCurve.from_json(head["cost_curve"])
+    if a.flat is not None:
+        cost = flat_curve(cost, a.flat)
     none = {r["question_id"]: r for r in rows if r["method"] == "none"}
     if not none:
         sys.exit("the results file has no `none` rows: they are the recorded model output")
@@ -66,7 +72,7 @@ def main(argv=None) -> int:
         qids.append(p.question_id)
         rec = none[p.question_id]
         reqs.append(ReplayRequest(str(p.question_id), p.category,
-                                  m.prompt_tokens([{"role": "user", "content": p.turn}]),
+                                  m.prompt_tokens(p.turn, raw=bool(head.get("raw"))),
                                   np.asarray(rec["tokens"], np.int32), rec.get("stop_reason") == "stop",
                                   rec.get("topk")))
     max_tokens = int(head["max_tokens"])
@@ -123,8 +129,18 @@ def main(argv=None) -> int:
                 bn = [bench_rows['none'][x['question_id']] for x in b]
                 bsp = f"{sum(x['decode_s'] for x in bn) / sum(x['decode_s'] for x in b):.2f}"
             print(f"{c:<15} {meth:<18} {acc:>8.2f} {bacc:>6} {sp:>8.2f} {bsp:>6}   ({gen} tokens)")
-    print("\n* modelled: c(T) per decode from the results file's calibration + the engine's work per step")
+    print("\n* modelled: c(T) per decode from " + (f"a flat curve, c(T) = 1 + {a.flat:g} (T - 1)"
+          if a.flat is not None else "the results file's calibration") + " + the engine's work per step")
     return 0
+
+
+def flat_curve(cost: CostCurve, slope: float) -> CostCurve:
+    """`cost` with every context's c(T) replaced by 1 + slope (T - 1) and no
+    after-batch cost (one-token times kept)."""
+    rel = [1.0 + slope * (t - 1) for t in cost.ts]
+    return CostCurve(list(cost.ts), rel, cost.t1_s, dict(cost.meta, flat=slope), cost.t1_short_s,
+                     [dict(d, rel=list(rel), after_s=0.0) for d in cost.longer],
+                     list(rel) if cost.short_rel else [], 0.0, 0.0)
 
 
 if __name__ == "__main__":

@@ -74,10 +74,30 @@ def _log_callback(level, text, user_data):  # pragma: no cover - called from C
 
 _backend_ready = False
 
+# llama.cpp's CPU backend multiplies K-quant weights (Q2_K..Q6_K) by a batch of
+# 8 or more rows with a tiled kernel that accumulates in integers per block and
+# scales once, where the one-row kernel (vec_dot) scales every block in float:
+# the sums round differently.  Measured on the 2-core Intel Xeon with
+# llama-cpp-python 0.3.36, Gemma-3-270M and Qwen2.5-Coder Q4_K_M: batches of 2-7
+# tokens bit-identical to one-token decoding, of 8 and more off by up to 3.2 in
+# the logits, with argmax flips.  The kernel has a process-wide switch, the
+# environment variable GGML_CPU_TILED_MM, read once at the first matrix product;
+# edgespec turns it off (before llama.cpp computes anything) unless the
+# environment already sets it.  What was there before edgespec set it:
+TILED_MM_ENV = "GGML_CPU_TILED_MM"
+USER_TILED_MM = os.environ.get(TILED_MM_ENV)
+
+
+def tiled_mm_setting() -> str:
+    """The GGML_CPU_TILED_MM value llama.cpp sees in this process ("0" = off;
+    unset = llama.cpp's default, on)."""
+    return os.environ.get(TILED_MM_ENV, "default")
+
 
 def _init_backend(verbose: bool = False) -> None:
     global _backend_ready, _log_verbose
     _log_verbose = verbose
+    os.environ.setdefault(TILED_MM_ENV, "0")
     if not _backend_ready:
         L.llama_log_set(_log_callback, ctypes.c_void_p(0))
         L.llama_backend_init()
