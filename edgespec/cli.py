@@ -318,6 +318,54 @@ def chat(model, **options):
 
 @main.command()
 @click.argument("model", required=False)
+@generation_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 = every interface: set --api-key then).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--api-key", envvar="EDGESPEC_API_KEY", default=None,
+              help="Require `Authorization: Bearer KEY` on /v1/* (or set EDGESPEC_API_KEY).")
+@click.option("--queue", "max_queue", type=click.IntRange(min=0), default=16, show_default=True,
+              help="Requests that may wait while one runs; more get 503 with Retry-After.")
+@click.option("--model-id", default=None, help="The model's name in /v1/models (default: the file's name "
+                                               "without .gguf).")
+def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate, stop, verify,
+          ctx, n_gpu_layers, threads, cache_type_k, corpora, host, port, api_key, max_queue, model_id):
+    """Serve MODEL over an OpenAI-compatible HTTP API, with a chat page at /.
+
+    POST /v1/chat/completions and /v1/completions (streamed or not), GET
+    /v1/models and /health.  The generation options are the defaults of
+    requests that leave them out.  One request runs at a time; the others wait
+    in a queue of --queue requests.
+    """
+    import os
+
+    try:
+        from . import server as S
+    except ImportError as e:
+        raise click.ClickException(f"serve needs {e.name}: pip install 'edgespec[serve]'") from None
+    make_sampling(temperature, top_k, top_p, min_p, seed)      # a bad value fails before the model loads
+    m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
+                   cache_type_k=cache_type_k, max_nodes=max_nodes, gate=not no_gate, corpora=corpora,
+                   verify=verify)
+    notice = exactness_notice(m)
+    if notice:
+        click.echo(notice, err=True)
+    name = model_id or os.path.basename(m.model_path).removesuffix(".gguf")
+    defaults = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+                "min_p": min_p, "seed": seed, "stop": list(stop), "drafter": drafter}
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it may use it", err=True)
+    click.echo(f"edgespec serve: {name} (drafter {drafter}) on http://{host}:{port}/  (chat page at /, "
+               f"API at /v1)", err=True)
+    try:
+        S.serve(m, host=host, port=port, model_id=name, api_key=api_key, max_queue=max_queue, defaults=defaults,
+                log_level="warning")
+    finally:
+        m.close()
+
+
+@main.command()
+@click.argument("model", required=False)
 @backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print the curve as JSON.")
 def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, as_json):
