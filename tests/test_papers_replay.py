@@ -115,7 +115,8 @@ def test_teacher_backed_replay_matches_the_real_engine(model):
         assert res.tokens == ref.tokens[:48]
         real.append((res.n_steps, res.n_draft_nodes, res.n_draft_accepted))
     eng.reset()
-    tb = LlamaBackend(model.model_path, n_ctx=model.backend.n_ctx, max_nodes=512, max_leaves=1, exact=False)
+    tb = LlamaBackend(model.model_path, n_ctx=model.backend.n_ctx, max_nodes=512, max_leaves=1, exact=False,
+                      n_threads=model.backend.n_threads, cache_type_k=model.backend.cache_type_k)
     try:
         for r in reqs:
             r.teacher = teacher_pass(tb, np.concatenate([r.prompt, r.output]), len(r.prompt))

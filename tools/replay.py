@@ -66,7 +66,7 @@ def _curve(name: str, head: dict) -> CostCurve:
     sys.exit(f"--cost {name!r}: not cpu, {', '.join(GPU_CURVES)} or a JSON file")
 
 
-def _teachers(path: str, hidden_path: str, model_path: str, n_ctx: int, reqs, want_hidden: bool) -> None:
+def _teachers(path: str, hidden_path: str, model_path: str, head: dict, reqs, want_hidden: bool) -> None:
     """Attach a Teacher to every request, from the cache files or one pass of the model."""
     from edgespec.backend.llama import LlamaBackend
     cache = dict(np.load(path)) if os.path.exists(path) else {}
@@ -74,7 +74,10 @@ def _teachers(path: str, hidden_path: str, model_path: str, n_ctx: int, reqs, wa
     missing = [r for r in reqs if f"{r.key}/ids" not in cache or (want_hidden and r.key not in hcache)]
     if missing:
         print(f"teacher pass over {len(missing)} prompt+answer records (once; cached in {path})...", file=sys.stderr)
-        be = LlamaBackend(model_path, n_ctx=n_ctx, max_nodes=512, max_leaves=1, exact=False)
+        # the recorded run's K cache and threads: the numbers are those its engine saw
+        be = LlamaBackend(model_path, n_ctx=int(head["n_ctx"]), max_nodes=512, max_leaves=1, exact=False,
+                          n_threads=head.get("n_threads"), cache_type_k=head.get("cache_type_k"),
+                          n_gpu_layers=int(head.get("n_gpu_layers") or 0))
         for i, r in enumerate(missing, 1):
             t = teacher_pass(be, np.concatenate([r.prompt, r.output]), len(r.prompt), hidden=want_hidden)
             for f in ("ids", "logits", "entropy", "tail"):
@@ -163,7 +166,7 @@ def main(argv=None) -> int:
     needs = a.teacher or any(d.prefill_topk or getattr(d, "wants_entropy", False) or getattr(d, "wants_hidden", False)
                              for d in probe)
     if needs:
-        _teachers(a.results + ".teacher.npz", a.results + ".hidden.npz", m.model_path, int(head["n_ctx"]), reqs,
+        _teachers(a.results + ".teacher.npz", a.results + ".hidden.npz", m.model_path, head, reqs,
                   any(getattr(d, "wants_hidden", False) for d in probe))
 
     cats = sorted({r.category for r in reqs}) + ["all"]
