@@ -62,7 +62,7 @@ def main(argv=None) -> int:
                 (on if h else off).append(_step(be, toks, h))
         m_on, m_off = statistics.median(on) * 1e3, statistics.median(off) * 1e3
         print(f"step T={T:>2}: {m_off:7.3f} ms without, {m_on:7.3f} ms with hidden states "
-              f"(+{m_on - m_off:.3f} ms, {100 * (m_on / m_off - 1):+.1f}%)")
+              f"({m_on - m_off:+.3f} ms, {100 * (m_on / m_off - 1):+.1f}%)")
     chunk = rng.integers(100, 5000, size=512).astype(np.int32)
     ids, vals = np.zeros((512, 8), np.int32), np.zeros((512, 8), np.float32)
     hid = np.zeros((512, be.n_embd), np.float32)

@@ -172,34 +172,7 @@ class HybridDrafter(Drafter):
     def __init__(self, n_vocab: int, corpora=(), config: HybridConfig | None = None,
                  model_path: str | None = None, embeddings=None):
         self.config = c = config if config is not None else HybridConfig()
-        self.parts: list[Drafter] = []
-        self._suffix = None
-        if c.suffix:
-            self._suffix = SuffixDrafter(SuffixConfig(
-                position_ema=c.ema, max_depth=c.copy_len, feedback=c.feedback, feedback_top=c.feedback_top,
-                feedback_init=c.feedback_init, feedback_rate=c.feedback_rate, prompt_source=c.aasd,
-                max_nodes=max(64, c.max_nodes)), corpora=corpora)
-            self.parts.append(self._suffix)
-        if (c.semantic_pair or c.semantic) and embeddings is None and model_path is not None:
-            from ..embeddings import TokenEmbeddings
-            embeddings = TokenEmbeddings(model_path)
-        if c.semantic_pair and embeddings is not None:
-            self.parts.append(SemanticDrafter(embeddings, max_nodes=c.max_nodes))
-        self._adapld = None
-        if c.branch or (c.semantic and embeddings is not None):
-            self._adapld = AdaPLDDrafter(branch=c.branch, embeddings=embeddings if c.semantic else None,
-                                         k=c.branch_k, successor_len=c.successor_len, tau=c.semantic_tau,
-                                         max_nodes=c.max_nodes)
-            self.parts.append(self._adapld)
-        if c.branch_depth or c.aasd or c.aasd_all:
-            br = BranchDrafter(aasd=c.aasd, aasd_all=c.aasd_all, branch=c.branch_depth, max_nodes=c.max_nodes)
-            self.parts.append(br)
-        if c.trigram:
-            self.parts.append(TrigramDrafter(n_vocab, corpora=corpora))
-        self._adjacency = None
-        if c.adjacency:
-            self._adjacency = AdjacencyDrafter(n_vocab, corpora=corpora)
-            self.parts.append(self._adjacency)
+        self.parts = self._make_parts(c, n_vocab, corpora, model_path, embeddings)
         if not self.parts:
             raise ValueError("HybridConfig: no component can run (the semantic fallbacks need the model's "
                              "embeddings: a model path)")
@@ -257,6 +230,36 @@ class HybridDrafter(Drafter):
         self._g_leaf = np.zeros(n, np.bool_)
         self._buf = [(np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.float32), np.zeros(n, np.int8))
                      for _ in range(2)]
+
+    def _make_parts(self, c: HybridConfig, n_vocab: int, corpora, model_path, embeddings) -> list[Drafter]:
+        """The component drafters in merge priority order; sets _suffix, _adapld, _adjacency."""
+        parts: list[Drafter] = []
+        self._suffix = self._adapld = self._adjacency = None
+        if c.suffix:
+            self._suffix = SuffixDrafter(SuffixConfig(
+                position_ema=c.ema, max_depth=c.copy_len, feedback=c.feedback, feedback_top=c.feedback_top,
+                feedback_init=c.feedback_init, feedback_rate=c.feedback_rate, prompt_source=c.aasd,
+                max_nodes=max(64, c.max_nodes)), corpora=corpora)
+            parts.append(self._suffix)
+        if (c.semantic_pair or c.semantic) and embeddings is None and model_path is not None:
+            from ..embeddings import TokenEmbeddings
+            embeddings = TokenEmbeddings(model_path)
+        if c.semantic_pair and embeddings is not None:
+            parts.append(SemanticDrafter(embeddings, max_nodes=c.max_nodes))
+        if c.branch or (c.semantic and embeddings is not None):
+            self._adapld = AdaPLDDrafter(branch=c.branch, embeddings=embeddings if c.semantic else None,
+                                         k=c.branch_k, successor_len=c.successor_len, tau=c.semantic_tau,
+                                         max_nodes=c.max_nodes)
+            parts.append(self._adapld)
+        if c.branch_depth or c.aasd or c.aasd_all:
+            parts.append(BranchDrafter(aasd=c.aasd, aasd_all=c.aasd_all, branch=c.branch_depth,
+                                       max_nodes=c.max_nodes))
+        if c.trigram:
+            parts.append(TrigramDrafter(n_vocab, corpora=corpora))
+        if c.adjacency:
+            self._adjacency = AdjacencyDrafter(n_vocab, corpora=corpora)
+            parts.append(self._adjacency)
+        return parts
 
     def warmup(self) -> None:
         for p in self.parts:
