@@ -4,24 +4,185 @@
     m = SpecModel()                      # the default SmolLM2 GGUF, suffix drafter
     r = m.generate("Summarize: ...", max_tokens=128)
     print(r.text, r.tokens_per_s)
-    for piece in m.stream("Tell me a story"):
-        print(piece, end="", flush=True)
+    for chunk in m.stream("Tell me a story"):
+        print(chunk.text, end="", flush=True)
+
+A SpecModel runs one request at a time; it is safe to share between threads.
+Concurrent callers queue in arrival order (wait=False or a timeout turns a
+wait into ModelBusyError), a stream holds the model from stream() until it is
+exhausted or closed, and cancel= stops a request from anywhere within one step.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
+import threading
+import time
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from .backend.llama import EXACT_MAX_BATCH, LlamaBackend
-from .costmodel import CostCurve, calibration_key, load_or_measure, plan_contexts
+from .backend.llama import EXACT_MAX_BATCH, LlamaBackend, tiled_mm_setting
+from .costmodel import (CostCurve, ExactnessReport, calibration_key, load_or_check_exactness, load_or_measure,
+                        plan_contexts)
 from .drafters import make_drafter, parse_drafter_name
-from .engine import Engine, EngineConfig, GenerationResult, drain
+from .engine import Chunk, Engine, EngineConfig, GenerationResult, _cancel_check, drain
+from .errors import ConfigError, ModelBusyError, ModelClosedError
 from .models import resolve_model
 from .verify import SamplingConfig, VerifyConfig
 
 Messages = Sequence[dict]
+
+
+@dataclasses.dataclass
+class StreamChunk(Chunk):
+    """What SpecModel.stream() yields: the engine's Chunk (text, tokens,
+    n_drafted, spans: see edgespec.engine.Chunk) and, on the last chunk only,
+    finish_reason ("stop", "length" or "cancelled") and the GenerationResult.
+    The last chunk carries no text of its own."""
+    finish_reason: str | None = None
+    result: GenerationResult | None = None
+
+
+class _Gate:
+    """Who may use a SpecModel: one request at a time, waiting callers served
+    in arrival order; short non-request uses (tokenizing) counted so that
+    close() frees nothing under them."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.queue: collections.deque = collections.deque()
+        self.owner: int | None = None     # thread id of the request holding the model
+        self.stream: Stream | None = None # the stream holding it, if it is one
+        self.users = 0
+        self.closed = False
+
+    def acquire(self, wait: bool = True, timeout: float | None = None) -> None:
+        me = threading.get_ident()
+        with self.cond:
+            self._check_open()
+            if self.owner == me:
+                what = "stream" if self.stream is not None else "request"
+                raise ModelBusyError(f"this thread's own {what} still holds the model: finish or close "
+                                     "it first (waiting for it here would never end)")
+            if self.owner is None and not self.queue:
+                self.owner = me
+                return
+            if not wait:
+                raise ModelBusyError("the model is serving another request (wait=False)")
+            ticket = object()
+            self.queue.append(ticket)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                while self.owner is not None or self.queue[0] is not ticket:
+                    self._check_open()
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise ModelBusyError(f"the model stayed busy for {timeout:g}s (timeout)")
+                    self.cond.wait(left)
+                self._check_open()
+            except BaseException:
+                self.queue.remove(ticket)
+                self.cond.notify_all()
+                raise
+            self.queue.popleft()
+            self.owner = me
+
+    def release(self) -> None:
+        with self.cond:
+            self.owner = None
+            self.stream = None
+            self.cond.notify_all()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ModelClosedError("this SpecModel was closed")
+
+    @contextlib.contextmanager
+    def using(self):
+        """A short use that needs the model loaded but not exclusively (tokenizing)."""
+        with self.cond:
+            self._check_open()
+            self.users += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.users -= 1
+                self.cond.notify_all()
+
+
+class Stream:
+    """The chunks of one request (SpecModel.stream()), as an iterator.
+
+    It holds the model from its creation until the last chunk has been read or
+    close() is called (also by `with`, or when it is garbage collected); other
+    requests wait meanwhile.  close() may be called from any thread: a step in
+    progress is finished first (cancelled within one step), the KV cache stays
+    consistent.  `result` is the GenerationResult once the stream has ended."""
+
+    def __init__(self, gen, gate: _Gate, stop: threading.Event, on_end):
+        self._gen = gen
+        self._gate = gate
+        self._stop = stop
+        self._on_end = on_end
+        self._lock = threading.Lock()
+        self._done = False
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[StreamChunk]:
+        return self
+
+    def __next__(self) -> StreamChunk:
+        with self._lock:
+            if self._done:
+                raise StopIteration
+            try:
+                c = next(self._gen)
+            except StopIteration as e:
+                self.result = e.value
+                self._end()
+                return StreamChunk("", [], 0, [], finish_reason=e.value.stop_reason, result=e.value)
+            except BaseException:
+                self._end()
+                raise
+            return StreamChunk(c.text, c.tokens, c.n_drafted, c.spans)
+
+    def close(self) -> None:
+        """Stop the request (if it has not ended) and give the model back."""
+        self._stop.set()
+        with self._lock:
+            if not self._done:
+                try:
+                    self._gen.close()
+                finally:
+                    self._end()
+
+    def _end(self) -> None:
+        self._done = True
+        self._gen = None
+        try:
+            self._on_end()
+        finally:
+            self._gate.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._done
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):  # pragma: no cover - depends on the garbage collector
+        try:
+            if not self._done:
+                self.close()
+        except Exception:
+            pass
 
 
 class SpecModel:
@@ -43,61 +204,119 @@ class SpecModel:
     max_nodes: the largest verification batch (root + drafts).
     cost_gate: verify only drafts whose expected gain beats their measured cost.
     calibrate: measure c(T) if it is not cached (False = assume c(T) = T, i.e. a
-        CPU-like worst case, and skip the measurement).
+        CPU-like worst case, and skip the measurement), and check that
+        verification batches give logits bit-identical to one-token decoding
+        (`exact`; cached beside the curve).  False skips the check too (`exact`
+        then comes from the cache, or is None).
+
+
+    Threads: one request runs at a time.  generate(), chat(), stream() and the
+    methods that change the model's state wait for the running request (callers
+    are served in arrival order); wait=False raises ModelBusyError instead of
+    waiting, timeout=S after S seconds.  A request from the thread whose own
+    open stream holds the model raises ModelBusyError at once (it could never
+    be served).  close() cancels what runs, waits for it and frees llama.cpp;
+    every later call raises ModelClosedError.
     """
 
     def __init__(self, model_path: str | None = None, *, drafter="suffix", n_ctx: int = 4096,
                  n_gpu_layers: int = 0, n_threads: int | None = None, max_nodes: int = 32,
                  cost_gate: bool = True, calibrate: bool = True, verbose: bool = False,
                  progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None):
+        self._gate = _Gate()
+        self._closing = threading.Event()
+        self._engines: dict = {}
         self.model_path = resolve_model(model_path)
         self.backend = LlamaBackend(self.model_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                     n_threads=n_threads, max_nodes=max(EXACT_MAX_BATCH, max_nodes),
                                     max_leaves=32, cache_type_k=cache_type_k, verbose=verbose)
-        self.vocab = self.backend.vocab
-        self.corpora = []
         try:
-            if corpora:
-                from .corpus import Corpus
-                self.corpora = [Corpus.load(p, vocab=self.vocab) for p in corpora]
-        except BaseException:
+            self._setup(drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify)
+        except BaseException:      # a bad corpus, drafter or setting, a failed calibration, Ctrl-C
+            self._gate.closed = True
             self.backend.close()
             raise
+
+    def _setup(self, drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify) -> None:
+        self.vocab = self.backend.vocab
+        self.corpora = []
+        if corpora:
+            from .corpus import Corpus
+            self.corpora = [Corpus.load(p, vocab=self.vocab) for p in corpora]
         if self.backend.exact and max_nodes > EXACT_MAX_BATCH:
-            self.backend.close()
-            raise ValueError(f"max_nodes must be <= {EXACT_MAX_BATCH} on CPU: larger batches take a llama.cpp "
-                             "kernel whose numerics differ from one-token decoding")
+            raise ConfigError(f"max_nodes must be <= {EXACT_MAX_BATCH} on CPU: larger batches take a llama.cpp "
+                              "kernel whose numerics differ from one-token decoding")
         self.cost: CostCurve | None = None
+        self.exactness: ExactnessReport | None = None
         if calibrate:
-            self.cost = self.calibrate(progress=progress)
+            self.cost = self._calibrate(False, progress)
+        else:
+            self.exactness = load_or_check_exactness(self.backend, self._calibration_key(), cached_only=True)
         if isinstance(verify, str):
             verify = VerifyConfig(verify)
         self.config = EngineConfig(max_nodes=min(max_nodes, self.backend.max_nodes), cost_gate=cost_gate,
                                    verify=verify or VerifyConfig())
-        self._engines: dict = {}
         self._drafter = drafter
         self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
         self.engine = self._engine_for(drafter)
-        self._formatter = None
 
     # -------------------------------------------------------------- set-up
+    @contextlib.contextmanager
+    def _request(self, wait: bool = True, timeout: float | None = None):
+        """Hold the model for one request (see the class doc)."""
+        self._gate.acquire(wait, timeout)
+        try:
+            yield
+        finally:
+            self._gate.release()
+
+    def _calibration_key(self) -> str:
+        return calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads,
+                               extra=f"k={self.backend.cache_type_k},repack={int(self.backend.cpu_repack)},"
+                                     f"tiled_mm={tiled_mm_setting()}")
+
     def calibrate(self, remeasure: bool = False, progress=None) -> CostCurve:
-        """The cost curve c(T) for this model, settings and machine (cached on disk)."""
-        key = calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads,
-                              extra=f"k={self.backend.cache_type_k},repack={int(self.backend.cpu_repack)}")
+        """The cost curve c(T) for this model, settings and machine, and the
+        exactness self-check (both cached on disk; remeasure redoes both)."""
+        with self._request():
+            return self._calibrate(remeasure, progress)
+
+    def _calibrate(self, remeasure: bool, progress) -> CostCurve:
+        key = self._calibration_key()
         # a small --ctx caps the measured contexts: a cached curve that stops
         # short of what this context size measures is measured again
         self.cost = load_or_measure(self.backend, key, remeasure=remeasure, progress=progress,
                                     needed=plan_contexts(self.backend.n_ctx)[-1])
+        self.exactness = load_or_check_exactness(self.backend, key, recheck=remeasure, progress=progress)
         for e in getattr(self, "_engines", {}).values():
             e.set_cost(self.cost)
         return self.cost
 
-    def _engine_for(self, drafter) -> Engine:
+    @property
+    def exact(self) -> bool | None:
+        """Whether verification batches of every size up to max_nodes gave logits
+        bit-identical to one-token decoding on this model and machine (the
+        self-check; `exactness` has the detail: largest |logit difference|,
+        which batch sizes differed).  True: greedy output is token-identical
+        to drafter "none".  False: it can differ where the model's two top
+        tokens are nearly tied.  None: not checked (calibrate=False, nothing
+        cached)."""
+        return None if self.exactness is None else self.exactness.exact
+
+    def _engine_for(self, drafter, prediction: bool = False) -> Engine:
         """The engine of a drafter: a Drafter, or a name such as "auto",
         "suffix-nocorpus" (without the loaded corpora) or "auto@relaxed" (with a
-        lossy verification mode, see VerifyConfig)."""
+        lossy verification mode, see VerifyConfig).  prediction: the engine
+        whose drafter also drafts from a request's predicted output."""
         key = drafter if isinstance(drafter, str) else id(drafter)
+        if prediction:
+            if ("prediction", key) not in self._engines:
+                from .drafters.prediction import PredictionDrafter
+                base = self._engine_for(drafter)
+                d = PredictionDrafter(base.drafter)
+                d.warmup()
+                self._engines[("prediction", key)] = Engine(self.backend, d, self.cost, base.config)
+            return self._engines[("prediction", key)]
         if key not in self._engines:
             config = self.config
             if isinstance(drafter, str):
@@ -119,19 +338,46 @@ class SpecModel:
         freshly loaded model (same backend, corpora and cost curve, no reload).
         Drafters given as objects rather than names are built anew only by name,
         so their own memory stays."""
-        self.backend.reset()
-        self._engines = {}
-        self.engine = self._engine_for(self._drafter)
+        with self._request():
+            self.backend.reset()
+            self._engines = {}
+            self.engine = self._engine_for(self._drafter)
 
     def use_drafter(self, drafter) -> None:
         """Switch the drafter (engines are kept, with their acceptance statistics)."""
-        self._drafter = drafter
-        self.engine = self._engine_for(drafter)
-        self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
-        self.engine.reset()
+        with self._request():
+            self._drafter = drafter
+            self.engine = self._engine_for(drafter)
+            self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
+            self.engine.reset()
 
     def close(self) -> None:
+        """Cancel the running request (within one step) and any open stream,
+        wait for them, free llama.cpp's model and context.  Idempotent; later
+        calls of other methods raise ModelClosedError.  Raises ModelBusyError
+        when called from inside this thread's own running request (an on_text
+        callback): that request could never end."""
+        g = self._gate
+        me = threading.get_ident()
+        with g.cond:
+            if g.closed:
+                return
+            if g.owner == me and g.stream is None:
+                raise ModelBusyError("close() called from inside this thread's own request")
+            g.closed = True             # queued and later callers get ModelClosedError
+            self._closing.set()         # the running request stops before its next step
+            stream = g.stream
+            g.cond.notify_all()
+        if stream is not None:
+            stream.close()
+        with g.cond:
+            while g.owner is not None or g.users:
+                g.cond.wait()
         self.backend.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._gate.closed
 
     def __enter__(self):
         return self
@@ -140,32 +386,36 @@ class SpecModel:
         self.close()
 
     # ---------------------------------------------------------------- text
+    @property
+    def n_ctx(self) -> int:
+        """The context size in tokens (prompt + answer)."""
+        return self.backend.n_ctx
+
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
-        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
+        with self._gate.using():
+            return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, tokens) -> str:
-        return self.vocab.detokenize(tokens)
+        with self._gate.using():
+            return self.vocab.detokenize(tokens)
 
     def apply_chat_template(self, messages: Messages) -> str:
         """Render messages with the GGUF's own chat template (the same Jinja
         rendering llama-cpp-python's create_chat_completion uses)."""
-        if self._formatter is None:
-            template = self.backend.chat_template()
-            if not template:
-                raise ValueError("this model has no chat template; use raw prompts (--raw)")
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-            v = self.vocab
-            import llama_cpp as L
-            eos = v.token_text(L.llama_vocab_eos(v.ptr)) if L.llama_vocab_eos(v.ptr) >= 0 else ""
-            bos = v.token_text(L.llama_vocab_bos(v.ptr)) if L.llama_vocab_bos(v.ptr) >= 0 else ""
-            self._formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
-        return self._formatter(messages=list(messages)).prompt
+        with self._gate.using():
+            if not self.vocab.chat_template():
+                raise ConfigError("this model has no chat template; use raw prompts (--raw)")
+            return self.vocab.format_chat(messages)
 
     def prompt_tokens(self, prompt, raw: bool = False) -> np.ndarray:
         """Tokens for a prompt: a list of ids, a messages list, or a string (wrapped
         as one user message with the chat template unless raw)."""
         if isinstance(prompt, np.ndarray) or (isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], (int, np.integer))):
-            return np.asarray(prompt, np.int32)
+            ids = np.asarray(prompt)
+            n = self.vocab.n_vocab
+            if ids.ndim != 1 or ids.dtype.kind not in "iu" or (ids.size and (ids.min() < 0 or ids.max() >= n)):
+                raise ConfigError(f"token ids must be a flat list of integers in 0..{n - 1}")
+            return ids.astype(np.int32)
         if isinstance(prompt, str):
             if raw:
                 return self.tokenize(prompt, add_special=True, parse_special=False)
@@ -173,47 +423,105 @@ class SpecModel:
         text = self.apply_chat_template(prompt)
         return self.tokenize(text, add_special=False, parse_special=True)
 
+    def check_request(self, prompt_tokens, max_tokens: int = 256, sampling: SamplingConfig | None = None) -> None:
+        """Raise ConfigError (PromptTooLongError when the prompt does not fit the
+        context) for a request that cannot run, without waiting for the model:
+        a server checks a request this way before queueing it."""
+        with self._gate.using():
+            self.engine.check_request(len(prompt_tokens), max_tokens, sampling or SamplingConfig())
+
     # ------------------------------------------------------------ generate
-    def _run(self, prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter, record_topk=0):
-        engine = self._engine_for(drafter) if drafter is not None else self.engine
+    def _start(self, prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter, record_topk,
+               cancel, prediction, stop_event: threading.Event):
+        """With the model held: the engine generator of one request and what to
+        do when it ends."""
+        user_cancel = _cancel_check(cancel)
+        closing = self._closing
+
+        def is_cancelled() -> bool:
+            return closing.is_set() or stop_event.is_set() or (user_cancel is not None and bool(user_cancel()))
+
         toks = self.prompt_tokens(prompt, raw=raw)
-        return engine.run(toks, max_tokens=max_tokens, sampling=sampling or SamplingConfig(),
-                          stop=list(stop or []), reuse_prefix=reuse_prefix, record_topk=record_topk)
+        sampling = sampling or SamplingConfig()
+        pred = None
+        if prediction is not None and len(prediction):
+            pred = (self.tokenize(prediction, add_special=False) if isinstance(prediction, str)
+                    else np.asarray(prediction, np.int32))
+        engine = self._engine_for(drafter if drafter is not None else self._drafter, prediction=pred is not None)
+        engine.check_request(len(toks), max_tokens, sampling)
+        if pred is not None:
+            engine.drafter.set_prediction(pred)
+        gen = engine.run(toks, max_tokens=max_tokens, sampling=sampling, stop=list(stop or []),
+                         reuse_prefix=reuse_prefix, record_topk=record_topk, cancel=is_cancelled)
+
+        def on_end():
+            if pred is not None:
+                engine.drafter.set_prediction(None)
+        return gen, on_end
 
     def generate(self, prompt, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
                  stop: Sequence[str] | None = None, raw: bool = False, drafter=None,
-                 reuse_prefix: bool = False, on_text=None, on_chunk=None,
-                 record_topk: int = 0) -> GenerationResult:
+                 reuse_prefix: bool = False, on_text=None, on_chunk=None, record_topk: int = 0,
+                 cancel=None, prediction=None, wait: bool = True,
+                 timeout: float | None = None) -> GenerationResult:
         """Generate a completion; returns a GenerationResult (text, tokens, timings).
+
+        prompt: a string (one user message in the chat template unless raw), a
+            messages list, or token ids.
         on_text(str) receives the text as it is accepted, on_chunk(Chunk) each
-        step's chunk (text, tokens, which of them were accepted drafts).
+            step's chunk (text, tokens, which of them were accepted drafts).
+        reuse_prefix: keep the KV cache of the longest common prefix with what
+            the model holds from the previous request (chat turns).
+        cancel: a threading.Event or a callable returning True to stop, checked
+            before every step: the result then has stop_reason "cancelled".
+        prediction: text (or token ids) the answer is expected to repeat, e.g.
+            the code being edited: drafted from as well (still lossless).
+        wait / timeout: see the class doc (ModelBusyError).
         record_topk: K > 0 also returns the model's top-K ids at every generated
-        position (result.topk; used by the bench to make replays exact)."""
-        return drain(self._run(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter, record_topk),
-                     on_text, on_chunk)
-
-    def stream(self, prompt, **kw) -> Iterator[str]:
-        """Yield text pieces as they are accepted; the result is in self.last_result."""
-        gen = self._run(prompt, kw.pop("max_tokens", 256), kw.pop("sampling", None), kw.pop("stop", None),
-                        kw.pop("raw", False), kw.pop("reuse_prefix", False), kw.pop("drafter", None))
-        if kw:
-            raise TypeError(f"unexpected arguments: {sorted(kw)}")
-        self.last_result = None
-        while True:
+            position (result.topk; used by the bench to make replays exact)."""
+        stop_event = threading.Event()
+        with self._request(wait, timeout):
+            gen, on_end = self._start(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter,
+                                      record_topk, cancel, prediction, stop_event)
             try:
-                chunk = next(gen)
-            except StopIteration as e:
-                self.last_result = e.value
-                return
-            if chunk.text:
-                yield chunk.text
+                return drain(gen, on_text, on_chunk)
+            finally:
+                gen.close()
+                on_end()
 
-    def chat(self, messages: Messages, **kw) -> GenerationResult:
+    def stream(self, prompt, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
+               stop: Sequence[str] | None = None, raw: bool = False, drafter=None,
+               reuse_prefix: bool = False, record_topk: int = 0, cancel=None, prediction=None,
+               wait: bool = True, timeout: float | None = None) -> Stream:
+        """generate() as an iterator of StreamChunks: text, token ids and which of
+        them were accepted drafts after every step; the last chunk has
+        finish_reason and the whole GenerationResult (chunk.result).
+
+        The model is held from this call until the stream is exhausted or
+        closed (stream.close(), `with model.stream(...) as s:`); a bad request
+        raises here, not on the first chunk."""
+        stop_event = threading.Event()
+        self._gate.acquire(wait, timeout)
+        try:
+            gen, on_end = self._start(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter,
+                                      record_topk, cancel, prediction, stop_event)
+            s = Stream(gen, self._gate, stop_event, on_end)
+            self._gate.stream = s
+            return s
+        except BaseException:
+            self._gate.release()
+            raise
+
+    def chat(self, messages: Messages, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
+             stop: Sequence[str] | None = None, drafter=None, reuse_prefix: bool = True, on_text=None,
+             on_chunk=None, cancel=None, prediction=None, wait: bool = True,
+             timeout: float | None = None) -> GenerationResult:
         """One chat turn over the whole message list, reusing the KV cache of the
         earlier turns (the common token prefix is not decoded again).  A list that
-        does not fit the context raises ValueError; fit_messages() trims one."""
-        kw.setdefault("reuse_prefix", True)
-        return self.generate(list(messages), **kw)
+        does not fit the context raises PromptTooLongError; fit_messages() trims one."""
+        return self.generate(list(messages), max_tokens=max_tokens, sampling=sampling, stop=stop,
+                             drafter=drafter, reuse_prefix=reuse_prefix, on_text=on_text, on_chunk=on_chunk,
+                             cancel=cancel, prediction=prediction, wait=wait, timeout=timeout)
 
     def fit_messages(self, messages: Messages, reserve: int = 0) -> tuple[list, int]:
         """The conversation trimmed to fit the context with `reserve` tokens left

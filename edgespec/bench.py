@@ -8,9 +8,24 @@ results file records whether it did.
 
 Methods
   none, suffix, ...        edgespec engines (`model.generate(..., drafter=name)`)
-  llama-cpp-python         llama_cpp.Llama.create_chat_completion, streamed
-  llama-cpp-python-pld     the same with LlamaPromptLookupDecoding (its defaults;
-                           logits_all=True, which its draft path needs anyway)
+  llama-cpp-python         llama_cpp.Llama.create_chat_completion (create_completion
+                           with raw prompts), streamed, at that library's defaults
+  llama-cpp-python-expert  the same as an expert runs it: one thread per physical
+                           core for single tokens and batches, flash attention
+                           and the K cache type edgespec uses
+  llama-cpp-python-pld     llama-cpp-python with LlamaPromptLookupDecoding (its
+                           defaults; logits_all=True, which its draft path needs)
+The llama-cpp-python methods run in a child process, in the environment the
+bench was started with (llama.cpp reads some switches once per process, and
+edgespec turns one of them off for exactness: see backend.llama.TILED_MM_ENV).
+
+Divergences: an edgespec method whose greedy tokens differ from `none`'s gets
+a `divergence` record: the first differing position, and the logits plain
+decoding gives there (re-decoded: the prompt prefilled and none's tokens
+decoded one at a time, as `none` ran), as the gap between its top token and
+the method's token.  The report sets each gap against the exactness
+self-check's largest |logit difference|: a gap wider than twice that is no
+near-tie and points at a bug.
 
 Results file (JSON lines)
   line 1: {"kind": "header", ...}   model path, threads, context, llama_cpp
@@ -26,6 +41,7 @@ the end.  Decode speed is (n_generated - 1) / decode_s.
 from __future__ import annotations
 
 import datetime
+import gzip
 import multiprocessing
 import json
 import os
@@ -37,19 +53,17 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from .errors import BenchError  # re-exported
 from .verify import rouge_l
 
-LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-pld")
+LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-expert", "llama-cpp-python-pld")
 DEFAULT_METHODS = ("none", "suffix") + LLAMA_METHODS
 WARMUP_PROMPT = "Say hello."
+MAX_PROMPTS_BYTES = 64 << 20     # Spec-Bench's 480 questions take 0.7 MB
 
 RESULT_FIELDS = ("question_id", "category", "method", "text", "tokens", "n_prompt_tokens",
                  "n_generated", "n_steps", "mean_accepted", "prefill_s", "decode_s",
                  "tokens_per_s", "stop_reason", "identical_to_none")
-
-
-class BenchError(ValueError):
-    """A user mistake in the benchmark's inputs (prompts file, methods, results file)."""
 
 
 # ------------------------------------------------------------------ prompts
@@ -70,6 +84,8 @@ def _json_objects(path: str, lines):
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise BenchError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise BenchError(f"{path}:{lineno}: not valid JSON (nested too deeply)") from None
         if not isinstance(rec, dict):
             raise BenchError(f"{path}:{lineno}: expected a JSON object")
         yield lineno, rec
@@ -85,6 +101,10 @@ def load_prompts(path: str, categories: Sequence[str] | None = None,
     """
     if not os.path.isfile(path):
         raise BenchError(f"prompts file not found: {path}")
+    size = os.path.getsize(path)
+    if size > MAX_PROMPTS_BYTES:
+        raise BenchError(f"prompts file {path} is {size / 2**20:.0f} MiB; the bench reads at most "
+                         f"{MAX_PROMPTS_BYTES >> 20} MiB of prompts")
     prompts: list[BenchPrompt] = []
     try:
         with open(path, encoding="utf-8") as f:
@@ -95,7 +115,14 @@ def load_prompts(path: str, categories: Sequence[str] | None = None,
         turns = rec.get("turns")
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0]:
             raise BenchError(f"{path}:{lineno}: needs `turns`, a list whose first item is a non-empty string")
-        prompts.append(BenchPrompt(rec.get("question_id", lineno), str(rec.get("category", "none")), turns[0]))
+        category = str(rec.get("category", "none"))
+        try:
+            turns[0].encode("utf-8")
+            category.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BenchError(f"{path}:{lineno}: an unpaired surrogate escape (\\ud800-\\udfff) in the first "
+                             "turn or the category, which is not text") from None
+        prompts.append(BenchPrompt(rec.get("question_id", lineno), category, turns[0]))
     if not prompts:
         raise BenchError(f"no prompts in {path}")
     if categories:
@@ -139,95 +166,189 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------ running
-class _LlamaRunner:
-    """llama-cpp-python's high-level API, created lazily, streamed and timed."""
+def _llama_kwargs(method: str, threads: int | None, cache_type_k: str) -> dict:
+    """llama_cpp.Llama arguments of a llama-cpp-python method (see the module
+    doc), but for pld's draft model."""
+    kw: dict = {}
+    if method == "llama-cpp-python-pld":
+        # the draft model (LlamaPromptLookupDecoding) is made in the worker.
+        # With a draft model, Llama keeps logits of every token (it forces
+        # logits_all internally) but sizes its scores buffer from the
+        # logits_all argument: without it any prompt longer than n_batch
+        # fails with a numpy broadcast error (llama-cpp-python 0.3.36).
+        kw["logits_all"] = True
+    if method == "llama-cpp-python-expert":
+        from .backend.llama import CACHE_TYPES_K, default_threads
+        n = threads or default_threads()
+        kw.update(n_threads=n, n_threads_batch=n, flash_attn=True, type_k=CACHE_TYPES_K[cache_type_k])
+    elif threads:
+        # otherwise llama-cpp-python as users get it: its own thread defaults
+        # (n_threads = cores // 2 for single-token decoding, n_threads_batch =
+        # cores), unless the bench was given --threads
+        kw["n_threads"] = kw["n_threads_batch"] = threads
+    return kw
 
-    def __init__(self, model_path: str, n_ctx: int, n_threads: int, n_gpu_layers: int, pld: bool):
+
+def _llama_worker(conn, model_path: str, n_ctx: int, n_gpu_layers: int, kw: dict, method: str) -> None:
+    """The child process of a llama-cpp-python method: load, then answer
+    ("run", turn, max_tokens, raw) requests with result dicts until "exit"."""
+    try:
         import llama_cpp
-        kw = {}
-        if pld:
+
+        if method == "llama-cpp-python-pld":
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-            kw["draft_model"] = LlamaPromptLookupDecoding()
-            # With a draft model, Llama keeps logits of every token (it forces
-            # logits_all internally) but sizes its scores buffer from the
-            # logits_all argument: without it any prompt longer than n_batch
-            # fails with a numpy broadcast error (llama-cpp-python 0.3.36).
-            kw["logits_all"] = True
-        # llama-cpp-python as users get it: its own thread defaults (n_threads =
-        # cores // 2 for single-token decoding, n_threads_batch = cores), unless
-        # the bench was given --threads.
-        if n_threads:
-            kw["n_threads"] = kw["n_threads_batch"] = n_threads
+            kw = dict(kw, draft_model=LlamaPromptLookupDecoding())
         # with CPU weight repacking off, as edgespec runs (backend.llama.load_model:
         # repacked kernels are not exact and llama.cpp's AMX one crashed here)
         from .backend.llama import llama_cpp_python_repack
         with llama_cpp_python_repack(False):
-            self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=512, n_gpu_layers=n_gpu_layers,
-                                       verbose=False, **kw)
-        self.threads = (self.llm.context_params.n_threads, self.llm.context_params.n_threads_batch)
+            llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=512, n_gpu_layers=n_gpu_layers,
+                                  verbose=False, **kw)
+        cp = llm.context_params
+        conn.send(("ready", {"n_threads": cp.n_threads, "n_threads_batch": cp.n_threads_batch,
+                             "flash_attn": int(cp.flash_attn_type), "type_k": int(cp.type_k)}))
+    except Exception as e:  # pragma: no cover - reported by the parent
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    while True:
+        msg = conn.recv()
+        if msg[0] != "run":
+            break
+        try:
+            conn.send(("ok", _llama_run(llm, *msg[1:])))
+        except Exception as e:  # pragma: no cover - reported by the parent
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+    llm.close()
+
+
+def _llama_run(llm, turn: str, max_tokens: int, raw: bool) -> dict:
+    """One streamed, timed request to a llama_cpp.Llama (in the worker)."""
+    pieces: list[str] = []
+    stop_reason = None
+    t0 = time.perf_counter()
+    t_first = None
+    if raw:
+        stream = llm.create_completion(turn, max_tokens=max_tokens, temperature=0.0, stream=True)
+    else:
+        stream = llm.create_chat_completion(messages=[{"role": "user", "content": turn}],
+                                            max_tokens=max_tokens, temperature=0.0, stream=True)
+    for chunk in stream:
+        choice = chunk["choices"][0]
+        content = choice.get("text") if raw else choice.get("delta", {}).get("content")
+        if content:
+            if t_first is None:
+                t_first = time.perf_counter()
+            pieces.append(content)
+        if choice.get("finish_reason"):
+            stop_reason = choice["finish_reason"]
+    t_end = time.perf_counter()
+    if t_first is None:
+        t_first = t_end
+    text = "".join(pieces)
+    tokens = [int(t) for t in llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)] if text else []
+    n = len(tokens)
+    decode_s = t_end - t_first
+    return {"text": text, "tokens": tokens, "n_generated": n, "n_steps": None, "mean_accepted": None,
+            "prefill_s": t_first - t0, "decode_s": decode_s,
+            "tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+            "stop_reason": stop_reason or "length"}
+
+
+class _LlamaRunner:
+    """A llama-cpp-python method in a child process (spawned with the
+    environment the user gave, see the module doc), streamed and timed there."""
+
+    def __init__(self, method: str, model_path: str, n_ctx: int, threads: int | None, n_gpu_layers: int,
+                 cache_type_k: str = "f16", raw: bool = False):
+        from .backend.llama import TILED_MM_ENV, USER_TILED_MM
+
+        self.method, self.raw = method, raw
+        kw = _llama_kwargs(method, threads, cache_type_k)
+        mp = multiprocessing.get_context("spawn")
+        self.conn, child = mp.Pipe()
+        self.proc = mp.Process(target=_llama_worker, args=(child, model_path, n_ctx, n_gpu_layers, kw, method),
+                               daemon=True)
+        mine = os.environ.get(TILED_MM_ENV)
+        _set_env(TILED_MM_ENV, USER_TILED_MM)
+        try:
+            self.proc.start()
+        finally:
+            _set_env(TILED_MM_ENV, mine)
+        child.close()
+        self.settings = self._reply()
+
+    def _reply(self):
+        try:
+            kind, value = self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join(5)
+            raise BenchError(f"{self.method}: the llama-cpp-python process died "
+                             f"(exit code {self.proc.exitcode})") from None
+        if kind == "error":
+            raise BenchError(f"{self.method}: {value}")
+        return value
 
     def run(self, turn: str, max_tokens: int) -> dict:
-        pieces: list[str] = []
-        stop_reason = None
-        t0 = time.perf_counter()
-        t_first = None
-        stream = self.llm.create_chat_completion(messages=[{"role": "user", "content": turn}],
-                                                 max_tokens=max_tokens, temperature=0.0, stream=True)
-        for chunk in stream:
-            choice = chunk["choices"][0]
-            content = choice.get("delta", {}).get("content")
-            if content:
-                if t_first is None:
-                    t_first = time.perf_counter()
-                pieces.append(content)
-            if choice.get("finish_reason"):
-                stop_reason = choice["finish_reason"]
-        t_end = time.perf_counter()
-        if t_first is None:
-            t_first = t_end
-        text = "".join(pieces)
-        tokens = [int(t) for t in self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)] if text else []
-        n = len(tokens)
-        decode_s = t_end - t_first
-        return {"text": text, "tokens": tokens, "n_generated": n, "n_steps": None, "mean_accepted": None,
-                "prefill_s": t_first - t0, "decode_s": decode_s,
-                "tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
-                "stop_reason": stop_reason or "length"}
+        self.conn.send(("run", turn, max_tokens, self.raw))
+        return self._reply()
 
     def close(self) -> None:
         try:
-            self.llm.close()
-        except Exception:  # pragma: no cover - best effort
+            self.conn.send(("exit",))
+        except (OSError, ValueError):
             pass
+        self.proc.join(10)
+        if self.proc.is_alive():  # pragma: no cover - best effort
+            self.proc.terminate()
+            self.proc.join(5)
+        self.conn.close()
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | None,
-           n_prompts: int, llama_threads: int | None = None) -> dict:
-    """Machine and settings metadata: the first line of a results file."""
-    import llama_cpp
-
+           n_prompts: int, llama_threads: int | None = None, raw: bool = False) -> dict:
+    """Machine and settings metadata: the first line of a results file.
+    `exact` is the exactness self-check's verdict (SpecModel.exact: None when
+    it did not run), `exactness` its detail; `exact_mode` says whether the
+    backend runs the settings meant to be exact (CPU thread and K cache
+    choices), which alone does not make a model exact."""
     from . import __version__
+    from .backend.llama import default_threads, llama_cpp_version, tiled_mm_setting
     from .costmodel import _cpu_name
 
     be = model.backend
+    cpus = multiprocessing.cpu_count()
+    peers = {"llama-cpp-python": {"n_threads": llama_threads or max(cpus // 2, 1),
+                                  "n_threads_batch": llama_threads or cpus, "flash_attn": False, "cache_type_k": "f16"},
+             "llama-cpp-python-expert": {"n_threads": llama_threads or default_threads(),
+                                         "n_threads_batch": llama_threads or default_threads(), "flash_attn": True,
+                                         "cache_type_k": be.cache_type_k}}
+    peers["llama-cpp-python-pld"] = dict(peers["llama-cpp-python"], draft="LlamaPromptLookupDecoding()")
+    ex = getattr(model, "exactness", None)
     return {
         "kind": "header",
         "edgespec_version": __version__,
         "model": model.model_path,
         "n_threads": be.n_threads,
-        "exact": be.exact,
+        "exact": None if ex is None else ex.exact,
+        "exactness": None if ex is None else ex.to_json(),
+        "exact_mode": be.exact,
         "cache_type_k": be.cache_type_k,
+        "tiled_mm": tiled_mm_setting(),
         "single_token_threads": (f"{be.n_threads} up to {be.one_thread_after} KV cells, then 1 (exact mode, f16 K cache)"
                                  if be.one_thread_after is not None else str(be.n_threads)),
-        "llama_cpp_python_threads": ({"n_threads": llama_threads, "n_threads_batch": llama_threads}
-                                     if llama_threads else
-                                     {"n_threads": max(multiprocessing.cpu_count() // 2, 1),
-                                      "n_threads_batch": multiprocessing.cpu_count()}),
+        "llama_cpp_python": {m: peers[m] for m in methods if m in peers},
         "n_ctx": be.n_ctx,
         "n_gpu_layers": be.n_gpu_layers,
         "max_nodes": model.config.max_nodes,
         "cost_gate": model.config.cost_gate,
-        "llama_cpp_version": llama_cpp.__version__,
+        "llama_cpp_version": llama_cpp_version(),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "hostname": platform.node(),
         "cpu": _cpu_name(),
@@ -238,16 +359,60 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "max_tokens": max_tokens,
         "prompts_file": prompts_file,
         "n_prompts": n_prompts,
+        "raw": raw,
         "corpora": [{"path": c.path, "n_tokens": int(c.header.get("n_tokens", 0)),
                      "sources": len(c.header.get("sources", []))} for c in getattr(model, "corpora", [])],
         "decoding": "greedy",
     }
 
 
+def plain_logits_at(model, prompt_tokens, prefix) -> np.ndarray:
+    """The logits plain decoding (`none`) has for the token after prompt +
+    prefix, recomputed as `none` computed them: the prompt prefilled in one
+    go (in n_batch chunks), then the prefix decoded one token at a time.
+    Leaves the KV cache empty."""
+    be = model.backend
+    be.reset()
+    try:
+        be.prefill(np.asarray(prompt_tokens, np.int32))
+        one = np.ones(1, np.int32)
+        zero = np.zeros(1, np.int32)
+        for t in prefix:
+            be.decode_tree(np.array([t], np.int32), zero, zero, one, 1)
+            be.keep(1)
+        return be.logits()[0].astype(np.float64)
+    finally:
+        be.reset()
+
+
+def divergence(model, prompt_tokens, ref: Sequence[int], other: Sequence[int]) -> dict | None:
+    """Where `other` first leaves `ref` (none's greedy tokens), and how close
+    plain decoding was to choosing other's token there: None when they are
+    equal, else {"index", "none_token", "token" (None = the answer ended
+    there), "gap": none's top logit minus the logit of other's choice (the
+    best end-of-generation token's when other ended), "top2_gap", and
+    "reproduced": whether the re-decoded argmax is none's token}."""
+    ref, other = list(ref), list(other)
+    if ref == other:
+        return None
+    n = min(len(ref), len(other))
+    i = next((k for k in range(n) if ref[k] != other[k]), n)
+    lg = plain_logits_at(model, prompt_tokens, ref[:i])
+    eog = model.backend.vocab.eog_mask()
+    a = ref[i] if i < len(ref) else None
+    b = other[i] if i < len(other) else None
+    top = float(lg.max())
+    b_logit = float(lg[b]) if b is not None else float(lg[eog].max())
+    second = float(np.partition(lg, -2)[-2])
+    best = int(lg.argmax())
+    return {"index": i, "none_token": a, "token": b, "gap": top - b_logit, "top2_gap": top - second,
+            "reproduced": best == a if a is not None else bool(eog[best])}
+
+
 def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, max_tokens: int = 128,
               out_path: str | None = None, prompts_file: str | None = None,
               progress: Callable[[str], None] | None = None,
-              llama_threads: int | None = None, repeat: int = 1) -> tuple[dict, list[dict]]:
+              llama_threads: int | None = None, repeat: int = 1, raw: bool = False) -> tuple[dict, list[dict]]:
     """Run every method on every prompt with `model` (a SpecModel); return the
     header and the result dicts, writing them as JSON lines to `out_path` as
     they come (a run stopped half-way keeps what it finished).  llama_threads:
@@ -255,7 +420,10 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
     repeat: run the whole prompt list that many times (passes); each pass
     starts a fresh session (model.new_session(): no acceptance statistics or
     drafter memory carried over, so a later pass cannot copy an earlier answer)
-    and rows carry their pass number in "repeat"."""
+    and rows carry their pass number in "repeat".  raw: send each prompt as
+    plain text (no chat template; for base models), llama-cpp-python through
+    create_completion.  An edgespec method whose tokens differ from none's
+    gets a "divergence" record (see divergence())."""
     if max_tokens < 1:
         raise BenchError("max_tokens must be >= 1")
     if repeat < 1:
@@ -267,8 +435,8 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
 
     def llama_runner(m: str) -> _LlamaRunner:
         if m not in runners:
-            runners[m] = _LlamaRunner(model.model_path, be.n_ctx, llama_threads, be.n_gpu_layers,
-                                      pld=(m == "llama-cpp-python-pld"))
+            runners[m] = _LlamaRunner(m, model.model_path, be.n_ctx, llama_threads, be.n_gpu_layers,
+                                      cache_type_k=be.cache_type_k, raw=raw)
         return runners[m]
 
     def run_one(m: str, turn: str, tokens, n_tok: int) -> dict:
@@ -281,7 +449,16 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
             r["tokens"] = [int(t) for t in r["tokens"]]
         return r
 
-    head = header(model, methods, max_tokens, prompts_file, len(prompts), llama_threads)
+    # every prompt is tokenized and checked before the results file is opened:
+    # a prompt that does not fit (or a base model without --raw) fails the run
+    # before anything is written
+    warm_tokens = model.prompt_tokens(WARMUP_PROMPT, raw=raw)
+    prompt_tokens = [model.prompt_tokens(p.turn, raw=raw) for p in prompts]
+    for p, tokens in zip(prompts, prompt_tokens):
+        if len(tokens) >= be.n_ctx:
+            raise BenchError(f"prompt {p.question_id} ({p.category}) has {len(tokens)} tokens, "
+                             f"more than the context of {be.n_ctx}; raise --ctx")
+    head = header(model, methods, max_tokens, prompts_file, len(prompts), llama_threads, raw=raw)
     head["repeat"] = repeat
     out = None
     try:
@@ -289,7 +466,6 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
             out = open(out_path, "w", encoding="utf-8")
             out.write(json.dumps(head) + "\n")
             out.flush()
-        warm_tokens = model.prompt_tokens([{"role": "user", "content": WARMUP_PROMPT}])
         results: list[dict] = []
         width = len(str(len(prompts)))
         for rep in range(repeat):
@@ -299,11 +475,7 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
             say(f"{tag}warming up: {', '.join(methods)}")
             for m in methods:
                 run_one(m, WARMUP_PROMPT, warm_tokens, 16)
-            for i, p in enumerate(prompts, 1):
-                tokens = model.prompt_tokens([{"role": "user", "content": p.turn}])
-                if len(tokens) >= be.n_ctx:
-                    raise BenchError(f"prompt {p.question_id} ({p.category}) has {len(tokens)} tokens, "
-                                     f"more than the context of {be.n_ctx}; raise --ctx")
+            for i, (p, tokens) in enumerate(zip(prompts, prompt_tokens), 1):
                 rows = {}
                 # rotate the order from prompt to prompt (and pass to pass):
                 # whatever running first or second after another method costs
@@ -329,6 +501,8 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
                     rec["identical_to_none"] = same
                     if base is not None and m not in LLAMA_METHODS and m != "none":
                         rec["rouge_l_to_none"] = round(rouge_l(base["tokens"], r["tokens"]), 4)
+                        if not same and r.get("verify", "exact") == "exact":
+                            rec["divergence"] = divergence(model, tokens, base["tokens"], r["tokens"])
                     results.append(rec)
                     if out is not None:
                         out.write(json.dumps(rec) + "\n")
@@ -357,22 +531,28 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
 
 # ------------------------------------------------------------------ report
 def read_results(path: str) -> tuple[dict | None, list[dict]]:
-    """Read a results file written by run_bench: (header or None, result dicts)."""
+    """Read a results file written by run_bench, plain or gzip-compressed
+    (results.jsonl.gz, as the repository keeps them): (header or None, result dicts)."""
     if not os.path.isfile(path):
         raise BenchError(f"results file not found: {path}")
     head, results = None, []
-    with open(path, encoding="utf-8") as f:
-        for lineno, rec in _json_objects(path, f):
-            if rec.get("kind") == "header":
-                head = rec
-                continue
-            if rec.get("kind") == "calibration":
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    try:
+        with (gzip.open(path, "rt", encoding="utf-8") if gz else open(path, encoding="utf-8")) as f:
+            for lineno, rec in _json_objects(path, f):
+                if rec.get("kind") == "header":
+                    head = rec
+                    continue
+                if rec.get("kind") == "calibration":
+                    results.append(rec)
+                    continue
+                missing = [k for k in ("category", "method", "n_generated", "decode_s") if k not in rec]
+                if missing:
+                    raise BenchError(f"{path}:{lineno}: not a bench result (missing {', '.join(missing)})")
                 results.append(rec)
-                continue
-            missing = [k for k in ("category", "method", "n_generated", "decode_s") if k not in rec]
-            if missing:
-                raise BenchError(f"{path}:{lineno}: not a bench result (missing {', '.join(missing)})")
-            results.append(rec)
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise BenchError(f"cannot read results file {path}: {e}") from None
     if not results:
         raise BenchError(f"no results in {path}")
     return head, results
@@ -541,7 +721,9 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
                    f"llama_cpp {head.get('llama_cpp_version')}, {head.get('date')}")
         reps = int(head.get("repeat", 1) or 1)
         out.append(f"max_tokens {head.get('max_tokens')}, greedy decoding" +
+                   (", raw prompts (no chat template)" if head.get("raw") else "") +
                    (f", {reps} passes (each a fresh session)" if reps > 1 else ""))
+        out.append(_exact_line(head))
         out.append("")
     for c in cats:
         out += _table(c, [r for r in results if r["category"] == c], methods)
@@ -552,6 +734,7 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
         out += ["", f"note: {len(few)} categor{'y has' if len(few) == 1 else 'ies have'} fewer than 5 prompts "
                     f"({', '.join(few)}); on a busy machine their speedups can move by 0.1x or more from run "
                     f"to run: --repeat N runs every prompt N times and shows the spread"]
+    out += divergence_lines(results, head)
     if calib:
         out += ["", "acceptance calibration (draft nodes whose parent was accepted; predicted = the gate's "
                     "estimate, observed = share accepted)",
@@ -566,6 +749,93 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
         for (m, src), (n, pr, ob) in agg.items():
             out.append(f"{m:<20} {src:<10} {n:>8} {pr / n:>10.3f} {ob / n:>9.3f}")
     return "\n".join(out)
+
+
+def _exact_line(head: dict) -> str:
+    ex = head.get("exactness")
+    if head.get("exact") is None or not ex:
+        return "exact: not checked (the exactness self-check did not run)"
+    if ex["exact"]:
+        return (f"exact: true (self-check: batches of 2..{ex['max_t']} tokens gave logits bit-identical "
+                f"to one-token decoding)")
+    return (f"exact: FALSE (self-check: batches of {', '.join(map(str, ex['failed']))} tokens differ from "
+            f"one-token decoding by up to {ex['max_abs_diff']:.3g}; greedy text can differ at near-ties)")
+
+
+def divergence_lines(results: list[dict], head: dict | None) -> list[str]:
+    """The divergences of exact edgespec methods from `none`, each with its
+    logit gap, set against the self-check: a gap wider than twice its largest
+    |logit difference| (or any gap when the check found the model exact) is
+    no near-tie that batched arithmetic explains."""
+    rows = [r for r in results if r.get("divergence")]
+    ex = (head or {}).get("exactness") or {}
+    bound = 2 * float(ex.get("max_abs_diff", 0.0)) if ex else None
+    compared = [r for r in results if r.get("identical_to_none") is not None and r["method"] != "none"
+                and not r["method"].startswith("llama-cpp-python") and r.get("verify", "exact") == "exact"]
+    if not compared:
+        return []
+    out = ["", f"divergences from none: {len(rows)} of {len(compared)} runs of exact edgespec methods"
+               + (" (gap = none's top logit minus the logit of the method's token, re-decoded plainly)" if rows else "")]
+    for r in rows:
+        d = r["divergence"]
+        tok = "end of answer" if d["token"] is None else f"token {d['token']}"
+        if not d.get("reproduced", True):
+            verdict = "re-decoding did not reproduce none's token: look for a bug"
+        elif bound is None:
+            verdict = "no self-check to compare with"
+        elif d["gap"] <= bound:
+            verdict = f"near-tie (<= 2 x the self-check's {bound / 2:.3g})"
+        else:
+            verdict = (f"NOT a near-tie batched arithmetic explains (self-check max |dlogit| {bound / 2:.3g}): "
+                       "look for a bug")
+        out.append(f"  {r['method']:<18} q{r.get('question_id')} ({r.get('category')}), pass {r.get('repeat', 0)}, "
+                   f"at token {d['index']} ({tok} instead of {d['none_token']}): gap {d['gap']:.4g}, "
+                   f"top-2 gap {d['top2_gap']:.4g}: {verdict}")
+    return out
+
+
+def plot_results(results: Iterable[dict], path: str, head: dict | None = None) -> None:
+    """Decode tokens/s by category (and over all prompts) and method, as
+    grouped bars, into an image file (matplotlib: the `plot` extra)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise BenchError("--plot needs matplotlib: pip install 'edgespec[plot]'") from None
+    results = [r for r in results if r.get("kind", "result") == "result"]
+    methods: list[str] = []
+    cats: list[str] = []
+    for r in results:
+        if r["method"] not in methods:
+            methods.append(r["method"])
+        if r["category"] not in cats:
+            cats.append(r["category"])
+    cats.append("all")
+    speeds = np.array([[method_stats([r for r in results if r["method"] == m and c in ("all", r["category"])])
+                        ["tokens_per_s"] for c in cats] for m in methods])
+    width = 0.8 / max(1, len(methods))
+    fig, ax = plt.subplots(figsize=(max(6.0, (0.5 + 0.12 * len(methods)) * len(cats) + 3), 4.5))
+    x = np.arange(len(cats))
+    for i, m in enumerate(methods):
+        ax.bar(x + (i - (len(methods) - 1) / 2) * width, speeds[i], width, label=m)
+    ax.set_xticks(x)
+    ax.set_xticklabels(cats, rotation=30, ha="right")
+    ax.set_ylabel("decode tokens/s")
+    title = os.path.basename(str((head or {}).get("model", "")))
+    if head:
+        title += f"\n{head.get('cpu')}, {head.get('n_threads')} threads, K cache {head.get('cache_type_k')}, " \
+                 f"max_tokens {head.get('max_tokens')}"
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except (OSError, ValueError) as e:
+        raise BenchError(f"cannot write the plot {path}: {e}") from None
+    finally:
+        plt.close(fig)
 
 
 def stderr_progress(line: str) -> None:

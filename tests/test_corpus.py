@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import edgespec.corpus as C
 from edgespec.corpus import Corpus, CorpusError, compile_tokens, suffix_array
+from edgespec.progress import NoBar
 
 
 # ------------------------------------------------------------ references
@@ -326,11 +327,11 @@ def test_file_chunks(tmp_path):
     p = tmp_path / "a.txt"
     text = "héllo wörld\n" * 20000 + "no newline at the end " * 10
     p.write_text(text, encoding="utf-8")
-    parts = list(C._file_chunks(str(p), C._NoBar(), size=4096))
+    parts = list(C._file_chunks(str(p), NoBar(), size=4096))
     assert "".join(parts) == text and len(parts) > 10
     b = tmp_path / "b.bin"
     b.write_bytes(b"\x00\x01binary")
-    assert list(C._file_chunks(str(b), C._NoBar())) == []
+    assert list(C._file_chunks(str(b), NoBar())) == []
 
 
 # --------------------------------------------------- building (real model)
@@ -488,3 +489,21 @@ def test_presets(tmp_path, model_path, monkeypatch):
     r = invoke(["build-corpus", "--preset", "chat", "--limit", "2", "--max-tokens", "16", "-o", out, "--quiet"])
     assert r.exit_code == 0, r.output
     assert Corpus.load(out).tokens.tolist() == c.tokens.tolist()
+
+
+def test_chat_preset_needs_a_model_to_answer_with(tmp_path, model_path):
+    """presets.py does not import the API: without load_model, the chat preset
+    with answers still to generate is one clear error, and nothing is written."""
+    from edgespec.presets import PresetError
+    with pytest.raises(PresetError, match="load_model"):
+        C.build_corpus([], model_path, str(tmp_path / "chat.corpus"), preset="chat", limit=1, progress=False)
+    assert not (tmp_path / "chat.corpus").exists()
+
+
+def test_preset_recipes_are_package_data():
+    """The recipes ship inside the package (a wheel install has them)."""
+    from edgespec import presets
+    assert presets.recipe("stdlib")["suffixes"] == [".py"]
+    assert len(presets.chat_instructions()) > 300
+    with pytest.raises(presets.PresetError, match="unknown preset"):
+        presets.recipe("nope")

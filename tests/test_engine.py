@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.engine import Engine, EngineConfig, drain
 from edgespec.drafters import make_drafter
+from edgespec.engine import Engine, EngineConfig, drain
 
-from conftest import OracleDrafter, pick_prompts
+from conftest import OracleDrafter, dev_prompts
 
 MAX_TOKENS = 96
 
@@ -41,7 +41,8 @@ def final_logits(model, engine, prompt, tokens):
 def test_suffix_drafter_identical_on_dev_prompts(model):
     """20 dev prompts, every category: the suffix drafter's greedy output equals plain
     decoding's, token for token, and drafts were actually verified and accepted."""
-    rows = pick_prompts(20)
+    rows = dev_prompts(128, 136, 152, 112, 424, 352, 532, 108, 100, 144, 296, 184, 84, 124, 140, 160, 120,
+                       448, 368, 504)
     assert len({r["category"] for r in rows}) == 13
     suffix = model._engine_for("suffix")
     suffix.config.cost_gate = False       # verify every proposal: the hardest case
@@ -61,7 +62,7 @@ def test_suffix_drafter_identical_on_dev_prompts(model):
 
 
 def test_suffix_drafter_with_cost_gate_identical(model):
-    for row in pick_prompts(6, seed=3):
+    for row in dev_prompts(128, 140, 156, 120, 444, 324):
         toks = prompt_of(model, row)
         ref = plain(model, toks)
         r = model.generate(toks, max_tokens=MAX_TOKENS, drafter="suffix")
@@ -80,7 +81,7 @@ def test_other_drafters_identical_on_dev_prompts(model, name):
     eng.config.cost_gate = False
     drafted = accepted = 0
     try:
-        for row in pick_prompts(6, seed=11):
+        for row in dev_prompts(124, 140, 160, 116, 464, 324):
             toks = prompt_of(model, row)
             key = (row["question_id"], 64)
             if key not in _PLAIN:
@@ -104,7 +105,7 @@ def test_forced_tree_shapes_identical_and_kv_exact(model, shape):
     is not first in batch order), full-budget trees, all-wrong trees: the output is
     token-identical to plain decoding and the final KV cache gives bit-identical
     logits."""
-    rows = pick_prompts(13, seed=7)[:4]
+    rows = dev_prompts(128, 132, 156, 112)
     be = model.backend
     for k, row in enumerate(rows):
         toks = prompt_of(model, row)
@@ -160,7 +161,7 @@ def test_stop_string_and_max_tokens_inside_accepted_draft(model):
     assert res.tokens == ref.tokens[:len(res.tokens)]
     assert model.detokenize(res.tokens) == res.text[:len(model.detokenize(res.tokens))]
     # streaming never shows the stop string either
-    pieces = list(model.stream(toks, max_tokens=40, stop=[stop], drafter="none"))
+    pieces = [c.text for c in model.stream(toks, max_tokens=40, stop=[stop], drafter="none")]
     assert "".join(pieces) == ref.text[:cut]
     # max_tokens inside an accepted chain
     drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=30)
@@ -173,7 +174,7 @@ def test_full_context_stops_with_length(model):
     """A context that fills up ends with stop reason 'length', never a crash, and
     the tree drafter still matches plain decoding."""
     from edgespec import SpecModel
-    small = SpecModel(model.model_path, drafter="none", n_ctx=96)
+    small = SpecModel(model.model_path, drafter="none", n_ctx=256)     # the smallest context
     try:
         toks = small.prompt_tokens("Repeat the word cat twenty times: cat cat cat cat")
         ref = small.generate(toks, max_tokens=500, drafter="none")
@@ -250,46 +251,39 @@ def test_interrupted_generation_leaves_consistent_cache(model):
 def test_plan_step_ignores_stale_scratch_entries():
     """Regression: the gate once ranked the whole scratch buffer, so a small tree
     after a large one could select node indices beyond the tree."""
-    from edgespec.kernels.tree import plan_step
+    from edgespec.kernels.tree import PlanScratch, plan_step
     n_c = np.zeros((5, 10)); n_f = np.zeros((5, 10, 4))
     cost = 1.0 + 0.01 * np.arange(40, dtype=np.float64)   # a flat, GPU-like curve: take all
     cost[0] = 0.0
-    cond = np.zeros(64); q = np.zeros(64)
-    q[:] = 0.99                                     # stale, better than any real node
-    sel = np.zeros(33, np.int64); spar = np.zeros(33, np.int32)
-    o = np.zeros(33, np.int64); bp = np.zeros(33, np.int64); d = np.zeros(33, np.int32)
-    lf = np.zeros(33, np.int32); lc = np.zeros(33, np.int32)
+    out = PlanScratch.zeros(64, 33)
+    out.q[:] = 0.99                                 # stale, better than any real node
     parents = np.array([-1, 0, 1], np.int32)        # a chain of three
     probs = np.array([0.5, 0.5, 0.5], np.float32)
-    k, nl = plan_step(parents, probs, np.zeros(3, np.int8), n_c, n_c.copy(), n_f, n_f.copy(), 4.0, 8.0,
-                      cost, 0.0, 16, True, cond, q, sel, spar, o, bp, d, lf, lc)
-    assert k == 3 and sorted(sel[:k]) == [0, 1, 2]
-    assert list(spar[:3]) == [-1, 0, 1] and nl == 1
+    k, nl = plan_step(parents, probs, np.zeros(3, np.int8), (n_c, n_c.copy(), n_f, n_f.copy()), 4.0, 8.0,
+                      cost, 0.0, 16, True, out)
+    assert k == 3 and sorted(out.sel[:k]) == [0, 1, 2]
+    assert list(out.spar[:3]) == [-1, 0, 1] and nl == 1
 
 
 def test_plan_step_discounts_a_source_whose_scores_run_high():
     """A source whose nodes were accepted at half their score (in buckets 0.8-0.9)
     gets half its score as the prior in a bucket it was never tested in; an
     untested source keeps its score."""
-    from edgespec.kernels.tree import plan_step
+    from edgespec.kernels.tree import PlanScratch, plan_step
     n_c = np.zeros((5, 10)); a_c = np.zeros((5, 10)); n_f = np.zeros((5, 10, 4))
     n_c[2, 8] = 1000.0; a_c[2, 8] = 425.0             # score mass 850 -> factor (425+4)/(850+4) ~ 0.502
     cost = np.arange(40, dtype=np.float64)             # a CPU-like curve; only the estimates matter here
-    cond = np.zeros(8); q = np.zeros(8)
-    sel = np.zeros(9, np.int64); spar = np.zeros(9, np.int32)
-    o = np.zeros(9, np.int64); bp = np.zeros(9, np.int64); d = np.zeros(9, np.int32)
-    lf = np.zeros(9, np.int32); lc = np.zeros(9, np.int32)
+    out = PlanScratch.zeros(8, 9)
     parents = np.array([-1, -1], np.int32)
     probs = np.array([0.35, 0.35], np.float32)          # bucket 3: no counts for either source
-    plan_step(parents, probs, np.array([2, 1], np.int8), n_c, a_c, n_f, n_f.copy(), 4.0, 8.0,
-              cost, 0.0, 8, True, cond, q, sel, spar, o, bp, d, lf, lc)
-    assert cond[0] == pytest.approx(0.35 * 429 / 854, rel=1e-5)
-    assert cond[1] == pytest.approx(0.35, rel=1e-5)
+    plan_step(parents, probs, np.array([2, 1], np.int8), (n_c, a_c, n_f, n_f.copy()), 4.0, 8.0,
+              cost, 0.0, 8, True, tuple(out))           # as the engine passes it: a plain tuple
+    assert out.cond[0] == pytest.approx(0.35 * 429 / 854, rel=1e-5)
+    assert out.cond[1] == pytest.approx(0.35, rel=1e-5)
 
 
 def _long_context_tokens(model, n):
-    rows = [r for r in pick_prompts(120, seed=0) if r["category"] in ("summarization", "rag")]
-    text = " ".join(r["turns"][0] for r in rows)
+    text = dev_prompts(532)[0]["turns"][0]         # a rag prompt of 793 tokens
     toks = model.vocab.tokenize(text)
     assert len(toks) >= n
     return np.asarray(toks[:n], np.int32)
@@ -358,6 +352,7 @@ def test_default_threads_counts_physical_cores(tmp_path, monkeypatch):
     """One thread per physical core in the affinity mask: hardware threads that
     list the same siblings are one core; without sysfs, every allowed CPU."""
     import os
+
     from edgespec.backend.llama import default_threads
     # 4 cores with 2 hardware threads each, numbered as Linux does (0-3, then 4-7)
     sysfs = _fake_sysfs(tmp_path / "smt", {c: f"{c % 4},{c % 4 + 4}" for c in range(8)})

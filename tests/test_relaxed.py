@@ -13,7 +13,7 @@ from edgespec.engine import Engine, drain
 from edgespec.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
 from edgespec.verify import SamplingConfig, VerifyConfig, relaxed_accepts, rouge_l
 
-from conftest import pick_prompts
+from conftest import dev_prompts
 
 
 def test_relaxed_rule_top_k_and_tau():
@@ -57,7 +57,7 @@ class _FixedDrafter(Drafter):
 
 @pytest.mark.model
 def test_only_retrieved_drafts_are_relaxed(model):
-    toks = model.prompt_tokens([{"role": "user", "content": pick_prompts(1)[0]["turns"][0]}])
+    toks = model.prompt_tokens([{"role": "user", "content": dev_prompts(128)[0]["turns"][0]}])
     ref = model.generate(toks, max_tokens=24, drafter="none")
     anything = VerifyConfig("relaxed", top_k=model.vocab.n_vocab, tau=1e9, lookahead=0)
     cfg = dataclasses.replace(model.config, cost_gate=False, verify=anything)

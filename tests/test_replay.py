@@ -10,7 +10,7 @@ from edgespec.drafters import make_drafter
 from edgespec.engine import Engine, EngineConfig, drain
 from edgespec.replay import ReplayBackend, ReplayRequest, replay
 
-from conftest import pick_prompts
+from conftest import dev_prompts
 
 pytestmark = pytest.mark.model
 
@@ -33,7 +33,7 @@ def _requests(model, rows):
 
 @pytest.fixture(scope="module")
 def recorded(model):
-    rows = [r for r in pick_prompts(26) if r["category"] in ("summarization", "rag", "extraction", "coding")][:4]
+    rows = dev_prompts(128, 136, 532, 296)    # coding, extraction, rag, summarization
     return _requests(model, rows)
 
 

@@ -17,8 +17,8 @@ file's order, so the acceptance statistics evolve as in the bench.
 table each: ``cpu`` (default) = the results file's own calibration (this
 machine), ``rtx3090`` = an RTX 3090 with Llama-8B Q4_0 (llama.cpp PR #15802:
 c(2) = 1.12, c(4) = 1.33, c(8) = 2.15), ``m2`` = an Apple M2-class GPU with
-Qwen2-7B Q8_0 (llama.cpp PR #10581: c(2) = 1.11, c(4) = 1.41, c(8) = 2.16), or
-a JSON file ({"ts": [...], "rel": [...]} or a saved calibration).  Beyond the
+Qwen2-7B Q8_0 (llama.cpp PR #10581: c(2) = 1.11, c(4) = 1.41, c(8) = 2.16), ``flat:SLOPE`` = c(T) = 1 + SLOPE (T - 1)
+at every context (``--flat SLOPE`` is the same), or a JSON file ({"ts": [...], "rel": [...]} or a saved calibration).  Beyond the
 published T = 8 the GPU curves are extrapolated linearly from c(4)..c(8)
 (edgespec.replay.gpu_curve); the engine's own work per step is counted as
 measured on this machine, relative to this machine's plain step.
@@ -61,9 +61,14 @@ def _curve(name: str, head: dict) -> CostCurve:
         return CostCurve.from_json(head["cost_curve"])
     if name in GPU_CURVES:
         return gpu_curve(name)
+    if name.startswith("flat:"):
+        try:
+            return flat_curve(CostCurve.from_json(head["cost_curve"]), float(name[5:]))
+        except ValueError:
+            sys.exit(f"--cost {name!r}: flat:SLOPE takes a number")
     if os.path.exists(name):
         return curve_from_file(name)
-    sys.exit(f"--cost {name!r}: not cpu, {', '.join(GPU_CURVES)} or a JSON file")
+    sys.exit(f"--cost {name!r}: not cpu, {', '.join(GPU_CURVES)}, flat:SLOPE or a JSON file")
 
 
 def _teachers(path: str, hidden_path: str, model_path: str, head: dict, reqs, want_hidden: bool) -> None:
@@ -106,7 +111,12 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", action="append", default=[])
     ap.add_argument("--category", action="append", default=[])
     ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--cost", default="cpu", help="comma-separated: cpu, rtx3090, m2 or a JSON file")
+    ap.add_argument("--cost", default="cpu", help="comma-separated: cpu, rtx3090, m2, flat:SLOPE or a JSON file")
+    ap.add_argument("--flat", type=float, default=None, metavar="SLOPE",
+                    help="model a GPU-like flat cost curve, c(T) = 1 + SLOPE x (T - 1) at every context, instead "
+                         "of the calibrated one (the gate and the time model both use it): what these drafts "
+                         "would give where a batch costs little more than one token (modelled, not measured); "
+                         "the same as --cost flat:SLOPE")
     ap.add_argument("--overhead-ms", type=float, default=None,
                     help="engine work per step for the time model (default: the bench's own figure per method, "
                          "else 0.15 ms)")
@@ -119,6 +129,8 @@ def main(argv=None) -> int:
     rows = [r for r in rows if r.get("kind", "result") == "result"]
     if head is None or not head.get("cost_curve"):
         sys.exit("the results file has no header with a cost curve (run `edgespec bench` to make one)")
+    if a.flat is not None:
+        a.cost = f"flat:{a.flat:g}"
     none = {r["question_id"]: r for r in rows if r["method"] == "none"}
     if not none:
         sys.exit("the results file has no `none` rows: they are the recorded model output")
@@ -135,7 +147,7 @@ def main(argv=None) -> int:
         qids.append(p.question_id)
         rec = none[p.question_id]
         reqs.append(ReplayRequest(str(p.question_id), p.category,
-                                  m.prompt_tokens([{"role": "user", "content": p.turn}]),
+                                  m.prompt_tokens(p.turn, raw=bool(head.get("raw"))),
                                   np.asarray(rec["tokens"], np.int32), rec.get("stop_reason") == "stop",
                                   rec.get("topk")))
     max_tokens = int(head["max_tokens"])
@@ -227,6 +239,15 @@ def _report(cname, cats, methods, lossy, results, reqs, qids, bench_rows) -> Non
             print(f"{c:<15} {meth:<32} {'-':>8} {bacc:>6} {'-':>8} {bsp:>6} {idt:>9} {rl:>7}   (lossy: bench only)")
     print("\n* modelled: c(T) per decode from the chosen curve + the engine's work per step "
           "(replayed outputs are identical to `none` by construction)")
+
+
+def flat_curve(cost: CostCurve, slope: float) -> CostCurve:
+    """`cost` with every context's c(T) replaced by 1 + slope (T - 1) and no
+    after-batch cost (one-token times kept)."""
+    rel = [1.0 + slope * (t - 1) for t in cost.ts]
+    return CostCurve(list(cost.ts), rel, cost.t1_s, dict(cost.meta, flat=slope), cost.t1_short_s,
+                     [dict(d, rel=list(rel), after_s=0.0) for d in cost.longer],
+                     list(rel) if cost.short_rel else [], 0.0, 0.0)
 
 
 if __name__ == "__main__":

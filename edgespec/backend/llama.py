@@ -34,25 +34,24 @@ import ctypes
 import os
 import threading
 
+import jinja2
 import numpy as np
 
 import llama_cpp as L
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from ..errors import BackendError, ConfigError, ModelLoadError  # re-exported
 
 EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
 SPLIT_KV_FREE_CELLS = 256   # a one-token decode up to this many cells avoids split-KV
+# llama.cpp rounds every context size up to a multiple of 256 KV cells (the
+# padding of its KV cache), so 256 is the smallest context there is; a smaller
+# request used to become 256 silently and is refused instead
+MIN_CTX = 256
 # K-cache types (ggml type ids).  llama.cpp's default is f16; edgespec's default on
 # CPU is q8_0, whose one-token decodes never take the split-KV path (see
 # LlamaBackend.__init__), so every decode can use every thread and stay exact.
 CACHE_TYPES_K = {"f16": 1, "q8_0": 8}
-
-
-class BackendError(RuntimeError):
-    """llama.cpp refused or failed an operation."""
-
-
-class ModelLoadError(BackendError):
-    """The model file could not be loaded."""
 
 
 _log_lock = threading.Lock()
@@ -75,10 +74,30 @@ def _log_callback(level, text, user_data):  # pragma: no cover - called from C
 
 _backend_ready = False
 
+# llama.cpp's CPU backend multiplies K-quant weights (Q2_K..Q6_K) by a batch of
+# 8 or more rows with a tiled kernel that accumulates in integers per block and
+# scales once, where the one-row kernel (vec_dot) scales every block in float:
+# the sums round differently.  Measured on the 2-core Intel Xeon with
+# llama-cpp-python 0.3.36, Gemma-3-270M and Qwen2.5-Coder Q4_K_M: batches of 2-7
+# tokens bit-identical to one-token decoding, of 8 and more off by up to 3.2 in
+# the logits, with argmax flips.  The kernel has a process-wide switch, the
+# environment variable GGML_CPU_TILED_MM, read once at the first matrix product;
+# edgespec turns it off (before llama.cpp computes anything) unless the
+# environment already sets it.  What was there before edgespec set it:
+TILED_MM_ENV = "GGML_CPU_TILED_MM"
+USER_TILED_MM = os.environ.get(TILED_MM_ENV)
+
+
+def tiled_mm_setting() -> str:
+    """The GGML_CPU_TILED_MM value llama.cpp sees in this process ("0" = off;
+    unset = llama.cpp's default, on)."""
+    return os.environ.get(TILED_MM_ENV, "default")
+
 
 def _init_backend(verbose: bool = False) -> None:
     global _backend_ready, _log_verbose
     _log_verbose = verbose
+    os.environ.setdefault(TILED_MM_ENV, "0")
     if not _backend_ready:
         L.llama_log_set(_log_callback, ctypes.c_void_p(0))
         L.llama_backend_init()
@@ -143,9 +162,14 @@ class Vocab:
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.ptr))
         self._eog = None
         self._piece_cache: dict[int, bytes] = {}
+        self._formatters: dict = {}      # add_generation_prompt -> Jinja2ChatFormatter
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ConfigError(f"the text is not valid Unicode: an unpaired surrogate at character {e.start} "
+                              "(bytes that were not UTF-8, decoded with surrogateescape?)") from None
         cap = len(data) + 8
         buf = (L.llama_token * cap)()
         n = L.llama_tokenize(self.ptr, data, len(data), buf, cap, add_special, parse_special)
@@ -186,6 +210,51 @@ class Vocab:
 
     def token_text(self, token: int) -> str:
         return self.piece(token, special=True).decode("utf-8", errors="replace")
+
+    def eos_token(self) -> int:
+        """The end-of-sequence token id (-1 if the model has none)."""
+        return int(L.llama_vocab_eos(self.ptr))
+
+    def bos_token(self) -> int:
+        """The beginning-of-sequence token id (-1 if the model has none)."""
+        return int(L.llama_vocab_bos(self.ptr))
+
+    def chat_template(self) -> str | None:
+        """The model's chat template (GGUF key tokenizer.chat_template), or None."""
+        t = L.llama_model_chat_template(self._model, None)
+        return t.decode("utf-8", errors="replace") if t else None
+
+    def format_chat(self, messages, add_generation_prompt: bool = True) -> str:
+        """Messages ({role, content} dicts) rendered with the model's chat
+        template, the Jinja rendering llama-cpp-python's create_chat_completion
+        uses, with the model's BOS/EOS texts; add_generation_prompt opens the
+        assistant's turn at the end.  ConfigError (a ValueError) when a
+        message is not a dict with string role and content, the model has no
+        template, or the template does not render."""
+        messages = list(messages)
+        if not messages:
+            raise ConfigError("no messages to render")
+        for i, m in enumerate(messages):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise ConfigError(f"message {i + 1} is not a {{role, content}} object with string values: "
+                                  f"{str(m)[:80]}")
+        fmt = self._formatters.get(add_generation_prompt)
+        if fmt is None:
+            template = self.chat_template()
+            if not template:
+                raise ConfigError("this model has no chat template")
+            eos, bos = self.eos_token(), self.bos_token()
+            try:
+                fmt = Jinja2ChatFormatter(template=template, add_generation_prompt=add_generation_prompt,
+                                          eos_token=self.token_text(eos) if eos >= 0 else "",
+                                          bos_token=self.token_text(bos) if bos >= 0 else "")
+            except jinja2.TemplateError as e:
+                raise ConfigError(f"the model's chat template does not parse: {e}") from None
+            self._formatters[add_generation_prompt] = fmt
+        try:
+            return fmt(messages=messages).prompt
+        except jinja2.TemplateError as e:
+            raise ConfigError(f"the model's chat template failed on these messages: {e}") from None
 
 
 def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbose: bool = False,
@@ -237,6 +306,22 @@ def llama_cpp_python_repack(cpu_repack: bool):
         C.llama_model_default_params = orig
 
 
+def gpu_offload_available() -> bool:
+    """Whether this llama-cpp-python build can offload layers to a GPU (CUDA,
+    Metal, Vulkan...); a CPU-only build would silently ignore n_gpu_layers."""
+    _init_backend(_log_verbose)
+    return bool(L.llama_supports_gpu_offload())
+
+
+def free_model(model_ptr) -> None:
+    """Free a model loaded with load_model (a vocab-only one too)."""
+    L.llama_model_free(model_ptr)
+
+
+def llama_cpp_version() -> str:
+    return L.__version__
+
+
 def model_metadata(model_ptr, key: str) -> str | None:
     buf = ctypes.create_string_buffer(1 << 16)
     n = L.llama_model_meta_val_str(model_ptr, key.encode(), buf, len(buf))
@@ -257,7 +342,15 @@ class LlamaBackend:
                  max_leaves: int = 32, exact: bool = True, cache_type_k: str | None = None,
                  cpu_repack: bool = False, verbose: bool = False):
         if max_leaves > L.llama_max_parallel_sequences():
-            raise ValueError(f"max_leaves must be <= {L.llama_max_parallel_sequences()}")
+            raise ConfigError(f"max_leaves must be <= {L.llama_max_parallel_sequences()}")
+        if n_ctx < MIN_CTX:
+            raise ConfigError(f"the context size (--ctx, n_ctx) must be at least {MIN_CTX} tokens, not {n_ctx}: "
+                              f"llama.cpp's KV cache holds a multiple of {MIN_CTX} cells")
+        if n_gpu_layers and not gpu_offload_available():
+            raise ConfigError(f"GPU offload (--n-gpu-layers, n_gpu_layers={n_gpu_layers}) was asked for, but this "
+                              "llama-cpp-python was built without a GPU backend: reinstall it with "
+                              "CMAKE_ARGS=\"-DGGML_CUDA=on\" (see the README's GPU section), or leave "
+                              "--n-gpu-layers out to run on the CPU")
         self.model_path = model_path
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = n_threads or default_threads()
@@ -269,7 +362,7 @@ class LlamaBackend:
             # one thread never takes the split-KV path: keep llama.cpp's default
             cache_type_k = "q8_0" if (self.exact and self.n_threads > 1) else "f16"
         if cache_type_k not in CACHE_TYPES_K:
-            raise ValueError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), not {cache_type_k!r}")
+            raise ConfigError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), not {cache_type_k!r}")
         self.cache_type_k = cache_type_k
         self.cpu_repack = bool(cpu_repack)
         self.model = load_model(model_path, n_gpu_layers, verbose=verbose, cpu_repack=self.cpu_repack)
@@ -371,8 +464,7 @@ class LlamaBackend:
         return model_metadata(self.model, key)
 
     def chat_template(self) -> str | None:
-        t = L.llama_model_chat_template(self.model, None)
-        return t.decode("utf-8", errors="replace") if t else None
+        return self.vocab.chat_template()
 
     def _decode(self, n: int) -> None:
         self._batch.n_tokens = n

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 
+from ..errors import ConfigError, EdgespecError
 from .base import Drafter, StepResult
 from .suffix import SuffixConfig, SuffixDrafter
 
@@ -22,7 +23,7 @@ def _drafter_class(name: str):
     if name == "auto":
         from .hybrid import HybridConfig, HybridDrafter
         return HybridDrafter, HybridConfig
-    raise ValueError(f"unknown drafter {name!r}; known drafters: {', '.join(NAMES)}")
+    raise ConfigError(f"unknown drafter {name!r}; known drafters: {', '.join(NAMES)}")
 
 
 NO_CORPUS_SUFFIX = "-nocorpus"
@@ -54,12 +55,12 @@ def parse_drafter_name(name: str) -> tuple[str, bool, dict]:
     `-noX` / `+X` switch the bool field X of the drafter's config off / on, and
     `+X=V` sets its int or float field X (V may not contain '-' or '+'), so one
     bench run can hold an ablation side by side.  Raises ValueError for an
-    unknown drafter, switch or setting."""
+    unknown drafter, switch or setting (a ConfigError, which is a ValueError)."""
     import re
     parts = re.split(r"(?=[-+])", name)
     base = parts[0]
     if base not in NAMES:
-        raise ValueError(f"unknown drafter {name!r}; known drafters: {', '.join(NAMES)} "
+        raise ConfigError(f"unknown drafter {name!r}; known drafters: {', '.join(NAMES)} "
                          f"(add {NO_CORPUS_SUFFIX} to run one without the loaded corpora, "
                          f"-noX / +X to switch a component X off / on)")
     use_corpora, switches = True, {}
@@ -84,7 +85,7 @@ def parse_drafter_name(name: str) -> tuple[str, bool, dict]:
         field = p[1:] if on else (p[3:] if p.startswith("-no") else "")
         if field not in fields:
             known = ", ".join(fields) or "none"
-            raise ValueError(f"drafter spec {name!r}: {p!r} is not a switch of {base!r} "
+            raise ConfigError(f"drafter spec {name!r}: {p!r} is not a switch of {base!r} "
                              f"(its switches: {known}; and -nocorpus)")
         switches[field] = on
     return base, use_corpora, switches
@@ -117,17 +118,22 @@ def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), model_pat
     """
     if name == "none":
         if kw:
-            raise ValueError(f"drafter 'none' takes no settings, got {sorted(kw)}")
+            raise ConfigError(f"drafter 'none' takes no settings, got {sorted(kw)}")
         return Drafter()
     cls, config_cls = _drafter_class(name)
-    config = config_cls(**kw)
+    try:
+        config = config_cls(**kw)
+    except ValueError as e:      # the config classes check their own fields
+        if isinstance(e, EdgespecError):
+            raise
+        raise ConfigError(f"drafter {name!r}: {e}") from None
     params = inspect.signature(cls).parameters
     args = {"config": config}
     if "corpora" in params:
         args["corpora"] = tuple(corpora)
     if "n_vocab" in params:
         if n_vocab is None:
-            raise ValueError(f"drafter {name!r} needs n_vocab (the model's vocabulary size)")
+            raise ConfigError(f"drafter {name!r} needs n_vocab (the model's vocabulary size)")
         args["n_vocab"] = int(n_vocab)
     if "model_path" in params:
         args["model_path"] = model_path

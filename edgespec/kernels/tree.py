@@ -1,8 +1,39 @@
 """Tree selection and batch layout kernels (numba, pure functions over arrays)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
+
+
+class PlanScratch(NamedTuple):
+    """The arrays plan_step writes (the engine allocates them once and reuses them).
+
+    Per draft node of the proposal (length >= the tree's node count):
+      cond float64: calibrated P(accepted | parent accepted)
+      q float64:    path probability (the product of cond from the root)
+    Per selected node (length >= max_nodes):
+      sel int64:    chosen node indices, ascending
+      spar int32:   their parents, re-indexed into the selection (-1: the root)
+    Per batch slot (length >= max_nodes + 1; see layout_preorder):
+      order int64, bparent int64, depth int32, leaf_first int32, leaf_count int32
+    """
+    cond: np.ndarray
+    q: np.ndarray
+    sel: np.ndarray
+    spar: np.ndarray
+    order: np.ndarray
+    bparent: np.ndarray
+    depth: np.ndarray
+    leaf_first: np.ndarray
+    leaf_count: np.ndarray
+
+    @classmethod
+    def zeros(cls, n_nodes: int, n_slots: int) -> PlanScratch:
+        return cls(np.zeros(n_nodes), np.zeros(n_nodes), np.zeros(n_slots, np.int64),
+                   np.zeros(n_slots, np.int32), np.zeros(n_slots, np.int64), np.zeros(n_slots, np.int64),
+                   np.zeros(n_slots, np.int32), np.zeros(n_slots, np.int32), np.zeros(n_slots, np.int32))
 
 
 @njit(cache=True)
@@ -134,34 +165,42 @@ def warmup() -> None:
     lf = np.zeros(4, np.int32); lc = np.zeros(4, np.int32)
     layout_preorder(parents, q, o, bp, d, lf, lc)
     n_c = np.zeros((5, 10)); n_f = np.zeros((5, 10, 4))
+    counts = (n_c, n_c.copy(), n_f, n_f.copy())
     src = np.zeros(3, np.int8)
-    spar = np.zeros(3, np.int32)
-    k, nl = plan_step(parents, cond, src, n_c, n_c.copy(), n_f, n_f.copy(), 4.0, 8.0, cost, 0.01, 4, True,
-                      np.zeros(3), np.zeros(3), sel, spar, o, bp, d, lf, lc)
-    plan_step(parents, cond, src, n_c, n_c.copy(), n_f, n_f.copy(), 4.0, 8.0, cost, 0.01, 4, False,
-              np.zeros(3), np.zeros(3), sel, spar, o, bp, d, lf, lc)
-    learn_step(4, bp, o, sel, cond, src, np.zeros(3), d, 1, -1, n_c, n_c.copy(), n_f, n_f.copy(), n_c.copy(),
-               np.zeros(3, np.bool_), np.zeros(3, np.bool_))
+    out = PlanScratch.zeros(3, 4)
+    for gate in (True, False):
+        plan_step(parents, cond, src, counts, 4.0, 8.0, cost, 0.01, 4, gate, tuple(out))   # the engine's types
+    learn_step(4, out.bparent, out.order, out.sel, cond, src, out.cond, out.depth, 1, -1, n_c, n_c.copy(), n_f,
+               n_f.copy(), n_c.copy(), np.zeros(3, np.bool_), np.zeros(3, np.bool_))
 
 
 @njit(cache=True)
-def plan_step(parents, probs, source, n_c, a_c, n_f, a_f, k0, k1, cost, overhead, lim, gate,
-              out_cond, out_q, out_sel, out_spar, out_order, out_bparent, out_depth,
-              out_leaf_first, out_leaf_count):
+def plan_step(parents, probs, source, counts, k0, k1, cost, overhead, lim, gate, out):
     """One step's gate and layout in a single call (see select_by_rate and
     layout_preorder for the rules).
 
-    Calibrates each draft node's score into P(accepted | parent accepted) with the
-    acceptance counts (coarse: source x score bucket; fine: x depth bucket;
-    estimate = (accepted + k * prior) / (tested + k), the prior being the
+    The tree: parents, probs (the drafter's scores) and source per draft node.
+    counts: the acceptance counts (n_c, a_c, n_f, a_f) of AcceptanceModel,
+    tested and accepted nodes per source x score bucket (coarse) and per
+    source x score bucket x depth bucket (fine); k0, k1 their prior weights.
+    cost, overhead: the cost table and per-step overhead of select_by_rate;
+    lim: the most batch slots; gate: False takes the lim-1 likeliest nodes.
+    out: a PlanScratch, written here, or the same arrays as a plain tuple
+    (numba's dispatch takes about 10 us longer for a NamedTuple than for a
+    plain tuple of arrays: the engine keeps a plain one).
+
+    Calibrates each draft node's score into P(accepted | parent accepted)
+    (estimate = (accepted + k * prior) / (tested + k), the prior being the
     drafter's score times its source's accepted/score ratio for the coarse
-    level and the coarse estimate for the fine one), multiplies along paths, picks the subtree to verify (gate: best
-    expected tokens per unit of cost; no gate: the lim-1 likeliest nodes), and
-    lays it out.  Returns (k, n_leaves): k = 0 means a plain one-token step.
-    out_sel[:k] are the chosen node indices (ascending), out_spar their parents
-    re-indexed into the selection; the layout arrays cover k+1 slots, with
-    out_order[s] an index into the selection.
+    level and the coarse estimate for the fine one), multiplies along paths,
+    picks the subtree to verify (gate: best expected tokens per unit of cost),
+    and lays it out.  Returns (k, n_leaves): k = 0 means a plain one-token
+    step.  out.sel[:k] are the chosen node indices (ascending), out.spar their
+    parents re-indexed into the selection; the layout arrays cover k+1 slots,
+    with out.order[s] an index into the selection.
     """
+    n_c, a_c, n_f, a_f = counts
+    out_cond, out_q, out_sel, out_spar, out_order, out_bparent, out_depth, out_leaf_first, out_leaf_count = out
     m = parents.shape[0]
     nsb = n_c.shape[1]
     ndb = n_f.shape[2]

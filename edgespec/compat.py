@@ -1,0 +1,268 @@
+"""A drop-in for llama-cpp-python's `Llama`: edgespec behind the same calls.
+
+    from edgespec import Llama                 # instead of: from llama_cpp import Llama
+    llm = Llama(model_path="model.gguf", n_ctx=2048, seed=1, drafter="suffix")
+    out = llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}], max_tokens=64)
+    print(out["choices"][0]["message"]["content"], out["usage"])
+    for chunk in llm("Q: Name a fruit. A:", max_tokens=16, stop=["\\n"], stream=True):
+        print(chunk["choices"][0]["text"], end="")
+
+The constructor takes llama_cpp.Llama's parameters where they apply
+(model_path, n_ctx, n_threads, n_gpu_layers, seed, verbose, type_k ...),
+accepts with a warning the ones that do not change the answers (use_mmap,
+n_batch, ...), refuses the ones edgespec cannot honour (embedding, LoRA, rope
+scaling, ...), and adds edgespec's own (drafter, corpora, max_nodes, ...).
+create_completion / __call__ / create_chat_completion take llama-cpp-python's
+parameters and return its OpenAI-style dicts (stream=True: iterators of
+chunks).  Text comes from edgespec's engine, so it equals edgespec's own
+`--drafter none` for the same settings (greedy, or sampling with the same
+seed); it may differ from llama-cpp-python's, whose prompt chunking, K cache
+and sampler order differ.  Parameters edgespec does not implement (logprobs,
+grammar, repetition penalties, mirostat, tools, ...) raise ConfigError when
+given a value other than their neutral default.
+
+The response builders here (completion_response, chat_response, ...) are
+also what `edgespec serve` answers with.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+import warnings
+from typing import Iterator
+
+from .api import SpecModel
+from .errors import ConfigError
+from .verify import SamplingConfig
+
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF    # llama_cpp.LLAMA_DEFAULT_SEED
+
+# llama_cpp.Llama constructor arguments that change nothing edgespec's answers
+# depend on (memory mapping, batch sizes, NUMA, timing output): accepted, ignored
+_IGNORED_INIT = ("split_mode", "main_gpu", "tensor_split", "use_mmap", "use_mlock", "n_batch", "n_ubatch",
+                 "logits_all", "offload_kqv", "flash_attn", "op_offload", "swa_full", "no_perf",
+                 "last_n_tokens_size", "numa")
+# ... and the ones it cannot honour: refused
+_REFUSED_INIT = ("vocab_only", "kv_overrides", "rope_scaling_type", "pooling_type", "attention_type",
+                 "rope_freq_base", "rope_freq_scale", "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast",
+                 "yarn_beta_slow", "yarn_orig_ctx", "embedding", "lora_base", "lora_scale", "lora_path",
+                 "chat_handler", "draft_model", "tokenizer", "type_v", "spm_infill")
+_TYPE_K = {1: "f16", 8: "q8_0"}     # ggml type ids of the K cache types edgespec runs
+
+# sampling parameters edgespec does not implement, with their neutral values
+_NEUTRAL = {"suffix": None, "typical_p": 1.0, "logprobs": None, "frequency_penalty": 0.0,
+            "presence_penalty": 0.0, "repeat_penalty": 1.0, "tfs_z": 1.0, "mirostat_mode": 0,
+            "stopping_criteria": None, "logits_processor": None, "grammar": None, "logit_bias": None,
+            "functions": None, "function_call": None, "tools": None, "tool_choice": None,
+            "response_format": None, "top_logprobs": None}
+
+
+def _refuse_unsupported(**given) -> None:
+    for name, value in given.items():
+        neutral = _NEUTRAL[name]
+        if value is not None and value != neutral and not (name == "logprobs" and value is False):
+            raise ConfigError(f"edgespec.Llama does not support {name}={value!r} "
+                              f"(leave it at {neutral!r})")
+
+
+# ------------------------------------------------------------ response shapes
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(n_prompt: int, n_completion: int) -> dict:
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
+
+
+def completion_response(cid: str, created: int, model: str, text: str, finish_reason: str | None,
+                        n_prompt: int | None = None, n_completion: int | None = None) -> dict:
+    """A text_completion (with usage) or, without token counts, one of its stream chunks."""
+    d = {"id": cid, "object": "text_completion", "created": created, "model": model,
+         "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}]}
+    if n_prompt is not None:
+        d["usage"] = usage(n_prompt, n_completion or 0)
+    return d
+
+
+def chat_response(cid: str, created: int, model: str, content: str, finish_reason: str,
+                  n_prompt: int, n_completion: int) -> dict:
+    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None,
+                         "finish_reason": finish_reason}],
+            "usage": usage(n_prompt, n_completion)}
+
+
+def chat_chunk(cid: str, created: int, model: str, delta: dict, finish_reason: str | None = None) -> dict:
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+
+
+# ------------------------------------------------------------------- Llama
+class Llama:
+    """llama_cpp.Llama's interface over an edgespec SpecModel (see the module doc).
+
+    Like llama_cpp.Llama, one object is one model with one KV cache; calls
+    reuse the cached prefix of the previous one.  Unlike it, an object may be
+    shared between threads: calls queue (SpecModel's rules)."""
+
+    def __init__(self, model_path: str | None = None, *, n_gpu_layers: int = 0, seed: int = LLAMA_DEFAULT_SEED,
+                 n_ctx: int = 512, n_threads: int | None = None, n_threads_batch: int | None = None,
+                 chat_format: str | None = None, type_k: int | None = None, verbose: bool = True,
+                 drafter="suffix", corpora=(), max_nodes: int = 32, cost_gate: bool = True,
+                 calibrate: bool = True, verify=None, progress=None, **kwargs):
+        for name in kwargs:
+            if name in _REFUSED_INIT:
+                raise ConfigError(f"edgespec.Llama does not support {name}= (llama-cpp-python only)")
+            if name not in _IGNORED_INIT:
+                raise TypeError(f"Llama.__init__() got an unexpected keyword argument {name!r}")
+            warnings.warn(f"edgespec.Llama ignores {name}= (it does not change edgespec's output)", stacklevel=2)
+        if n_threads_batch is not None and n_threads_batch != n_threads:
+            warnings.warn("edgespec.Llama ignores n_threads_batch: batches use n_threads too", stacklevel=2)
+        if chat_format is not None:
+            raise ConfigError("edgespec.Llama renders chats with the GGUF's own template; chat_format "
+                              f"{chat_format!r} is not supported")
+        if type_k is not None and type_k not in _TYPE_K:
+            raise ConfigError(f"type_k must be one of {sorted(_TYPE_K)} (f16, q8_0) or None, got {type_k!r}")
+        self._model = SpecModel(model_path, drafter=drafter, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
+                                n_threads=n_threads, max_nodes=max_nodes, cost_gate=cost_gate,
+                                calibrate=calibrate, verbose=verbose, progress=progress, corpora=corpora,
+                                verify=verify, cache_type_k=_TYPE_K.get(type_k))
+        self.model_path = self._model.model_path
+        self.verbose = verbose
+        self._seed = seed
+
+    # --------------------------------------------------------------- basics
+    @property
+    def spec_model(self) -> SpecModel:
+        """The edgespec SpecModel underneath (its stream(), stats, ...)."""
+        return self._model
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self._model.tokenize(text.decode("utf-8", errors="replace"), add_special=add_bos,
+                                    parse_special=special).tolist()
+
+    def detokenize(self, tokens, prev_tokens=None, special: bool = False) -> bytes:
+        return self._model.detokenize(tokens).encode("utf-8")
+
+    def n_ctx(self) -> int:
+        return self._model.n_ctx
+
+    def n_vocab(self) -> int:
+        return self._model.vocab.n_vocab
+
+    def token_eos(self) -> int:
+        return self._model.vocab.eos_token()
+
+    def token_bos(self) -> int:
+        return self._model.vocab.bos_token()
+
+    def set_seed(self, seed: int) -> None:
+        self._seed = seed
+
+    def reset(self) -> None:
+        """Forget the KV cache (the next call prefills its whole prompt)."""
+        self._model.new_session()
+
+    def close(self) -> None:
+        self._model.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ----------------------------------------------------------- requests
+    def _sampling(self, temperature, top_k, top_p, min_p, seed) -> SamplingConfig:
+        return SamplingConfig(temperature=max(0.0, float(temperature)), top_k=max(0, int(top_k)),
+                              top_p=float(top_p), min_p=float(min_p),
+                              seed=int(seed if seed is not None else self._seed))
+
+    def _max_tokens(self, max_tokens, n_prompt: int) -> int:
+        room = self._model.n_ctx - n_prompt
+        return room if (max_tokens is None or max_tokens <= 0) else min(int(max_tokens), max(room, 1))
+
+    def _run(self, toks, max_tokens, sampling, stop, stream: bool):
+        """The finished GenerationResult, or (stream) a Stream of the request."""
+        stop = [stop] if isinstance(stop, str) else list(stop or [])
+        kw = dict(max_tokens=self._max_tokens(max_tokens, len(toks)), sampling=sampling, stop=stop,
+                  reuse_prefix=True)
+        return self._model.stream(toks, **kw) if stream else self._model.generate(toks, **kw)
+
+    def create_completion(self, prompt, suffix=None, max_tokens: int | None = 16, temperature: float = 0.8,
+                          top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0, logprobs=None,
+                          echo: bool = False, stop=(), frequency_penalty: float = 0.0,
+                          presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
+                          stream: bool = False, seed: int | None = None, tfs_z: float = 1.0,
+                          mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                          model: str | None = None, stopping_criteria=None, logits_processor=None,
+                          grammar=None, logit_bias=None):
+        """Complete a prompt (text, or token ids): a text_completion dict, or
+        with stream=True an iterator of its chunks (the last one has
+        finish_reason).  echo=True puts the prompt before the answer."""
+        _refuse_unsupported(suffix=suffix, typical_p=typical_p, logprobs=logprobs,
+                            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                            repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+                            stopping_criteria=stopping_criteria, logits_processor=logits_processor,
+                            grammar=grammar, logit_bias=logit_bias)
+        if isinstance(prompt, str):
+            toks = self._model.tokenize(prompt, add_special=True, parse_special=True) if prompt else \
+                self._model.tokenize("", add_special=True)
+            prompt_text = prompt
+        else:
+            toks = [int(t) for t in prompt]
+            prompt_text = self._model.detokenize(toks)
+        sampling = self._sampling(temperature, top_k, top_p, min_p, seed)
+        cid, created, name = new_id("cmpl"), int(time.time()), model or self.model_path
+        head = prompt_text if echo else ""
+        if stream:
+            return self._completion_chunks(toks, max_tokens, sampling, stop, cid, created, name, head)
+        r = self._run(toks, max_tokens, sampling, stop, False)
+        return completion_response(cid, created, name, head + r.text, r.stop_reason, len(toks), r.n_generated)
+
+    __call__ = create_completion
+
+    def _completion_chunks(self, toks, max_tokens, sampling, stop, cid, created, name, head) -> Iterator[dict]:
+        with self._run(toks, max_tokens, sampling, stop, True) as s:
+            if head:
+                yield completion_response(cid, created, name, head, None)
+            for c in s:
+                if c.finish_reason is not None:
+                    yield completion_response(cid, created, name, "", c.finish_reason)
+                elif c.text:
+                    yield completion_response(cid, created, name, c.text, None)
+
+    def create_chat_completion(self, messages, functions=None, function_call=None, tools=None, tool_choice=None,
+                               temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
+                               min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False, stop=(),
+                               seed: int | None = None, response_format=None, max_tokens: int | None = None,
+                               presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                               repeat_penalty: float = 1.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
+                               mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: str | None = None,
+                               logits_processor=None, grammar=None, logit_bias=None, logprobs=None,
+                               top_logprobs=None):
+        """Answer a chat (rendered with the GGUF's template): a chat.completion
+        dict, or with stream=True an iterator of chat.completion.chunk dicts
+        (the first has delta {"role": "assistant"}, the last finish_reason)."""
+        _refuse_unsupported(functions=functions, function_call=function_call, tools=tools,
+                            tool_choice=tool_choice, typical_p=typical_p, response_format=response_format,
+                            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                            repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+                            logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias,
+                            logprobs=logprobs, top_logprobs=top_logprobs)
+        toks = self._model.prompt_tokens(list(messages))
+        sampling = self._sampling(temperature, top_k, top_p, min_p, seed)
+        cid, created, name = new_id("chatcmpl"), int(time.time()), model or self.model_path
+        if stream:
+            return self._chat_chunks(toks, max_tokens, sampling, stop, cid, created, name)
+        r = self._run(toks, max_tokens, sampling, stop, False)
+        return chat_response(cid, created, name, r.text, r.stop_reason, len(toks), r.n_generated)
+
+    def _chat_chunks(self, toks, max_tokens, sampling, stop, cid, created, name) -> Iterator[dict]:
+        with self._run(toks, max_tokens, sampling, stop, True) as s:
+            yield chat_chunk(cid, created, name, {"role": "assistant"})
+            for c in s:
+                if c.finish_reason is not None:
+                    yield chat_chunk(cid, created, name, {}, c.finish_reason)
+                elif c.text:
+                    yield chat_chunk(cid, created, name, {"content": c.text})

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""What llama.cpp's CPU kernel switches cost in tokens per second.
+
+    python tools/kernel_cost.py qwen2.5-coder-0.5b
+    python tools/kernel_cost.py MODEL --settings default,tiled,repack --prompt 512 --decode 128 --batch 16
+
+edgespec turns two llama.cpp CPU features off because they make batched logits
+differ from one-token logits (see README, "What lossless means"): the tiled
+K-quant matrix product (GGML_CPU_TILED_MM) and weight repacking
+(use_extra_bufts).  For each setting this runs, in a fresh process (the tiled
+switch is read once per process, and a crash stays contained):
+
+  prefill   one prompt of --prompt random tokens in 512-token chunks
+  decode    --decode one-token decodes after it (tokens/s, median step)
+  batch     --reps chains of --batch tokens after it (ms each)
+
+Settings: default (both off, as edgespec runs), tiled (GGML_CPU_TILED_MM=1),
+repack (use_extra_bufts on), both.  Run it on an idle machine: these are
+timings.  --threads as in edgespec (default: one per physical core).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SETTINGS = {"default": ("0", False), "tiled": ("1", False), "repack": ("0", True), "both": ("1", True)}
+
+
+def measure(path: str, repack: bool, threads, n_prompt: int, n_decode: int, batch: int, reps: int) -> dict:
+    import numpy as np
+
+    from edgespec.backend.llama import LlamaBackend, tiled_mm_setting
+
+    be = LlamaBackend(path, n_ctx=n_prompt + n_decode + batch + 64, n_threads=threads, max_nodes=max(batch, 1),
+                      cache_type_k=None, cpu_repack=repack)
+    rng = np.random.default_rng(0)
+    toks = rng.integers(100, min(be.n_vocab, 20000), size=n_prompt + n_decode + batch).astype(np.int32)
+    zero, one = np.zeros(batch, np.int32), np.ones(batch, np.int32)
+    t0 = time.perf_counter()
+    be.prefill(toks[:n_prompt])
+    prefill_s = time.perf_counter() - t0
+    steps = []
+    for t in toks[n_prompt:n_prompt + n_decode]:
+        t0 = time.perf_counter()
+        be.decode_tree(np.array([t], np.int32), zero[:1], zero[:1], one[:1], 1)
+        be.logits()
+        be.keep(1)
+        steps.append(time.perf_counter() - t0)
+    chain = toks[n_prompt + n_decode:]
+    batches = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        be.decode_tree(chain, np.arange(batch, dtype=np.int32), zero, one, 1)
+        be.logits()
+        be.keep(0)
+        batches.append(time.perf_counter() - t0)
+    be.close()
+    return {"tiled_mm": tiled_mm_setting(), "repack": repack, "threads": be.n_threads,
+            "cache_type_k": be.cache_type_k, "prefill_tok_s": n_prompt / prefill_s,
+            "decode_tok_s": len(steps) / sum(steps), "decode_median_ms": 1000 * float(np.median(steps)),
+            f"batch{batch}_median_ms": 1000 * float(np.median(batches))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--settings", default="default,tiled,repack")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--decode", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    from edgespec.models import resolve_model
+    path = resolve_model(a.model)
+    if a.child:
+        r = measure(path, a.child == "1", a.threads, a.prompt, a.decode, a.batch, a.reps)
+        print(json.dumps(r))
+        return 0
+    for name in a.settings.split(","):
+        tiled, repack = SETTINGS[name]
+        cmd = [sys.executable, os.path.abspath(__file__), path, "--child", "1" if repack else "0",
+               "--prompt", str(a.prompt), "--decode", str(a.decode), "--batch", str(a.batch), "--reps", str(a.reps)]
+        if a.threads:
+            cmd += ["--threads", str(a.threads)]
+        p = subprocess.run(cmd, env=dict(os.environ, GGML_CPU_TILED_MM=tiled), capture_output=True, text=True)
+        if p.returncode != 0:
+            print(f"{name:<8} failed (exit code {p.returncode}): {(p.stderr.strip().splitlines() or [''])[-1]}")
+            continue
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        cells = "  ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items())
+        print(f"{name:<8} {cells}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
