@@ -16,7 +16,7 @@ from edgespec.engine import Engine, drain
 from edgespec.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_PROMPT, DraftTree
 from edgespec.verify import VerifyConfig, aasd_threshold, relaxed_accepts
 
-from conftest import pick_prompts
+from conftest import dev_prompts
 from test_anchor import branch_tree, rankings
 
 I32 = np.int32
@@ -114,7 +114,7 @@ class _Fixed(Drafter):
 
 @pytest.mark.model
 def test_conditional_verification_relaxes_prompt_and_aligned_sources_only(model):
-    toks = model.prompt_tokens([{"role": "user", "content": pick_prompts(1)[0]["turns"][0]}])
+    toks = model.prompt_tokens([{"role": "user", "content": dev_prompts(124)[0]["turns"][0]}])
     ref = model.generate(toks, max_tokens=24, drafter="none")
     tok = 1234
     assert tok not in ref.tokens

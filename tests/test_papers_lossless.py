@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import pick_prompts
+from conftest import dev_prompts
 
 pytestmark = pytest.mark.model
 
@@ -25,7 +25,7 @@ COMBOS = [
 @pytest.fixture(scope="module")
 def references(model):
     out = []
-    for row in pick_prompts(3, seed=11):
+    for row in dev_prompts(296, 504, 124):   # summarization, rag, coding: where copies run long
         toks = model.prompt_tokens([{"role": "user", "content": row["turns"][0]}])
         out.append((row["question_id"], toks, model.generate(toks, max_tokens=40, drafter="none").tokens))
     return out

@@ -95,9 +95,9 @@ def test_teacher_backed_replay_matches_the_real_engine(model):
     from edgespec.engine import Engine, EngineConfig, drain
     from edgespec.replay import ReplayRequest, replay, teacher_pass
 
-    from conftest import pick_prompts
+    from conftest import dev_prompts
     name = "auto+branch+trigger-notrigram-noadjacency-nobranch_depth-nosemantic_pair"
-    rows = [r for r in pick_prompts(26, seed=3) if r["category"] in ("summarization", "rag", "extraction")][:3]
+    rows = dev_prompts(296, 504, 132)     # summarization, rag, extraction
     config = EngineConfig(max_nodes=model.config.max_nodes, gate_overhead=0.02)
 
     def drafter():

@@ -16,7 +16,7 @@ from edgespec.kernels.topk import row_entropy
 from edgespec.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
 from edgespec.verify import VerifyConfig
 
-from conftest import pick_prompts
+from conftest import dev_prompts
 
 I32 = np.int32
 
@@ -123,7 +123,7 @@ class _Chain(Drafter):
 
 @pytest.mark.model
 def test_relaxed_acceptances_are_capped_per_step(model):
-    toks = model.prompt_tokens([{"role": "user", "content": pick_prompts(1)[0]["turns"][0]}])
+    toks = model.prompt_tokens([{"role": "user", "content": dev_prompts(124)[0]["turns"][0]}])
     anything = dict(top_k=model.vocab.n_vocab, tau=1e9, lookahead=0)
     chain = [1234, 1235, 1236]          # tokens plain decoding does not produce here
 
