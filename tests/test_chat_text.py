@@ -8,6 +8,7 @@ import json
 import pytest
 
 from edgespec import chat as C
+from edgespec.errors import PromptTooLongError
 
 
 def test_split_blocks_at_blank_lines():
@@ -189,7 +190,7 @@ def test_system_command_and_reset_keep_the_system_message(capsys):
 
 
 def test_retry_replaces_the_last_answer_and_restores_it_on_failure(capsys):
-    s = session(["first", "second", ValueError("the prompt has 9999 tokens, which does not fit")])
+    s = session(["first", "second", PromptTooLongError("the prompt has 9999 tokens, which does not fit")])
     s.handle("/retry")                              # nothing answered yet
     assert "nothing to retry" in capsys.readouterr().err
     s.handle("Q")
