@@ -194,8 +194,8 @@ class SpecModel:
         loaded corpora) or a Drafter instance.
     corpora: paths of compiled corpora (`edgespec build-corpus`) for the drafters
         that use one; each is checked against this model's tokenizer.
-    verify: "exact" (default, lossless) or a LOSSY opt-in, "relaxed" or
-        "entropy", or a VerifyConfig (see edgespec.verify).
+    verify: "exact" (default, lossless) or a LOSSY opt-in, "relaxed" (ReSpec),
+        "entropy" (AASD) or "entropy_inv", or a VerifyConfig (see edgespec.verify).
     n_ctx, n_gpu_layers, n_threads: llama.cpp settings (n_threads None = one per physical core).
     cache_type_k: the K cache's type, "f16" (llama.cpp's default) or "q8_0";
         None = q8_0 on CPU with more than one thread, else f16.  On CPU an f16 K cache makes

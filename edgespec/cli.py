@@ -117,10 +117,11 @@ def generation_options(f):
         click.option("--no-gate", is_flag=True, help="Verify every proposed node (up to --max-nodes) instead of "
                                                      "only those the cost gate expects to pay; for studies."),
         click.option("--stop", multiple=True, help="Stop string (repeatable)."),
-        click.option("--verify", type=click.Choice(("exact", "relaxed", "entropy")), default="exact",
+        click.option("--verify", type=click.Choice(("exact", "relaxed", "entropy", "entropy_inv")), default="exact",
                      show_default=True,
-                     help="exact = lossless. relaxed / entropy are LOSSY opt-ins (greedy only): they also accept "
-                          "retrieved draft tokens the model ranks close to its own choice, which changes the output."),
+                     help="exact = lossless. relaxed (ReSpec), entropy (AASD) and entropy_inv are LOSSY opt-ins "
+                          "(greedy only): they also accept retrieved draft tokens the model ranks close to its own "
+                          "choice, which changes the output."),
     ]
     f = corpus_option(backend_options(f))
     for o in reversed(opts):
@@ -403,8 +404,9 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, as_json):
                                               "llama-cpp-python-pld")),
               show_default=True, help="Comma-separated: edgespec drafters (none, suffix, trigram, adjacency, auto; "
                                       "NAME-nocorpus runs one without the --corpus files, NAME-noX / NAME+X "
-                                      "switches a component X off / on, e.g. auto-notrigram, NAME@relaxed or "
-                                      "NAME@entropy with a lossy verification mode) and "
+                                      "switches a component X off / on, e.g. auto-notrigram, NAME+X=V sets a "
+                                      "numeric setting, e.g. auto+copy_len=30; NAME@relaxed, NAME@entropy or "
+                                      "NAME@entropy_inv with a lossy verification mode) and "
                                       "llama-cpp-python (its defaults), llama-cpp-python-expert (a thread per "
                                       "physical core, flash attention, edgespec's K cache), llama-cpp-python-pld.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)

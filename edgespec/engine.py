@@ -34,7 +34,7 @@ from .errors import ConfigError, PromptTooLongError
 from .drafters.base import Drafter, StepResult
 from .kernels.tree import learn_step, plan_step
 from .kernels.tree import warmup as _warmup_tree_kernels
-from .tree import SOURCE_CARRY, SOURCE_CONTEXT, SOURCE_CORPUS, DraftTree
+from .tree import SOURCE_CARRY, DraftTree
 from .verify import SamplingConfig, VerifyConfig, relaxed_accepts, sample_token
 
 COST_BUCKET = 128     # the cost gate's table is re-interpolated every 128 context cells
@@ -241,6 +241,7 @@ _EMPTY_BOOL = _readonly(np.zeros(0, np.bool_))
 _EMPTY_I32 = _readonly(np.zeros(0, np.int32))
 _EMPTY_TOPK = _readonly(np.zeros((0, 0), np.int32))
 _EMPTY_TOPK_VAL = _readonly(np.zeros((0, 0), np.float32))
+_EMPTY_F32 = _readonly(np.zeros(0, np.float32))
 
 
 def _child(bparent: list, btok: list, slot: int, tok: int) -> int:
@@ -300,6 +301,13 @@ class Engine:
             self._tk = np.zeros((n, self._topk), np.int32)
             self._tv = np.zeros((n, self._topk), np.float32)
             self._rows = np.arange(n, dtype=np.int64)
+        # ReSpec's trigger wants every committed row's entropy, AdaPLD's rerank its hidden state
+        self._want_entropy = self._observes and bool(getattr(drafter, "wants_entropy", False))
+        self._want_hidden = self._observes and bool(getattr(drafter, "wants_hidden", False))
+        if self._want_entropy:
+            from .kernels.topk import row_entropy
+            self._row_entropy = row_entropy
+            self._ent = np.zeros(n, np.float32)
         self._o = np.zeros(n, np.int64)
         self._bp = np.zeros(n, np.int64)
         self._d = np.zeros(n, np.int32)
@@ -373,11 +381,12 @@ class Engine:
         that the relaxed rule accepts and whose subtree continues with
         `lookahead` greedy matches, or -1."""
         cfg = self.config.verify
+        relaxable = cfg.relax_sources
         best, best_c = -np.inf, -1
         for t in range(slot + 1, len(btl)):
             if bpl[t] != slot:
                 continue
-            if tree.source[sel[order[t]]] not in (SOURCE_CONTEXT, SOURCE_CORPUS):
+            if tree.source[sel[order[t]]] not in relaxable:
                 continue
             sc = relaxed_accepts(logits[slot], btl[t], cfg)
             if sc > best:
@@ -467,12 +476,16 @@ class Engine:
             be.truncate(st.n_common)
         self.kv_tokens = prompt[:st.n_common].copy()
         k_pre = int(getattr(self.drafter, "prefill_topk", 0) or 0)
-        pre = None
+        m_pre = len(prompt) - st.n_common
+        pre = hid = None
         if k_pre:
-            m_pre = len(prompt) - st.n_common
             pre = (np.full((m_pre, k_pre), -1, np.int32), np.zeros((m_pre, k_pre), np.float32))
+        if self._want_hidden or getattr(be, "hidden_on", False):
+            be.set_hidden(self._want_hidden)      # the backend may be shared with other engines
+        if self._want_hidden:
+            hid = np.zeros((m_pre, be.n_embd), np.float32)
         try:
-            be.prefill(prompt[st.n_common:], topk_out=pre, cancel=is_cancelled)
+            be.prefill(prompt[st.n_common:], topk_out=pre, cancel=is_cancelled, hidden_out=hid)
         except BaseException:
             self.reset()
             raise
@@ -488,6 +501,8 @@ class Engine:
         self.drafter.begin(prompt)
         if pre is not None:
             self.drafter.observe_prefill(st.n_common, pre[0], pre[1])
+        if hid is not None:
+            self.drafter.observe_prefill_hidden(st.n_common, hid)
         first = sample_token(be.logits()[0], sampling, st.rng.random() if st.rng is not None else 0.0)
         if record_topk:
             from .kernels.topk import topk_rows
@@ -590,6 +605,8 @@ class Engine:
         carried = None
         bpl, btl = self._bp[:nb].tolist(), btok.tolist()
         relax = not self.config.verify.exact
+        cap = self.config.verify.max_relaxed or (1 << 30)      # ReSpec's Phi: relaxed tokens per step
+        n_relaxed = 0
         sampling = st.sampling
         while True:
             if st.topk_walk:
@@ -604,11 +621,12 @@ class Engine:
                 tok = sample_token(logits[slot], sampling, st.rng.random())
             accepted.append(tok)
             c = _child(bpl, btl, slot, tok)
-            if c < 0 and relax and k:
+            if c < 0 and relax and k and n_relaxed < cap:
                 c = self._relaxed_child(logits, slot, bpl, btl, tree, sel, order)
                 if c >= 0:          # LOSSY: commit the retrieved token instead
                     accepted[-1] = btl[c]
                     st.n_relaxed += 1
+                    n_relaxed += 1
             if c < 0:
                 return slot, accepted, carried
             if c != slot + 1:
@@ -655,9 +673,15 @@ class Engine:
             tk_in, tk_tok, tk_val = btok[:slot + 1].copy(), self._tk[:slot + 1].copy(), self._tv[:slot + 1].copy()
         else:
             tk_in, tk_tok, tk_val = _EMPTY_I32, _EMPTY_TOPK, _EMPTY_TOPK_VAL
+        ent, hid = _EMPTY_F32, _EMPTY_TOPK_VAL
+        if self._want_entropy:
+            self._row_entropy(logits, slot + 1, self._ent)
+            ent = self._ent[:slot + 1].copy()
+        if self._want_hidden:
+            hid = self.backend.hidden()[:slot + 1].copy()
         self.drafter.observe(StepResult(
             st.ctx[:st.n], np.array(accepted, np.int32), proposed, nacc, ntest, tk_in, tk_tok, tk_val,
-            self._t1(st.n) if self.cost is not None else 0.0, decode_s, {}))
+            self._t1(st.n) if self.cost is not None else 0.0, decode_s, {}, ent, hid))
 
     def _finish(self, st: "_RunState"):
         """Flush the held-back text and build the GenerationResult (the

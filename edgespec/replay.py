@@ -13,6 +13,18 @@ Time is modelled, not measured: a decode of T tokens at a KV position p costs
 c(T) of the calibrated curve (the short-context entry for single tokens within
 the first 256 cells, as the engine's gate assumes), plus the engine's own
 measured work per step.  `tools/replay.py` is the command-line front end.
+
+The model's own numbers beyond its greedy tokens -- its top-k and their
+logits, the entropy of its distribution and its hidden state at every
+position, prompt positions included -- come from one teacher-forced pass of
+the real model over prompt + recorded output (`teacher_pass`), so drafters
+that read them (branch drafting from the prefill's rankings, ReSpec's entropy
+trigger, AdaPLD's hidden-state rerank) replay as they would run.  The fake
+logits of a row on the recorded text then carry the recorded top-k values and
+a flat tail set so that the row's entropy is the recorded one.
+
+`gpu_curve` builds the published GPU cost curves the papers' regimes stand
+for (`--cost rtx3090`, `--cost m2`).
 """
 from __future__ import annotations
 
@@ -29,6 +41,122 @@ from .tree import DraftTree
 _OFF_TEXT = 0
 """Token the fake logits favour after a slot that left the recorded text (only
 its being different from the recorded token matters)."""
+
+
+# Published c(T) of GPUs (llama-bench, time of a batch of T tokens over one
+# token): RTX 3090, Llama-8B Q4_0, 512 tokens of context (llama.cpp PR #15802);
+# Apple M2-class Metal GPU, Qwen2-7B Q8_0 (llama.cpp PR #10581).
+GPU_CURVES = {
+    "rtx3090": ((1, 2, 4, 8), (1.0, 1.12, 1.33, 2.15)),
+    "m2": ((1, 2, 4, 8), (1.0, 1.11, 1.41, 2.16)),
+}
+GPU_T1_S = 0.01
+"""The plain step the GPU curves are scaled to (only ratios matter: tools/replay.py
+scales every modelled time by the recorded plain decode time)."""
+
+
+def gpu_curve(name: str):
+    """A CostCurve from published points.  Between them c(T) is linear; beyond
+    T = 8 it is extrapolated linearly from c(4)..c(8) (the rule of
+    CostCurve's table: the last two points' slope), e.g. for the RTX 3090
+    c(16) = 2.15 + 8 * (2.15 - 1.33) / 4 = 3.79 and c(32) = 7.07; no
+    after-batch cost, one context (no attention growth modelled)."""
+    from .costmodel import CostCurve
+    ts, rel = GPU_CURVES[name]
+    return CostCurve(list(ts), list(rel), GPU_T1_S, {"prefix": 512, "source": name})
+
+
+def curve_from_file(path: str):
+    """A CostCurve from a JSON file: either a whole calibration (CostCurve.to_json)
+    or {"ts": [1, 2, ...], "rel": [1.0, ...]} (linear between the points,
+    extrapolated from the last two)."""
+    import json
+    from .costmodel import CostCurve
+    with open(path) as f:
+        d = json.load(f)
+    d.setdefault("t1_s", GPU_T1_S)
+    return CostCurve.from_json(d)
+
+
+def tail_for_entropy(top: np.ndarray, h: np.ndarray, n_vocab: int) -> np.ndarray:
+    """Per row, the logit t that the n_vocab - K tokens outside a row's top-K
+    logits `top` [N, K] must share so that the row's entropy is h [N] (nats).
+    The entropy rises with t up to t = min(top) (the tail cannot exceed the
+    top-K), so t is found by bisection between max(top) - 60 and min(top);
+    entropies outside that range clamp to its ends."""
+    top = np.asarray(top, np.float64)
+    mx = top.max(axis=1, keepdims=True)
+    a = np.exp(top - mx)
+    sa = a.sum(axis=1)
+    sz = (a * (top - mx)).sum(axis=1)
+    m = float(n_vocab - top.shape[1])
+
+    def ent(t):
+        b = m * np.exp(t - mx[:, 0])
+        z = sa + b
+        return np.log(z) - (sz + b * (t - mx[:, 0])) / z
+
+    lo = mx[:, 0] - 60.0
+    hi = top.min(axis=1)
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        up = ent(mid) < h
+        lo = np.where(up, mid, lo)
+        hi = np.where(up, hi, mid)
+    return (0.5 * (lo + hi)).astype(np.float32)
+
+
+@dataclass
+class Teacher:
+    """The model's numbers at every position of one request (row p: after
+    reading tokens[:p + 1]): top-k ids and logits, entropy, the tail logit
+    that reproduces the entropy (tail_for_entropy), optionally hidden states."""
+    ids: np.ndarray
+    logits: np.ndarray
+    entropy: np.ndarray
+    tail: np.ndarray
+    hidden: np.ndarray | None = None
+
+
+def teacher_pass(backend, tokens: np.ndarray, n_prompt: int, k: int = 8, hidden: bool = False,
+                 chunk: int = 512, gen_chunk: int = 32) -> Teacher:
+    """Decode `tokens` (prompt + recorded output) once as plain chains, every
+    row an output, and keep per position the model's top-k (ids, logits),
+    the entropy of its distribution and, with `hidden`, its hidden state.
+    The prompt goes in chunks of `chunk` tokens, as the engine's prefill lays
+    it (n_batch), the output in chunks of `gen_chunk` (on the CPU backend a
+    batch of up to 48 tokens gives the logits of one-token decoding), so the
+    numbers are those the real engine sees.  `backend` must allow batches of
+    `chunk` tokens (a LlamaBackend with exact=False and max_nodes=chunk); its
+    KV cache is reset."""
+    from .kernels.topk import row_entropy, topk_rows_vals
+    tokens = np.asarray(tokens, np.int32)
+    n = len(tokens)
+    ids = np.zeros((n, k), np.int32)
+    vals = np.zeros((n, k), np.float32)
+    ent = np.zeros(n, np.float32)
+    hid = None
+    if hidden:
+        backend.set_hidden(True)
+        hid = np.zeros((n, backend.n_embd), np.float16)
+    backend.reset()
+    rows = np.arange(chunk, dtype=np.int64)
+    i = 0
+    while i < n:
+        m = min(chunk, n_prompt - i) if i < n_prompt else min(gen_chunk, n - i)
+        backend.decode_tree(tokens[i:i + m], np.arange(m, dtype=np.int32), np.zeros(m, np.int32),
+                            np.ones(m, np.int32), 1)
+        lg = backend.logits()
+        topk_rows_vals(lg, rows, m, k, ids[i:i + m], vals[i:i + m])
+        row_entropy(lg, m, ent[i:i + m])
+        if hidden:
+            hid[i:i + m] = backend.hidden()[:m]
+        backend.keep(m)
+        i += m
+    backend.reset()
+    if hidden:
+        backend.set_hidden(False)
+    return Teacher(ids, vals, ent, tail_for_entropy(vals, ent, backend.n_vocab), hid)
 
 
 class ReplayBackend:
@@ -61,16 +189,50 @@ class ReplayBackend:
         self._buckets = CostBuckets(cost, max_nodes + 1)
         self.model_s = 0.0
         self.n_decodes = 0
+        self.teacher: Teacher | None = None
+        self._dense: list = []                       # rows filled whole (teacher rows)
+        self.hidden_on = False
+        self.n_embd = 0
+        self._hid = np.zeros((max_nodes, 0), np.float32)
 
-    def set_truth(self, truth: np.ndarray, topk=None, n_prompt: int = 0) -> None:
+    def set_truth(self, truth: np.ndarray, topk=None, n_prompt: int = 0, teacher: Teacher | None = None) -> None:
         """truth: prompt + output tokens; topk: optionally the model's recorded top-k
         ids at each output position (row j ranks output token j), which then
-        shape the fake logits' lower ranks as well."""
+        shape the fake logits' lower ranks as well; teacher: the model's numbers
+        at every position (teacher_pass), which then shape rows on the recorded
+        text wholly (top-k logits, entropy) and give the prefill's rankings and
+        the hidden states."""
         self.truth = np.asarray(truth, np.int32)
         self.n_prompt = n_prompt
         self.topk = None
         if topk is not None and len(topk):
             self.topk = np.asarray(topk, np.int32)
+        self.teacher = teacher
+        if teacher is not None and teacher.hidden is not None:
+            self.n_embd = teacher.hidden.shape[1]
+            if self._hid.shape[1] != self.n_embd:
+                self._hid = np.zeros((self.max_nodes, self.n_embd), np.float32)
+
+    def set_hidden(self, on: bool) -> None:
+        self.hidden_on = bool(on)
+
+    def hidden(self) -> np.ndarray:
+        """The teacher's hidden states of the last decode's rows on the recorded
+        text (zeros elsewhere, and everywhere without a teacher's)."""
+        return self._hid[:self.n_outputs]
+
+    def _teacher_row(self, i: int, hot: int, p: int) -> None:
+        """Row i is the model after reading truth[:p + 1]: the teacher's top-k
+        logits over a flat tail (its entropy), the recorded next token on top."""
+        tch, lg = self.teacher, self._logits
+        lg[i, :] = tch.tail[p]
+        lg[i, tch.ids[p]] = tch.logits[p]
+        top = float(tch.logits[p].max())
+        if lg[i, hot] < top:            # the record wins (numerics may differ by a hair)
+            lg[i, hot] = top + 1e-3
+        self._dense.append(i)
+        if self.hidden_on and tch.hidden is not None:
+            self._hid[i] = tch.hidden[p]
 
     def _next(self, pos: int) -> int:
         """The recorded token at position pos (EOG beyond the record)."""
@@ -83,8 +245,16 @@ class ReplayBackend:
         lg = self._logits
         for i, c in self._dirty:          # undo the last call's entries
             lg[i, c] = 0.0
+        for i in self._dense:
+            lg[i, :] = 0.0
         self._dirty = []
+        self._dense = []
+        if self.hidden_on and self.n_embd:
+            self._hid[:len(hot)] = 0.0
         for i in range(len(hot)):
+            if pos is not None and pos[i] >= 1 and self.teacher is not None and pos[i] - 1 < len(self.teacher.ids):
+                self._teacher_row(i, int(hot[i]), int(pos[i]) - 1)
+                continue
             lg[i, hot[i]] = 1.0
             self._dirty.append((i, int(hot[i])))
             if pos is not None and self.topk is not None and pos[i] >= self.n_prompt:
@@ -109,11 +279,20 @@ class ReplayBackend:
     def rollback(self) -> None:
         pass
 
-    def prefill(self, tokens, want_last_logits: bool = True, topk_out=None, cancel=None) -> None:
+    def prefill(self, tokens, want_last_logits: bool = True, topk_out=None, cancel=None, hidden_out=None) -> None:
         n = len(tokens)
-        if topk_out is not None:     # the replay knows no rankings at prompt positions
+        a, tch = self.n_past, self.teacher
+        if topk_out is not None:     # the prompt's rankings: the teacher's, else unknown
             topk_out[0][:] = -1
             topk_out[1][:] = 0.0
+            if tch is not None:
+                k = min(topk_out[0].shape[1], tch.ids.shape[1])
+                topk_out[0][:, :k] = tch.ids[a:a + n, :k]
+                topk_out[1][:, :k] = tch.logits[a:a + n, :k]
+        if hidden_out is not None:
+            hidden_out[:] = 0.0
+            if tch is not None and tch.hidden is not None:
+                hidden_out[:] = tch.hidden[a:a + n]
         self.n_past += n                    # prefill time is not part of decode speed
         self._set_rows(np.array([self._next(self.n_past)], np.int64), np.array([self.n_past], np.int64))
 
@@ -170,6 +349,8 @@ class OracleDrafter(Drafter):
         self.name = "oracle-" + getattr(inner, "name", "drafter")
         self.topk = getattr(inner, "topk", 0)
         self.prefill_topk = getattr(inner, "prefill_topk", 0)
+        self.wants_entropy = getattr(inner, "wants_entropy", False)
+        self.wants_hidden = getattr(inner, "wants_hidden", False)
         self.observes = inner.wants_observe()
 
     def warmup(self) -> None:
@@ -180,6 +361,9 @@ class OracleDrafter(Drafter):
 
     def observe_prefill(self, start, topk_tokens, topk_logits) -> None:
         self.inner.observe_prefill(start, topk_tokens, topk_logits)
+
+    def observe_prefill_hidden(self, start, hidden) -> None:
+        self.inner.observe_prefill_hidden(start, hidden)
 
     def observe(self, result) -> None:
         self.inner.observe(result)
@@ -211,6 +395,7 @@ class ReplayRequest:
     output: np.ndarray
     stopped_on_eog: bool
     topk: list | None = None   # the model's recorded top-k at each output position
+    teacher: Teacher | None = None   # the model's numbers at every position (teacher_pass)
 
 
 def replay(engine, backend: ReplayBackend, requests, max_tokens: int, check: bool = True) -> list[dict]:
@@ -224,7 +409,7 @@ def replay(engine, backend: ReplayBackend, requests, max_tokens: int, check: boo
     rows = []
     for r in requests:
         truth = np.concatenate([r.prompt, r.output])
-        backend.set_truth(truth, r.topk, len(r.prompt))
+        backend.set_truth(truth, r.topk, len(r.prompt), r.teacher)
         backend.model_s = 0.0
         t0 = time.perf_counter()
         res = drain(engine.run(r.prompt, max_tokens=max_tokens))

@@ -31,8 +31,10 @@ SOURCE_ADJACENCY = 3
 SOURCE_CARRY = 4     # tokens accepted last step off the batch's first path, re-verified
 SOURCE_BRANCH = 5    # the model's own alternatives beside a retrieved continuation (AASD, AdaPLD)
 SOURCE_SEMANTIC = 6  # continuation of an embedding-similar anchor (AdaPLD fallback)
-N_SOURCES = 7
-SOURCE_NAMES = ("context", "corpus", "trigram", "adjacency", "carry", "branch", "semantic")
+SOURCE_PROMPT = 7    # a context match copied from the prompt (marked so only with auto+aasd)
+SOURCE_ALIGN = 8     # AASD alignment sampling: the model's choice where the prompt disagreed
+N_SOURCES = 9
+SOURCE_NAMES = ("context", "corpus", "trigram", "adjacency", "carry", "branch", "semantic", "prompt", "align")
 
 
 @dataclass

@@ -102,7 +102,7 @@ def sample_token(logits: np.ndarray, cfg: SamplingConfig, u: float) -> int:
 # decoding gives; `edgespec bench` reports how far it moves (identical outputs,
 # ROUGE-L against `none`) beside the speed.
 
-VERIFY_MODES = ("exact", "relaxed", "entropy")
+VERIFY_MODES = ("exact", "relaxed", "entropy", "entropy_inv")
 
 
 @dataclass
@@ -111,23 +111,38 @@ class VerifyConfig:
 
     mode "exact" (default): a draft token is accepted only when it is the token
         the model itself chooses (lossless).
-    mode "relaxed" (ReSpec-style, lossy): when no draft child carries the model's
-        greedy token, a child proposed by *retrieval* (a context or corpus match,
-        never a tri-gram or adjacency guess) is accepted if the model ranks it in
-        its top `top_k` with a log-probability within `tau` of the best, and the
-        draft tree continues below it with `lookahead` tokens that the model's
-        greedy choices confirm.
-    mode "entropy" (AASD-style, lossy): the same, but the retrieved child is
-        accepted when its probability is at least eps * exp(-H), H being the
-        entropy (nats) of the model's distribution there: the more uncertain the
-        model, the lower the bar.
-    Both relaxed modes apply to greedy decoding only.
+    mode "relaxed" (ReSpec's source-aware relaxed verification, lossy): when no
+        draft child carries the model's greedy token, a child proposed by
+        *retrieval* (a context or corpus match, never a tri-gram, adjacency or
+        branch guess) is accepted if the model ranks it in its top `top_k` with
+        a log-probability within `tau` of the best, and the draft tree continues
+        below it with `lookahead` tokens that the model's greedy choices confirm.
+    mode "entropy" (AASD's conditional verification, lossy): a draft child is
+        accepted when its probability is at least the adaptive threshold
+        delta = min(alpha * H + beta, max P), H being the entropy (nats) of the
+        model's full distribution there and max P its top probability (so the
+        model's own choice always passes): the more uncertain the model, the
+        *higher* the bar.  As in the paper only prompt-retrieved tokens
+        (SOURCE_PROMPT: `auto+aasd` marks context matches copied from the prompt)
+        and alignment-sampled ones (SOURCE_ALIGN) are relaxed; no look-ahead.
+    mode "entropy_inv" (edgespec's earlier variant, lossy): a retrieved child is
+        accepted when its probability is at least eps * exp(-H): the bar
+        *falls* with entropy (the opposite of AASD's), with the `lookahead` of
+        "relaxed".  Kept under this name for comparison.
+    max_relaxed (ReSpec's cap Phi): at most this many tokens of one step may be
+        accepted by a relaxed rule; 0 = no cap.  ReSpec caps relaxed acceptances
+        per step; its value of Phi was not in the text available to this
+        project, 2 is edgespec's choice.
+    All relaxed modes apply to greedy decoding only.
     """
     mode: str = "exact"
     top_k: int = 5
     tau: float = 1.5
-    lookahead: int = 2
+    lookahead: int | None = None
     eps: float = 0.3
+    alpha: float = 0.1
+    beta: float = 0.1
+    max_relaxed: int = 2
 
     def __post_init__(self):
         if self.mode not in VERIFY_MODES:
@@ -136,14 +151,44 @@ class VerifyConfig:
             raise ConfigError("verify top_k must be >= 1")
         if not self.tau >= 0:
             raise ConfigError("verify tau must be >= 0")
+        if self.lookahead is None:          # AASD's rule has no look-ahead, the others 2 tokens
+            self.lookahead = 0 if self.mode == "entropy" else 2
         if self.lookahead < 0:
             raise ConfigError("verify lookahead must be >= 0")
         if not (0.0 < self.eps <= 1.0):
             raise ConfigError("verify eps must be in (0, 1]")
+        if not (self.alpha >= 0 and 0.0 <= self.beta <= 1.0):
+            raise ConfigError("verify alpha must be >= 0 and beta in [0, 1]")
+        if self.max_relaxed < 0:
+            raise ConfigError("verify max_relaxed must be >= 0 (0 = no cap)")
 
     @property
     def exact(self) -> bool:
         return self.mode == "exact"
+
+    @property
+    def relax_sources(self) -> tuple:
+        """The draft sources a relaxed rule may accept."""
+        from .tree import SOURCE_ALIGN, SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT
+        if self.mode == "entropy":
+            return (SOURCE_PROMPT, SOURCE_ALIGN)
+        return (SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT)
+
+
+def _entropy(row: np.ndarray) -> tuple[np.ndarray, float]:
+    """(probabilities, entropy in nats) of softmax(row), in float64."""
+    x = np.asarray(row, np.float64)
+    x = x - x.max()
+    p = np.exp(x)
+    z = p.sum()
+    p /= z
+    return p, float(-(p * (x - np.log(z))).sum())
+
+
+def aasd_threshold(row: np.ndarray, alpha: float, beta: float) -> float:
+    """AASD's adaptive threshold delta = min(alpha * H + beta, max P)."""
+    p, h = _entropy(row)
+    return min(alpha * h + beta, float(p.max()))
 
 
 def relaxed_accepts(row: np.ndarray, token: int, cfg: VerifyConfig) -> float:
@@ -159,15 +204,12 @@ def relaxed_accepts(row: np.ndarray, token: int, cfg: VerifyConfig) -> float:
         if int(np.count_nonzero(row > v)) >= cfg.top_k:
             return -np.inf
         return v - best
-    # entropy
-    x = row.astype(np.float64) - best
-    p = np.exp(x)
-    z = p.sum()
-    p /= z
-    h = float(-(p * (x - np.log(z))).sum())
-    if p[token] >= cfg.eps * np.exp(-h):
-        return v - best
-    return -np.inf
+    p, h = _entropy(row)
+    if cfg.mode == "entropy":
+        ok = p[token] >= min(cfg.alpha * h + cfg.beta, float(p.max()))
+    else:   # entropy_inv
+        ok = p[token] >= cfg.eps * np.exp(-h)
+    return v - best if ok else -np.inf
 
 
 def rouge_l(a, b) -> float:

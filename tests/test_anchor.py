@@ -12,7 +12,7 @@ from edgespec.drafters.branch import BranchDrafter
 from edgespec.drafters.semantic import SemanticDrafter
 from edgespec.embeddings import TokenEmbeddings
 from edgespec.kernels.anchor import build_branch_tree, path_probs, soft_anchors, softmax_rows
-from edgespec.tree import SOURCE_BRANCH, SOURCE_SEMANTIC, DraftTree
+from edgespec.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_SEMANTIC, DraftTree
 
 I32 = np.int32
 
@@ -26,12 +26,15 @@ def rankings(n, rows: dict, k=4):
     return tok, p
 
 
-def branch_tree(ctx, ends, tok, p, n_known=None, depth=3, alt=2, cap=16):
+def branch_tree(ctx, ends, tok, p, n_known=None, depth=3, alt=2, cap=16, n_prompt=0, misaligned_only=False,
+                with_src=False):
     ctx = np.array(ctx, I32)
-    out = (np.zeros(cap, I32), np.zeros(cap, I32), np.zeros(cap, np.float32))
+    out = (np.zeros(cap, I32), np.zeros(cap, I32), np.zeros(cap, np.float32), np.zeros(cap, np.int8))
     m = build_branch_tree(ctx, len(ctx), np.array(ends, I32), len(ends), tok, p,
-                          len(ctx) - 1 if n_known is None else n_known, depth, alt, cap, *out)
-    return [(int(out[0][i]), int(out[1][i]), round(float(out[2][i]), 3)) for i in range(m)]
+                          len(ctx) - 1 if n_known is None else n_known, depth, alt, cap, *out, n_prompt,
+                          misaligned_only, SOURCE_ALIGN, SOURCE_BRANCH)
+    return [(int(out[0][i]), int(out[1][i]), round(float(out[2][i]), 3)) + ((int(out[3][i]),) if with_src else ())
+            for i in range(m)]
 
 
 def test_branch_tree_puts_the_models_alternatives_beside_the_copied_tokens():
@@ -110,7 +113,7 @@ def test_path_probs_multiply_down_the_tree_and_mark_leaves():
 
 
 def test_branch_drafter_keeps_prefill_and_verification_rankings_by_position():
-    d = BranchDrafter(aasd=True, branch=True)
+    d = BranchDrafter(aasd_all=True, branch=True)      # edgespec's variant: alternatives at every prompt position
     assert d.prefill_topk == 4 and d.topk == 4
     prompt = np.array([1, 2, 3, 9, 4], I32)
     d.begin(prompt)

@@ -59,15 +59,15 @@ def test_budget_and_prefix_order():
 
 
 def test_components_switch():
-    only_tri = make_drafter("auto", n_vocab=V, suffix=False, adjacency=False, branch=False, aasd=False,
-                            graft=False)
+    only_tri = make_drafter("auto", n_vocab=V, suffix=False, adjacency=False, branch_depth=False, aasd=False,
+                            graft_tail=False)
     assert only_tri.topk == 0 and len(only_tri.parts) == 1
     ctx = np.array([1, 2, 3, 1, 2, 3, 1, 2], np.int32)
     only_tri.begin(ctx)
     t = only_tri.propose(ctx, 8)
     assert len(t) and set(t.source.tolist()) == {SOURCE_TRIGRAM}
     with pytest.raises(ValueError):
-        HybridConfig(suffix=False, trigram=False, adjacency=False, branch=False, aasd=False, semantic=False)
+        HybridConfig(suffix=False, trigram=False, adjacency=False, branch_depth=False, aasd=False, semantic_pair=False)
     # without a model path the semantic part is left out; branch/aasd are one part
     d = make_drafter("auto", n_vocab=V, trigram=False, adjacency=False)
     assert [p.name for p in d.parts] == ["suffix", "branch"] and d.prefill_topk == 0
@@ -102,11 +102,11 @@ def test_entropy_trigger_scales_retrieval_where_it_fails():
     p_unsure = t_unsure.probs[(t_unsure.parents == -1) & (t_unsure.tokens == 4)][0]
     assert p_unsure < 0.5 * p_sure
     # without the switch the scores do not depend on the entropy
-    d2 = HybridDrafter(V, config=HybridConfig(trigram=False, adjacency=False, ema=False, entropy=False, branch=False, aasd=False))
+    d2 = HybridDrafter(V, config=HybridConfig(trigram=False, adjacency=False, ema=False, entropy=False, branch_depth=False, aasd=False))
     assert d2.topk == 0
     d2.begin(ctx)
     assert np.allclose(d2.propose(ctx, 8).probs, HybridDrafter(V, config=HybridConfig(
-        trigram=False, adjacency=False, ema=False, entropy=False, branch=False, aasd=False)).propose(ctx, 8).probs)
+        trigram=False, adjacency=False, ema=False, entropy=False, branch_depth=False, aasd=False)).propose(ctx, 8).probs)
 
 
 def test_position_ema_drops_failing_occurrences():
@@ -151,7 +151,7 @@ def test_schedule_idles_a_part_whose_tokens_do_not_pay_for_its_time():
     ctx = np.array([1, 2, 3, 1, 2, 3, 1, 2, 4, 5, 6, 1, 2], np.int32)
 
     def run(plain_step_s):
-        d = HybridDrafter(V, config=HybridConfig(suffix=False, adjacency=False, entropy=False, branch=False,
+        d = HybridDrafter(V, config=HybridConfig(suffix=False, adjacency=False, entropy=False, branch_depth=False,
                                                  aasd=False))
         d.warmup()
         d.begin(ctx)
@@ -178,7 +178,7 @@ def test_schedule_idles_a_part_whose_tokens_do_not_pay_for_its_time():
 
 def test_graft_continues_retrieval_from_a_confident_drafted_leaf():
     from edgespec.tree import SOURCE_CONTEXT
-    d = HybridDrafter(V, config=HybridConfig(trigram=False, adjacency=False, branch=False, aasd=False))
+    d = HybridDrafter(V, config=HybridConfig(trigram=False, adjacency=False, branch_depth=False, aasd=False))
     d.warmup()
     ctx = np.array([7, 8, 9, 10, 11, 5, 6, 7], np.int32)
     # one tri-gram leaf "8" after the root 7 (likely), one retrieved leaf "3"

@@ -26,8 +26,8 @@ def test_relaxed_rule_top_k_and_tau():
     assert relaxed_accepts(row, 1, VerifyConfig("relaxed", top_k=3, tau=0.4)) == -np.inf   # gap 0.5
 
 
-def test_entropy_rule_falls_with_entropy():
-    cfg = VerifyConfig("entropy", eps=0.3)
+def test_entropy_inv_rule_falls_with_entropy():
+    cfg = VerifyConfig("entropy_inv", eps=0.3)   # edgespec's earlier rule, kept under this name
     peaked = np.array([10.0, 7.0, 0.0, 0.0], np.float32)     # low entropy: p(1) ~ 0.05 < 0.3 * e^-H
     flat = np.array([1.0, 0.9, 0.8, 0.8], np.float32)        # high entropy: the bar is low
     assert relaxed_accepts(peaked, 1, cfg) == -np.inf

@@ -1,7 +1,8 @@
 """Replay recorded greedy outputs through drafters, without running the model.
 
     python tools/replay.py RESULTS.jsonl --prompts ../shared/data/spec_bench_dev.jsonl \
-        --methods suffix,trigram,adjacency [--corpus FILE] [--category C] [--limit N]
+        --methods suffix,trigram,adjacency [--corpus FILE] [--category C] [--limit N] \
+        [--cost cpu,rtx3090,m2,FILE.json]
 
 RESULTS.jsonl is an `edgespec bench` results file: its `none` rows are the
 model's greedy output for each prompt, its header the calibrated cost curve and
@@ -9,16 +10,39 @@ settings.  A method named ``oracle-NAME`` (e.g. ``oracle-suffix``) keeps from
 each of NAME's proposals only the path the recorded output follows, at
 probability 1 (edgespec.replay.OracleDrafter): the speed that perfect
 acceptance estimates would get from NAME's candidates.  Each method runs
-through the real Engine over
-edgespec.replay.ReplayBackend, prompts in the file's order, so the acceptance
-statistics evolve as in the bench.  Printed per category: tokens per step and a
-modelled speedup over `none` (c(T) per decode plus the engine's per-step work);
-where the results file has the same method, the bench's own figures stand beside.
+through the real Engine over edgespec.replay.ReplayBackend, prompts in the
+file's order, so the acceptance statistics evolve as in the bench.
+
+--cost picks the cost curve(s) the engine's gate and the time model use, one
+table each: ``cpu`` (default) = the results file's own calibration (this
+machine), ``rtx3090`` = an RTX 3090 with Llama-8B Q4_0 (llama.cpp PR #15802:
+c(2) = 1.12, c(4) = 1.33, c(8) = 2.15), ``m2`` = an Apple M2-class GPU with
+Qwen2-7B Q8_0 (llama.cpp PR #10581: c(2) = 1.11, c(4) = 1.41, c(8) = 2.16), ``flat:SLOPE`` = c(T) = 1 + SLOPE (T - 1)
+at every context (``--flat SLOPE`` is the same), or a JSON file ({"ts": [...], "rel": [...]} or a saved calibration).  Beyond the
+published T = 8 the GPU curves are extrapolated linearly from c(4)..c(8)
+(edgespec.replay.gpu_curve); the engine's own work per step is counted as
+measured on this machine, relative to this machine's plain step.
+
+Drafters that read more of the model than its greedy tokens (the prefill's
+rankings for branch drafting and AASD, the entropy for ReSpec's trigger, the
+hidden states for AdaPLD's rerank) get them from one teacher-forced pass of the
+real model over each prompt and its recorded answer (edgespec.replay.teacher_pass),
+cached beside RESULTS (RESULTS.teacher.npz; hidden states, only when a method
+asks for them, in RESULTS.hidden.npz); when it runs, every method of the run
+sees those numbers, so the methods stay comparable.  Methods with a lossy verification mode
+(``NAME@relaxed`` ...) cannot be replayed (their output leaves the record);
+their bench figures are printed as they are.
+
+Printed per curve and category: tokens per step and modelled speedup over
+`none` (c(T) per decode plus the engine's per-step work), and beside them,
+where the results file has the same method, the bench's tokens per step,
+measured speedup, identical outputs and ROUGE-L to `none`.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import sys
 
 import numpy as np
@@ -28,7 +52,54 @@ from edgespec.bench import load_prompts, read_results
 from edgespec.costmodel import CostCurve
 from edgespec.drafters import make_drafter, parse_drafter_name
 from edgespec.engine import Engine, EngineConfig
-from edgespec.replay import OracleDrafter, ReplayBackend, ReplayRequest, replay
+from edgespec.replay import (GPU_CURVES, OracleDrafter, ReplayBackend, ReplayRequest, Teacher, curve_from_file,
+                             gpu_curve, replay, teacher_pass)
+
+
+def _curve(name: str, head: dict) -> CostCurve:
+    if name == "cpu":
+        return CostCurve.from_json(head["cost_curve"])
+    if name in GPU_CURVES:
+        return gpu_curve(name)
+    if name.startswith("flat:"):
+        try:
+            return flat_curve(CostCurve.from_json(head["cost_curve"]), float(name[5:]))
+        except ValueError:
+            sys.exit(f"--cost {name!r}: flat:SLOPE takes a number")
+    if os.path.exists(name):
+        return curve_from_file(name)
+    sys.exit(f"--cost {name!r}: not cpu, {', '.join(GPU_CURVES)}, flat:SLOPE or a JSON file")
+
+
+def _teachers(path: str, hidden_path: str, model_path: str, head: dict, reqs, want_hidden: bool) -> None:
+    """Attach a Teacher to every request, from the cache files or one pass of the model."""
+    from edgespec.backend.llama import LlamaBackend
+    cache = dict(np.load(path)) if os.path.exists(path) else {}
+    hcache = dict(np.load(hidden_path)) if (want_hidden and os.path.exists(hidden_path)) else {}
+    missing = [r for r in reqs if f"{r.key}/ids" not in cache or (want_hidden and r.key not in hcache)]
+    if missing:
+        print(f"teacher pass over {len(missing)} prompt+answer records (once; cached in {path})...", file=sys.stderr)
+        # the recorded run's K cache and threads: the numbers are those its engine saw
+        be = LlamaBackend(model_path, n_ctx=int(head["n_ctx"]), max_nodes=512, max_leaves=1, exact=False,
+                          n_threads=head.get("n_threads"), cache_type_k=head.get("cache_type_k"),
+                          n_gpu_layers=int(head.get("n_gpu_layers") or 0))
+        for i, r in enumerate(missing, 1):
+            t = teacher_pass(be, np.concatenate([r.prompt, r.output]), len(r.prompt), hidden=want_hidden)
+            for f in ("ids", "logits", "entropy", "tail"):
+                cache[f"{r.key}/{f}"] = getattr(t, f)
+            if want_hidden:
+                hcache[r.key] = t.hidden
+            if i % 10 == 0:
+                print(f"  {i}/{len(missing)}", file=sys.stderr)
+        be.close()
+        np.savez(path + ".tmp.npz", **cache)
+        os.replace(path + ".tmp.npz", path)
+        if want_hidden:
+            np.savez(hidden_path + ".tmp.npz", **hcache)
+            os.replace(hidden_path + ".tmp.npz", hidden_path)
+    for r in reqs:
+        r.teacher = Teacher(*(cache[f"{r.key}/{f}"] for f in ("ids", "logits", "entropy", "tail")),
+                            hcache.get(r.key))
 
 
 def main(argv=None) -> int:
@@ -40,22 +111,26 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", action="append", default=[])
     ap.add_argument("--category", action="append", default=[])
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--cost", default="cpu", help="comma-separated: cpu, rtx3090, m2, flat:SLOPE or a JSON file")
     ap.add_argument("--flat", type=float, default=None, metavar="SLOPE",
                     help="model a GPU-like flat cost curve, c(T) = 1 + SLOPE x (T - 1) at every context, instead "
                          "of the calibrated one (the gate and the time model both use it): what these drafts "
-                         "would give where a batch costs little more than one token (modelled, not measured)")
+                         "would give where a batch costs little more than one token (modelled, not measured); "
+                         "the same as --cost flat:SLOPE")
     ap.add_argument("--overhead-ms", type=float, default=None,
                     help="engine work per step for the time model (default: the bench's own figure per method, "
                          "else 0.15 ms)")
+    ap.add_argument("--teacher", action="store_true",
+                    help="run the teacher pass even when no method needs it (every method then sees the "
+                         "model's real top-k logits and entropies; without it they are stand-ins)")
     a = ap.parse_args(argv)
 
     head, rows = read_results(a.results)
     rows = [r for r in rows if r.get("kind", "result") == "result"]
     if head is None or not head.get("cost_curve"):
         sys.exit("the results file has no header with a cost curve (run `edgespec bench` to make one)")
-    cost = CostCurve.from_json(head["cost_curve"])
     if a.flat is not None:
-        cost = flat_curve(cost, a.flat)
+        a.cost = f"flat:{a.flat:g}"
     none = {r["question_id"]: r for r in rows if r["method"] == "none"}
     if not none:
         sys.exit("the results file has no `none` rows: they are the recorded model output")
@@ -89,49 +164,81 @@ def main(argv=None) -> int:
         return 0.15e-3
 
     methods = ["none"] + [x for x in a.methods.split(",") if x and x != "none"]
-    results = {}
-    for meth in methods:
+    lossy = [x for x in methods if "@" in x]
+    methods = [x for x in methods if "@" not in x]
+
+    def build(meth: str, be=None):
         oracle = meth.startswith("oracle-")
         name, use_corpus, switches = parse_drafter_name(meth[len("oracle-"):] if oracle else meth)
         d = make_drafter(name, n_vocab=vocab.n_vocab, model_path=m.model_path,
                          corpora=m.corpora if use_corpus else (), **switches)
-        be = ReplayBackend(vocab, m.backend.n_ctx, m.backend.max_nodes, cost, eog)
-        if oracle:
-            d = OracleDrafter(d, be)
-        d.warmup()
-        eng = Engine(be, d, cost, EngineConfig(max_nodes=int(head["max_nodes"])))
-        out = replay(eng, be, reqs, max_tokens)
-        oh = overhead(meth)
-        for i, r in enumerate(out):
-            # scale the c(T) model by this prompt's measured plain decode time, so
-            # that `none` is exact and the others differ only by the c(T) shape
-            rec, base = none[qids[i]], (results["none"][i] if meth != "none" else r)
-            f = rec["decode_call_s"] / base["model_s"] if rec.get("decode_call_s") and base["model_s"] else 1.0
-            r["time_s"] = r["model_s"] * f + r["n_steps"] * oh
-        results[meth] = out
-        print(f"replayed {meth}: {len(out)} prompts", file=sys.stderr)
-    m.close()
+        return OracleDrafter(d, be) if (oracle and be is not None) else d
+
+    probe = [build(x) for x in methods]
+    needs = a.teacher or any(d.prefill_topk or getattr(d, "wants_entropy", False) or getattr(d, "wants_hidden", False)
+                             for d in probe)
+    if needs:
+        _teachers(a.results + ".teacher.npz", a.results + ".hidden.npz", m.model_path, head, reqs,
+                  any(getattr(d, "wants_hidden", False) for d in probe))
 
     cats = sorted({r.category for r in reqs}) + ["all"]
-    print(f"{'category':<15} {'method':<18} {'acc/step':>8} {'bench':>6} {'speedup*':>8} {'bench':>6}")
+    for cname in a.cost.split(","):
+        cost = _curve(cname, head)
+        results = {}
+        for meth in methods:
+            be = ReplayBackend(vocab, m.backend.n_ctx, m.backend.max_nodes, cost, eog)
+            d = build(meth, be)
+            d.warmup()
+            eng = Engine(be, d, cost, EngineConfig(max_nodes=int(head["max_nodes"])))
+            out = replay(eng, be, reqs, max_tokens)
+            oh = overhead(meth)
+            for i, r in enumerate(out):
+                # scale the c(T) model by this prompt's measured plain decode time, so
+                # that `none` is exact and the others differ only by the c(T) shape
+                rec, base = none[qids[i]], (results["none"][i] if meth != "none" else r)
+                f = rec["decode_call_s"] / base["model_s"] if rec.get("decode_call_s") and base["model_s"] else 1.0
+                r["time_s"] = r["model_s"] * f + r["n_steps"] * oh
+            results[meth] = out
+            print(f"replayed {meth} under {cname}: {len(out)} prompts", file=sys.stderr)
+        _report(cname, cats, methods, lossy, results, reqs, qids, bench_rows)
+    m.close()
+    return 0
+
+
+def _bench_cells(meth, sel, qids, bench_rows):
+    """The bench's tokens/step, measured speedup, identical count and ROUGE-L of
+    a method over the prompts `sel` (blanks where the file lacks it)."""
+    b = [bench_rows.get(meth, {}).get(qids[i]) for i in sel]
+    if not b or not all(b):
+        return "", "", "", ""
+    bacc = f"{sum(x['n_steps'] + x['n_draft_accepted'] for x in b) / max(1, sum(x['n_steps'] for x in b)):.2f}"
+    bn = [bench_rows['none'][x['question_id']] for x in b]
+    bsp = f"{sum(x['decode_s'] for x in bn) / sum(x['decode_s'] for x in b):.2f}"
+    ident = [x.get("identical_to_none") for x in b]
+    idt = f"{sum(1 for v in ident if v)}/{len(ident)}" if all(v is not None for v in ident) else ""
+    rl = [x.get("rouge_l_to_none") for x in b if x.get("rouge_l_to_none") is not None]
+    return bacc, bsp, idt, (f"{sum(rl) / len(rl):.3f}" if rl else "")
+
+
+def _report(cname, cats, methods, lossy, results, reqs, qids, bench_rows) -> None:
+    print(f"\ncost curve: {cname}")
+    print(f"{'category':<15} {'method':<32} {'acc/step':>8} {'bench':>6} {'speedup*':>8} {'bench':>6} "
+          f"{'identical':>9} {'ROUGE-L':>7}")
     for c in cats:
+        sel = [i for i, r in enumerate(reqs) if c == "all" or r.category == c]
         for meth in methods[1:]:
-            sel = [i for i, r in enumerate(reqs) if c == "all" or r.category == c]
             rr = [results[meth][i] for i in sel]
             rn = [results["none"][i] for i in sel]
             gen = sum(r["n_generated"] for r in rr)
             acc = (sum(r["n_steps"] + r["n_draft_accepted"] for r in rr) / max(1, sum(r["n_steps"] for r in rr)))
             sp = sum(r["time_s"] for r in rn) / max(1e-12, sum(r["time_s"] for r in rr))
-            b = [bench_rows.get(meth, {}).get(qids[i]) for i in sel]
-            bacc = bsp = ""
-            if all(b):
-                bacc = f"{sum(x['n_steps'] + x['n_draft_accepted'] for x in b) / sum(x['n_steps'] for x in b):.2f}"
-                bn = [bench_rows['none'][x['question_id']] for x in b]
-                bsp = f"{sum(x['decode_s'] for x in bn) / sum(x['decode_s'] for x in b):.2f}"
-            print(f"{c:<15} {meth:<18} {acc:>8.2f} {bacc:>6} {sp:>8.2f} {bsp:>6}   ({gen} tokens)")
-    print("\n* modelled: c(T) per decode from " + (f"a flat curve, c(T) = 1 + {a.flat:g} (T - 1)"
-          if a.flat is not None else "the results file's calibration") + " + the engine's work per step")
-    return 0
+            bacc, bsp, idt, rl = _bench_cells(meth, sel, qids, bench_rows)
+            print(f"{c:<15} {meth:<32} {acc:>8.2f} {bacc:>6} {sp:>8.2f} {bsp:>6} {idt:>9} {rl:>7}   ({gen} tokens)")
+        for meth in lossy:          # not replayable: the bench's own figures
+            bacc, bsp, idt, rl = _bench_cells(meth, sel, qids, bench_rows)
+            print(f"{c:<15} {meth:<32} {'-':>8} {bacc:>6} {'-':>8} {bsp:>6} {idt:>9} {rl:>7}   (lossy: bench only)")
+    print("\n* modelled: c(T) per decode from the chosen curve + the engine's work per step "
+          "(replayed outputs are identical to `none` by construction)")
 
 
 def flat_curve(cost: CostCurve, slope: float) -> CostCurve:

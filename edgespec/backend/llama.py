@@ -440,6 +440,10 @@ class LlamaBackend:
         self._out_off = 0         # first of them in llama.cpp's output buffer
         self._logits_addr = None
         self._logits_view = None
+        self.n_embd = int(L.llama_model_n_embd(self.model))
+        self.hidden_on = False    # set_hidden(True): llama.cpp also outputs hidden states
+        self._hidden_addr = None
+        self._hidden_view = None
 
     # ------------------------------------------------------------------ basics
     def close(self) -> None:
@@ -498,7 +502,8 @@ class LlamaBackend:
             self.kv_tokens = self.kv_tokens[:n]
 
     def prefill(self, tokens: np.ndarray, want_last_logits: bool = True,
-                topk_out: tuple[np.ndarray, np.ndarray] | None = None, cancel=None) -> None:
+                topk_out: tuple[np.ndarray, np.ndarray] | None = None, cancel=None,
+                hidden_out: np.ndarray | None = None) -> None:
         """Decode tokens after the committed prefix, in chunks of n_batch, into seq 0;
         logits only at the very last token.
 
@@ -512,8 +517,15 @@ class LlamaBackend:
         rows, which costs the output layer once per token (measured on the
         2-core machine with SmolLM2-135M: a 512-token chunk 2.28 s instead of
         1.97 s) and a 512-row logits buffer; the chunks stay the same, so the
-        KV cache and the last position's logits are those of a plain prefill."""
+        KV cache and the last position's logits are those of a plain prefill.
+
+        hidden_out: float32 [len(tokens), n_embd]: also copy the model's final
+        hidden state at every one of these tokens (needs set_hidden(True));
+        like topk_out it makes every row of a chunk an output row."""
         tokens = np.asarray(tokens, dtype=np.int32)
+        every_row = topk_out is not None or hidden_out is not None
+        if hidden_out is not None and not self.hidden_on:
+            raise ValueError("prefill(hidden_out=...) needs set_hidden(True)")
         n = len(tokens)
         if topk_out is not None:
             from ..kernels.topk import topk_rows
@@ -534,7 +546,7 @@ class LlamaBackend:
             self._pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
             self._nseq[:m] = 1
             self._seq[:m, 0] = 0
-            self._logits[:m] = 1 if topk_out is not None else 0
+            self._logits[:m] = 1 if every_row else 0
             if want_last_logits and i + m == n:
                 self._logits[m - 1] = 1
             self._decode(m)
@@ -543,10 +555,13 @@ class LlamaBackend:
                 lg = self.logits()
                 topk_rows(lg, rows, m, ids.shape[1], ids[i:i + m])
                 vals[i:i + m] = np.take_along_axis(lg, ids[i:i + m].astype(np.int64), axis=1)
+            if hidden_out is not None:
+                self.n_outputs = m
+                hidden_out[i:i + m] = self.hidden()
             self.n_past += m
             i += m
         self.n_outputs = 1 if (want_last_logits and n) else 0
-        if topk_out is not None and n:
+        if every_row and n:
             # logits() shows the last token's row alone, as after a plain prefill
             self._out_off = m - 1
 
@@ -605,6 +620,30 @@ class LlamaBackend:
             self._logits_view = np.frombuffer(buf, dtype=np.float32).reshape(self.n_batch, self.n_vocab)
             self._logits_addr = addr
         return self._logits_view[self._out_off:self._out_off + self.n_outputs]
+
+    def set_hidden(self, on: bool) -> None:
+        """Ask llama.cpp for the final hidden state (the input of the output
+        layer) of every output row as well (llama_set_embeddings; the logits
+        are unchanged, measured bit-identical).  Read them with hidden()."""
+        on = bool(on)
+        if on != self.hidden_on:
+            L.llama_set_embeddings(self.ctx, on)
+            self.hidden_on = on
+
+    def hidden(self) -> np.ndarray:
+        """float32 view [n_outputs, n_embd] of the last decode's hidden states
+        (no copy; valid until the next decode); needs set_hidden(True)."""
+        if not self.hidden_on:
+            raise BackendError("hidden() needs set_hidden(True) before the decode")
+        ptr = L.llama_get_embeddings(self.ctx)
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value
+        if not addr:
+            raise BackendError("llama.cpp returned no hidden states")
+        if addr != self._hidden_addr:   # the output buffer moved: rebuild the view
+            buf = (ctypes.c_float * (self.n_batch * self.n_embd)).from_address(addr)
+            self._hidden_view = np.frombuffer(buf, dtype=np.float32).reshape(self.n_batch, self.n_embd)
+            self._hidden_addr = addr
+        return self._hidden_view[self._out_off:self._out_off + self.n_outputs]
 
     def keep(self, k: int) -> None:
         """After decode_tree: commit the first k slots (a seq-0 chain from the root)

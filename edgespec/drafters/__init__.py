@@ -29,26 +29,33 @@ def _drafter_class(name: str):
 NO_CORPUS_SUFFIX = "-nocorpus"
 
 
-def _bool_fields(name: str) -> list[str]:
-    """The on/off switches of a drafter's config (its bool fields)."""
+def _fields(name: str, types) -> list[str]:
+    """The config fields of a drafter whose type is one of `types`."""
     if name == "none":
         return []
     import dataclasses
     _, config_cls = _drafter_class(name)
-    return [f.name for f in dataclasses.fields(config_cls) if f.type in ("bool", bool)]
+    return [f.name for f in dataclasses.fields(config_cls) if f.type in types]
+
+
+def _bool_fields(name: str) -> list[str]:
+    """The on/off switches of a drafter's config (its bool fields)."""
+    return _fields(name, ("bool", bool))
 
 
 def parse_drafter_name(name: str) -> tuple[str, bool, dict]:
-    """Split a drafter spec into (drafter, use_corpora, config switches).
+    """Split a drafter spec into (drafter, use_corpora, config settings).
 
     "auto"                         -> ("auto", True, {})
     "suffix-nocorpus"              -> ("suffix", False, {}): without the loaded corpora
     "auto-notrigram-noadjacency"   -> ("auto", True, {"trigram": False, "adjacency": False})
     "auto+aasd"                    -> ("auto", True, {"aasd": True})
+    "auto+copy_len=30"             -> ("auto", True, {"copy_len": 30})
 
-    `-noX` / `+X` switch the bool field X of the drafter's config off / on, so
-    one bench run can hold an ablation side by side.  Raises ValueError for an
-    unknown drafter or switch (a ConfigError, which is a ValueError)."""
+    `-noX` / `+X` switch the bool field X of the drafter's config off / on, and
+    `+X=V` sets its int or float field X (V may not contain '-' or '+'), so one
+    bench run can hold an ablation side by side.  Raises ValueError for an
+    unknown drafter, switch or setting (a ConfigError, which is a ValueError)."""
     import re
     parts = re.split(r"(?=[-+])", name)
     base = parts[0]
@@ -58,11 +65,23 @@ def parse_drafter_name(name: str) -> tuple[str, bool, dict]:
                          f"-noX / +X to switch a component X off / on)")
     use_corpora, switches = True, {}
     fields = _bool_fields(base)
+    numeric = {f: t for t, cls in (("int", int), ("float", float)) for f in _fields(base, (t, cls))}
     for p in parts[1:]:
         if p == NO_CORPUS_SUFFIX:
             use_corpora = False
             continue
         on = p.startswith("+")
+        if on and "=" in p:
+            field, _, value = p[1:].partition("=")
+            if field not in numeric:
+                raise ValueError(f"drafter spec {name!r}: {field!r} is not a numeric setting of {base!r} "
+                                 f"(its settings: {', '.join(numeric) or 'none'})")
+            try:
+                switches[field] = int(value) if numeric[field] == "int" else float(value)
+            except ValueError:
+                raise ValueError(f"drafter spec {name!r}: {value!r} is not a valid {numeric[field]} "
+                                 f"for {field!r}") from None
+            continue
         field = p[1:] if on else (p[3:] if p.startswith("-no") else "")
         if field not in fields:
             known = ", ".join(fields) or "none"

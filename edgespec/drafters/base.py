@@ -32,6 +32,13 @@ class StepResult:
                engine's calibrated t1; 0 when not measured): the value of an
                accepted draft token, for drafters that weigh their own time
     step_decode_s: the measured time of this step's verification batch
+    entropy:   float32 [r]: with the drafter's `wants_entropy`, the entropy
+               (nats, over the whole vocabulary) of the model's next-token
+               distribution after each topk_input / committed slot (ReSpec's
+               trigger); empty otherwise
+    hidden:    float32 [r, n_embd]: with the drafter's `wants_hidden`, the
+               model's final hidden state at each committed slot (the row the
+               logits are computed from); empty otherwise
 
     observe() must treat a StepResult as read-only: steps that verified no
     draft share read-only empty arrays (proposed, node_accepted, ...).
@@ -47,6 +54,8 @@ class StepResult:
     plain_step_s: float = 0.0
     step_decode_s: float = 0.0
     extra: dict = field(default_factory=dict)
+    entropy: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    hidden: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
 
 
 class Drafter:
@@ -71,6 +80,16 @@ class Drafter:
     """K > 0 asks the engine for the model's top-K next tokens after every
     prompt position it prefills (AASD); they arrive in observe_prefill()."""
 
+    wants_entropy = False
+    """True asks the engine for the entropy of the model's distribution after
+    every committed slot of each step (StepResult.entropy)."""
+
+    wants_hidden = False
+    """True asks the engine for the model's final hidden state after every
+    committed slot (StepResult.hidden) and every prompt position it prefills
+    (observe_prefill_hidden); the prefill then computes every prompt row's
+    output, as with prefill_topk."""
+
     def begin(self, prompt: np.ndarray) -> None:
         pass
 
@@ -78,6 +97,10 @@ class Drafter:
         """With prefill_topk: after begin(), the model's ranking after each prompt
         position from `start` on (row i: after prompt[start + i]; the positions
         before `start` were decoded in an earlier turn and kept in the KV cache)."""
+
+    def observe_prefill_hidden(self, start: int, hidden: np.ndarray) -> None:
+        """With wants_hidden: after begin(), the model's hidden state at each
+        prompt position from `start` on (row i: at prompt[start + i])."""
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         return DraftTree.empty()

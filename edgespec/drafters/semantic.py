@@ -1,5 +1,9 @@
-"""Semantic fallback anchoring (AdaPLD): when the end of the context occurs
-nowhere earlier, anchor on a *similar* earlier pair of tokens instead.
+"""Semantic fallback anchoring, edgespec's pair variant (`semantic_pair` in
+`auto`): when the end of the context occurs nowhere earlier, anchor on a
+*similar* earlier pair of tokens instead and copy what followed it.  AdaPLD's
+published fallback (single tokens at cosine 0.1, a branch of the model's own
+choices and successor drafts, never a copy) is drafters/adapld.py, which
+borrows this part's embedding bookkeeping (`similarities`).
 
 Lexical retrieval needs an exact repeat of at least two tokens.  When there is
 none, this part looks for an earlier position whose last two tokens are close
@@ -80,14 +84,11 @@ class SemanticDrafter(Drafter):
         self._slot[new] = np.arange(u, u + k)
         self._u = u + k
 
-    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
-        n = len(context)
-        cap = min(int(budget), len(self._src))
-        if cap <= 0 or n < 4:
-            return DraftTree.empty()
-        ctx = np.ascontiguousarray(context, dtype=np.int32)
-        if _k.find_suffix_matches(ctx, n, 2, 2, 1, self._m, self._m[1:]):
-            return DraftTree.empty()        # an exact match exists: retrieval's case
+    def similarities(self, ctx: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sim to ctx[n-1], sim to ctx[n-2]) of every token seen so far, as
+        float32 [n_vocab] arrays indexed by token (entries of unseen tokens
+        hold stale values below any threshold that matters: -1 or an older
+        similarity of a token not in ctx[:n]); n >= 2."""
         if self._scanned > n:
             self._scanned = 0
         self._add(ctx[self._scanned:n])
@@ -105,7 +106,18 @@ class SemanticDrafter(Drafter):
             _a.scatter_sims(self._vecs, self._ids, 0, u, self._vecs[self._slot[prev]], self._s_prev)
         _a.scatter_sims(self._vecs, self._ids, 0, u, self._vecs[self._slot[last]], self._s_last)
         self._q = (last, u)
-        k = _a.soft_anchors(ctx, n, self._s_last, self._s_prev, self.min_sim, SEMANTIC_ANCHORS,
+        return self._s_last, self._s_prev
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        n = len(context)
+        cap = min(int(budget), len(self._src))
+        if cap <= 0 or n < 4:
+            return DraftTree.empty()
+        ctx = np.ascontiguousarray(context, dtype=np.int32)
+        if _k.find_suffix_matches(ctx, n, 2, 2, 1, self._m, self._m[1:]):
+            return DraftTree.empty()        # an exact match exists: retrieval's case
+        s_last, s_prev = self.similarities(ctx, n)
+        k = _a.soft_anchors(ctx, n, s_last, s_prev, self.min_sim, SEMANTIC_ANCHORS,
                             self._ends, self._score)
         if k == 0:
             return DraftTree.empty()

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kernels import suffix as _k
-from ..tree import SOURCE_CONTEXT, SOURCE_CORPUS, DraftTree
+from ..kernels import anchor as _a
+from ..tree import SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT, DraftTree
 from .base import Drafter
 
 
@@ -59,11 +60,35 @@ class SuffixConfig:
     ema_decay: float = 0.5
     ema_min: float = 0.3
 
+    feedback: bool = False
+    """ReSpec's feedback-driven candidate selection, as published: every match
+    position (occurrence end ``e`` in the context) has a score, an
+    exponential moving average that starts at ``feedback_init`` (0.5); each
+    step the ``feedback_top`` (3) best-scored occurrences among the matches
+    are drafted; after verification the occurrence whose continuation the
+    model followed furthest is rewarded R = L_acc / L_draft (accepted tokens
+    of its continuation over the tokens of it that were verified) and the
+    other verified ones (the losers) R = 0; s <- (1 - rate) s + rate R.
+    ReSpec's EMA rate was not in the text available to this project; 0.5 is
+    edgespec's choice.  Off by default (edgespec's own variant is
+    position_ema)."""
+
+    feedback_init: float = 0.5
+    feedback_rate: float = 0.5
+    feedback_top: int = 3
+
+    prompt_source: bool = False
+    """Mark context-match nodes whose token was copied from the prompt as
+    SOURCE_PROMPT (AASD relaxes only prompt-retrieved tokens; `auto+aasd`
+    turns this on).  The acceptance model then calibrates them apart."""
+
     def __post_init__(self):
         if not (0.0 <= self.ema_decay < 1.0) or not (0.0 <= self.ema_min <= 1.0):
             raise ValueError("SuffixConfig: ema_decay must be in [0, 1) and ema_min in [0, 1]")
+        if not (0.0 <= self.feedback_init <= 1.0) or not (0.0 < self.feedback_rate <= 1.0):
+            raise ValueError("SuffixConfig: feedback_init must be in [0, 1] and feedback_rate in (0, 1]")
         for name in ("min_match", "max_match", "max_matches", "max_depth", "max_nodes",
-                     "corpus_min_match"):
+                     "corpus_min_match", "feedback_top"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise ValueError(f"SuffixConfig.{name} must be an integer, got {v!r}")
@@ -143,9 +168,13 @@ class SuffixDrafter(Drafter):
         self._src_corpus = np.full(c.max_nodes, SOURCE_CORPUS, np.int8)
         # position_ema: score per context position, and the occurrence ends
         # (with their first continuation token) of the last proposal
-        self.observes = c.position_ema
+        self.observes = c.position_ema or c.feedback
         self._ema = np.ones(0, np.float32)
         self._last: list[tuple[int, int]] = []
+        self._fb = np.zeros(0, np.float32)          # feedback: score per match position
+        self._fb_last: list[tuple[int, list]] = []  # (end, continuation) of the drafted occurrences
+        self._n_prompt = 0
+        self.anchor_hook = None     # (ctx, n, ends, lens, k) -> k: reorders / cuts the matches (rerank)
 
     @property
     def n_corpora(self) -> int:
@@ -179,14 +208,23 @@ class SuffixDrafter(Drafter):
         m = 0
         k = _k.find_suffix_matches(ctx, n, c.min_match, c.max_match, c.max_matches,
                                    self._ends, self._lens)
+        if k and self.anchor_hook is not None:
+            k = self.anchor_hook(ctx, n, self._ends, self._lens, k)
         if c.position_ema:
             self._last = []
             if k:
                 k = self._filter_by_ema(ctx, n, k)
+        if c.feedback:
+            self._fb_last = []
+            if k:
+                k = self._select_by_feedback(ctx, n, k)
         if k:
             m = _k.build_continuation_tree(ctx, n, self._ends, self._lens, k, c.max_depth,
                                            max_nodes, cur[0], cur[1], cur[2], self._mlen)
             cur[3][:m] = SOURCE_CONTEXT
+            if c.prompt_source and self._n_prompt:
+                _a.mark_copied_from(ctx, n, self._n_prompt, self._ends, k, c.max_depth, cur[0], cur[1], m,
+                                    cur[3], SOURCE_CONTEXT, SOURCE_PROMPT)
         for tokens, sa, depth in self._corpora:
             k = _k.sa_find_matches(tokens, sa, depth, ctx, n, c.corpus_min_match,
                                    c.max_match, c.max_matches, self._ends, self._lens)
@@ -235,11 +273,61 @@ class SuffixDrafter(Drafter):
         self._last = last
         return j
 
+    def _select_by_feedback(self, ctx: np.ndarray, n: int, k: int) -> int:
+        """ReSpec: keep the feedback_top occurrences with the best scores (ties:
+        the matcher's order, longer and more recent first); remember their
+        continuations for observe()."""
+        c = self.config
+        if len(self._fb) < n:
+            grown = np.full(max(2 * len(self._fb), n, 256), c.feedback_init, np.float32)
+            grown[:len(self._fb)] = self._fb
+            self._fb = grown
+        ends, lens = self._ends[:k].copy(), self._lens[:k].copy()
+        order = np.argsort(-self._fb[ends], kind="stable")[:c.feedback_top]
+        j = len(order)
+        self._ends[:j], self._lens[:j] = ends[order], lens[order]
+        self._fb_last = [(int(e), ctx[e + 1:e + 1 + c.max_depth].tolist()) for e in self._ends[:j]]
+        return j
+
+    def _observe_feedback(self, result) -> None:
+        pr = result.proposed
+        if not len(pr):
+            return
+        child = {(int(p), int(t)): i for i, (p, t) in enumerate(zip(pr.parents.tolist(), pr.tokens.tolist()))}
+        acc = result.accepted.tolist()
+        scored = []                     # (end, L_acc, L_draft) of the verified occurrences
+        for e, cont in self._fb_last:
+            node, l_draft = -1, 0
+            for t in cont:              # how much of the continuation was verified
+                node = child.get((node, t), -2)
+                if node == -2:
+                    break
+                l_draft += 1
+            if l_draft == 0:
+                continue
+            l_acc = 0
+            while l_acc < min(l_draft, len(acc)) and cont[l_acc] == acc[l_acc]:
+                l_acc += 1
+            scored.append((e, l_acc, l_draft))
+        if not scored:
+            return
+        best = max(a for _, a, _ in scored)
+        r = self.config.feedback_rate
+        for e, l_acc, l_draft in scored:
+            reward = l_acc / l_draft if (best > 0 and l_acc == best) else 0.0   # losers get 0
+            self._fb[e] = (1.0 - r) * self._fb[e] + r * reward
+
     def begin(self, prompt: np.ndarray) -> None:
         self._ema[:] = 1.0
         self._last = []
+        self._fb[:] = self.config.feedback_init
+        self._fb_last = []
+        self._n_prompt = len(prompt)
 
     def observe(self, result) -> None:
+        if self._fb_last:
+            self._observe_feedback(result)
+            self._fb_last = []
         if not self._last:
             return
         pr = result.proposed

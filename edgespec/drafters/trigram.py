@@ -15,6 +15,11 @@ to bi-grams.  With no corpus the overlay alone drives the drafter.
 
 The overlay persists across requests (that is the adaptation); the window
 bounds how far back it remembers.
+
+The search values a simulated path by the sum of its nodes' cumulative
+probabilities, without a rollout (kernels/trigram.py `mcts_draft`); whether
+that is ADED's own choice could not be checked from the paper's text, so it
+is documented as edgespec's.
 """
 from __future__ import annotations
 

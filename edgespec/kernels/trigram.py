@@ -429,7 +429,12 @@ def mcts_draft(corpus, ov, mix, w1, w2, search, nodes, cand, path,
                (prior P = the conditional probability of ``successors``);
       value    v = the sum of the cumulative (path) probabilities of the nodes
                on the simulated path below the root, i.e. the expected number
-               of accepted tokens if that chain alone were drafted;
+               of accepted tokens if that chain alone were drafted (no
+               rollout: the leaf is valued by its own path.  Whether ADED's
+               paper values leaves this way or by a rollout could not be
+               checked -- its method section was not readable from this
+               project's sessions; the PUCT score and E are the published
+               ones, and this evaluation is kept as edgespec's choice);
       backup   every node on the path gets visits + 1 and value + v.
 
     Output: at most ``max_out`` nodes other than the root, ranked by visits,
