@@ -705,13 +705,7 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
     results = list(results)
     calib = [r for r in results if r.get("kind") == "calibration"]
     results = [r for r in results if r.get("kind", "result") == "result"]
-    methods: list[str] = []
-    cats: list[str] = []
-    for r in results:
-        if r["method"] not in methods:
-            methods.append(r["method"])
-        if r["category"] not in cats:
-            cats.append(r["category"])
+    methods, cats = methods_and_categories(results)
     out: list[str] = []
     if head:
         out.append(f"model: {head.get('model')}")
@@ -794,6 +788,11 @@ def divergence_lines(results: list[dict], head: dict | None) -> list[str]:
     return out
 
 
+def methods_and_categories(results: list[dict]) -> tuple[list[str], list[str]]:
+    """The methods and the categories of result rows, each in first-seen order."""
+    return list(dict.fromkeys(r["method"] for r in results)), list(dict.fromkeys(r["category"] for r in results))
+
+
 def plot_results(results: Iterable[dict], path: str, head: dict | None = None) -> None:
     """Decode tokens/s by category (and over all prompts) and method, as
     grouped bars, into an image file (matplotlib: the `plot` extra)."""
@@ -804,13 +803,7 @@ def plot_results(results: Iterable[dict], path: str, head: dict | None = None) -
     except ImportError:
         raise BenchError("--plot needs matplotlib: pip install 'edgespec[plot]'") from None
     results = [r for r in results if r.get("kind", "result") == "result"]
-    methods: list[str] = []
-    cats: list[str] = []
-    for r in results:
-        if r["method"] not in methods:
-            methods.append(r["method"])
-        if r["category"] not in cats:
-            cats.append(r["category"])
+    methods, cats = methods_and_categories(results)
     cats.append("all")
     speeds = np.array([[method_stats([r for r in results if r["method"] == m and c in ("all", r["category"])])
                         ["tokens_per_s"] for c in cats] for m in methods])

@@ -305,12 +305,17 @@ def load_or_measure(backend, key: str, remeasure: bool = False, progress=None, n
             pass
     curve = measure_cost_curve(backend, progress=progress)
     curve.meta["cache_file"] = path
+    _write_json_atomic(path, curve.to_json())
+    return curve
+
+
+def _write_json_atomic(path: str, obj) -> None:
+    """Write a cache file whole or not at all (a temporary file, then a rename)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
     with os.fdopen(fd, "w") as f:
-        json.dump(curve.to_json(), f)
+        json.dump(obj, f)
     os.replace(tmp, path)
-    return curve
 
 
 N_SCORE_BUCKETS = 10
@@ -486,9 +491,5 @@ def load_or_check_exactness(backend, key: str, recheck: bool = False, progress=N
     if cached_only:
         return None
     r = check_exactness(backend, progress=progress)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(r.to_json(), f)
-    os.replace(tmp, path)
+    _write_json_atomic(path, r.to_json())
     return r

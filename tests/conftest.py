@@ -65,6 +65,18 @@ def pytest_runtest_call(item):
 
 
 
+def topk_table(n: int, rows: dict, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hand-written model rankings for kernel tests: n positions of k (token,
+    probability) slots, -1 / 0 where rows ({position: [(token, p), ...]}) say
+    nothing."""
+    tok = np.full((n, k), -1, np.int32)
+    p = np.zeros((n, k), np.float32)
+    for pos, pairs in rows.items():
+        for r, (t, q) in enumerate(pairs):
+            tok[pos, r], p[pos, r] = t, q
+    return tok, p
+
+
 def load_dev_prompts() -> dict[int, dict]:
     """The Spec-Bench prompts in tests/data, by question id."""
     with open(DEV_PROMPTS, encoding="utf-8") as f:

@@ -13,17 +13,13 @@ from edgespec.drafters.semantic import SemanticDrafter
 from edgespec.embeddings import TokenEmbeddings
 from edgespec.kernels.anchor import build_branch_tree, path_probs, soft_anchors, softmax_rows
 from edgespec.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_SEMANTIC, DraftTree
+from conftest import topk_table
 
 I32 = np.int32
 
 
 def rankings(n, rows: dict, k=4):
-    tok = np.full((n, k), -1, I32)
-    p = np.zeros((n, k), np.float32)
-    for pos, pairs in rows.items():
-        for r, (t, q) in enumerate(pairs):
-            tok[pos, r], p[pos, r] = t, q
-    return tok, p
+    return topk_table(n, rows, k)
 
 
 def branch_tree(ctx, ends, tok, p, n_known=None, depth=3, alt=2, cap=16, n_prompt=0, misaligned_only=False,

@@ -13,17 +13,13 @@ from edgespec.drafters.hybrid import HybridConfig, HybridDrafter
 from edgespec.embeddings import TokenEmbeddings
 from edgespec.kernels.anchor import build_adapld_tree, single_anchors
 from edgespec.tree import SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_SEMANTIC
+from conftest import topk_table
 
 I32 = np.int32
 
 
 def rankings(n, rows: dict, k=8):
-    tok = np.full((n, k), -1, I32)
-    p = np.zeros((n, k), np.float32)
-    for pos, pairs in rows.items():
-        for r, (t, q) in enumerate(pairs):
-            tok[pos, r], p[pos, r] = t, q
-    return tok, p
+    return topk_table(n, rows, k)
 
 
 def adapld_tree(ctx, ends, scale, exclude, tok, p, k_branch=8, succ=4, cap=16):
