@@ -197,8 +197,13 @@ def pytest_collection_modifyitems(config, items):
     it runs when selected (--matrix, EDGESPEC_MATRIX=1 as .ci/run sets it, or
     -m matrix), and then a missing model is a failure, not a skip.  Otherwise
     its tests are deselected, and the summary says so.  Every test that
-    loads a model gets the `model` marker (the module doc)."""
+    loads a model gets the `model` marker (the module doc).  In a run with a
+    cache of its own (EDGESPEC_CACHE_DIR) the calibrate command's test goes
+    first: it fills that cache for the session (test_cli.test_calibrate)."""
     mark_model_tests(items)
+    if os.environ.get("EDGESPEC_CACHE_DIR"):
+        first = [i for i in items if i.nodeid.endswith("test_cli.py::test_calibrate")]
+        items[:] = first + [i for i in items if i not in first]
     if matrix_selected(config):
         return
     keep = [i for i in items if i.get_closest_marker("matrix") is None]

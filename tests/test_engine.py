@@ -38,6 +38,21 @@ def final_logits(model, engine, prompt, tokens):
     return out
 
 
+_PLAIN: dict = {}   # plain-decoding references (and final logits) shared by the tests below
+
+
+def reference(model, row, max_tokens=MAX_TOKENS, with_logits=False):
+    """Plain decoding of a dev prompt (cached per question and length), and
+    with_logits the logits final_logits gives on the KV cache it left."""
+    key = (row["question_id"], max_tokens)
+    if key not in _PLAIN or (with_logits and _PLAIN[key][1] is None):
+        toks = prompt_of(model, row)
+        ref = plain(model, toks, max_tokens=max_tokens)
+        lg = final_logits(model, model._engine_for("none"), toks, ref.tokens) if with_logits else None
+        _PLAIN[key] = (ref, lg)
+    return _PLAIN[key]
+
+
 def test_suffix_drafter_identical_on_dev_prompts(model):
     """20 dev prompts, every category: the suffix drafter's greedy output equals plain
     decoding's, token for token, and drafts were actually verified and accepted."""
@@ -50,7 +65,7 @@ def test_suffix_drafter_identical_on_dev_prompts(model):
     try:
         for row in rows:
             toks = prompt_of(model, row)
-            ref = plain(model, toks)
+            ref = reference(model, row)[0]
             r = model.generate(toks, max_tokens=MAX_TOKENS, drafter="suffix")
             assert r.tokens == ref.tokens, f"question {row['question_id']} ({row['category']}) diverged"
             assert r.stop_reason == ref.stop_reason
@@ -64,12 +79,9 @@ def test_suffix_drafter_identical_on_dev_prompts(model):
 def test_suffix_drafter_with_cost_gate_identical(model):
     for row in dev_prompts(128, 140, 156, 120, 444, 324):
         toks = prompt_of(model, row)
-        ref = plain(model, toks)
+        ref = reference(model, row)[0]
         r = model.generate(toks, max_tokens=MAX_TOKENS, drafter="suffix")
         assert r.tokens == ref.tokens
-
-
-_PLAIN: dict = {}   # plain-decoding references shared by the parametrized cases
 
 
 @pytest.mark.parametrize("name", ["trigram", "adjacency", "auto"])
@@ -83,10 +95,7 @@ def test_other_drafters_identical_on_dev_prompts(model, name):
     try:
         for row in dev_prompts(124, 140, 160, 116, 464, 324):
             toks = prompt_of(model, row)
-            key = (row["question_id"], 64)
-            if key not in _PLAIN:
-                _PLAIN[key] = plain(model, toks, max_tokens=64)
-            ref = _PLAIN[key]
+            ref = reference(model, row, 64)[0]
             r = model.generate(toks, max_tokens=64, drafter=name)
             assert r.tokens == ref.tokens, f"{name}: question {row['question_id']} ({row['category']}) diverged"
             drafted += r.n_draft_nodes
@@ -109,9 +118,7 @@ def test_forced_tree_shapes_identical_and_kv_exact(model, shape):
     be = model.backend
     for k, row in enumerate(rows):
         toks = prompt_of(model, row)
-        none_engine = model._engine_for("none")
-        ref = plain(model, toks, max_tokens=64)
-        ref_logits = final_logits(model, none_engine, toks, ref.tokens)
+        ref, ref_logits = reference(model, row, 64, with_logits=True)
         drafter = OracleDrafter(len(toks), ref.tokens, shape, be.n_vocab, width=4, depth=6, seed=k)
         eng = Engine(be, drafter, model.cost, EngineConfig(max_nodes=32, cost_gate=False))
         res = drain(eng.run(toks, max_tokens=64))

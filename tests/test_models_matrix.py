@@ -68,6 +68,17 @@ def prompts_for(name: str, model: SpecModel) -> list[np.ndarray]:
     return [tokens_of(name, model, code[:900]), tokens_of(name, model, "Copy the list: " + code[:400] + "\nCopy:\n")]
 
 
+_PLAIN: dict = {}   # plain decodings shared by the tests of a model
+
+
+def plain(name: str, model: SpecModel, toks: np.ndarray):
+    """`none`'s greedy answer to toks (MAX_TOKENS), decoded once per model and prompt."""
+    key = (name, toks.tobytes())
+    if key not in _PLAIN:
+        _PLAIN[key] = model.generate(toks, max_tokens=MAX_TOKENS, drafter="none")
+    return _PLAIN[key]
+
+
 def test_batched_logits_bit_identical_to_one_token(zoo):
     """The self-check SpecModel runs at calibration: batches of every size up
     to 48 (the CPU limit) after 600 KV cells (past the 512-cell split-KV
@@ -87,7 +98,7 @@ def test_every_drafter_identical_to_none(zoo, drafter):
     name, m = zoo
     drafted = 0
     for toks in prompts_for(name, m):
-        ref = m.generate(toks, max_tokens=MAX_TOKENS, drafter="none")
+        ref = plain(name, m, toks)
         r = m.generate(toks, max_tokens=MAX_TOKENS, drafter=drafter)
         assert r.tokens == ref.tokens, f"{name}/{drafter} diverged at token " \
             f"{next(i for i, (a, b) in enumerate(zip(r.tokens + [-1], ref.tokens + [-2])) if a != b)}"
@@ -104,7 +115,7 @@ def test_forced_trees_off_the_first_path(zoo, shape):
     name, m = zoo
     be = m.backend
     toks = prompts_for(name, m)[0]
-    ref = m.generate(toks, max_tokens=MAX_TOKENS, drafter="none")
+    ref = plain(name, m, toks)
     drafter = OracleDrafter(len(toks), ref.tokens, shape, be.n_vocab, width=4, depth=6, seed=1)
     eng = Engine(be, drafter, None, EngineConfig(max_nodes=32, cost_gate=False))
     res = drain(eng.run(toks, max_tokens=MAX_TOKENS))
