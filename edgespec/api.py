@@ -201,6 +201,18 @@ class SpecModel:
         None = q8_0 on CPU with more than one thread, else f16.  On CPU an f16 K cache makes
         one-token decodes past 256 KV cells run on one thread, to stay exact
         (see backend/llama.py); a q8_0 one lets them use every thread.
+    kernels: "exact" (default): llama.cpp settings under which a verification
+        batch gives logits bit-identical to one-token decoding on CPU (flash
+        attention on, the tiled K-quant product off).  "fast": llama.cpp's
+        fastest CPU settings (flash attention off, f16 K cache unless
+        cache_type_k says otherwise, the tiled product on): cheaper one-token
+        decodes, cheaper batches and a faster prefill (BENCHMARKS.md, "What
+        does exactness cost?"), but batched logits differ in the last bits, so
+        greedy output can differ from `none` at near-ties; the self-check
+        (`exact`) then reports it.  The tiled product is a process-wide switch
+        that the first model a process loads sets (unless GGML_CPU_TILED_MM is
+        in the environment); the calibration key and the self-check use
+        whatever is in effect.  On a GPU both are llama.cpp's defaults.
     max_nodes: the largest verification batch (root + drafts).
     cost_gate: verify only drafts whose expected gain beats their measured cost.
     calibrate: measure c(T) if it is not cached (False = assume c(T) = T, i.e. a
@@ -222,14 +234,21 @@ class SpecModel:
     def __init__(self, model_path: str | None = None, *, drafter="suffix", n_ctx: int = 4096,
                  n_gpu_layers: int = 0, n_threads: int | None = None, max_nodes: int = 32,
                  cost_gate: bool = True, calibrate: bool = True, verbose: bool = False,
-                 progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None):
+                 progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None,
+                 kernels: str = "exact"):
         self._gate = _Gate()
         self._closing = threading.Event()
         self._engines: dict = {}
+        if kernels not in ("exact", "fast"):
+            raise ConfigError(f"kernels must be 'exact' or 'fast', not {kernels!r}")
+        self.kernels = kernels
         self.model_path = resolve_model(model_path)
+        fast = kernels == "fast" and not n_gpu_layers
         self.backend = LlamaBackend(self.model_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                     n_threads=n_threads, max_nodes=max(EXACT_MAX_BATCH, max_nodes),
-                                    max_leaves=32, cache_type_k=cache_type_k, verbose=verbose)
+                                    max_leaves=32, cache_type_k=cache_type_k, verbose=verbose,
+                                    exact=not fast, flash_attn=False if fast else None,
+                                    tiled_mm="1" if fast else "0")
         try:
             self._setup(drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify)
         except BaseException:      # a bad corpus, drafter or setting, a failed calibration, Ctrl-C
@@ -273,7 +292,8 @@ class SpecModel:
     def _calibration_key(self) -> str:
         return calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads,
                                extra=f"k={self.backend.cache_type_k},repack={int(self.backend.cpu_repack)},"
-                                     f"tiled_mm={tiled_mm_setting()}")
+                                     f"tiled_mm={tiled_mm_setting()}"
+                                     + (",fa=0" if self.backend.flash_attn is False else ""))
 
     def calibrate(self, remeasure: bool = False, progress=None) -> CostCurve:
         """The cost curve c(T) for this model, settings and machine, and the

@@ -340,6 +340,8 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "exactness": None if ex is None else ex.to_json(),
         "exact_mode": be.exact,
         "cache_type_k": be.cache_type_k,
+        "kernels": getattr(model, "kernels", "exact"),
+        "flash_attn": "auto" if getattr(be, "flash_attn", None) is None else bool(be.flash_attn),
         "tiled_mm": tiled_mm_setting(),
         "single_token_threads": (f"{be.n_threads} up to {be.one_thread_after} KV cells, then 1 (exact mode, f16 K cache)"
                                  if be.one_thread_after is not None else str(be.n_threads)),
@@ -712,6 +714,7 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
         out.append(f"machine: {head.get('cpu')} ({head.get('hostname')}), {head.get('n_threads')} threads, "
                    f"n_ctx {head.get('n_ctx')}, n_gpu_layers {head.get('n_gpu_layers')}, "
                    f"K cache {head.get('cache_type_k', 'f16')}, "
+                   + (f"kernels {head['kernels']}, " if head.get("kernels", "exact") != "exact" else "") +
                    f"llama_cpp {head.get('llama_cpp_version')}, {head.get('date')}")
         reps = int(head.get("repeat", 1) or 1)
         out.append(f"max_tokens {head.get('max_tokens')}, greedy decoding" +

@@ -419,12 +419,12 @@ def piped(session: ChatSession, text: str) -> None:
 
 
 def run_chat(model, *, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate, stop,
-             verify, ctx, n_gpu_layers, threads, cache_type_k, corpora, system, no_color) -> None:
+             verify, ctx, n_gpu_layers, threads, cache_type_k, kernels, corpora, system, no_color) -> None:
     """The `edgespec chat` command (its options are generate's, see cli.py)."""
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
     m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
-                   cache_type_k=cache_type_k, max_nodes=max_nodes, gate=not no_gate, corpora=corpora,
-                   verify=verify, calibrate=False)
+                   cache_type_k=cache_type_k, kernels=kernels, max_nodes=max_nodes, gate=not no_gate,
+                   corpora=corpora, verify=verify, calibrate=False)
     try:
         if not m.backend.chat_template():
             raise click.ClickException(f"{m.model_path} has no chat template (a base model?), so it cannot chat; "

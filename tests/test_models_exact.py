@@ -93,3 +93,42 @@ def test_generate_reports_the_verdict(model, monkeypatch):
     assert out["exact"] is False and out["exactness"]["failed"] == [8, 16, 48]
     r = CliRunner().invoke(main, ["chat"], input="/exit\n")
     assert r.exit_code == 0 and "note: on this model" in r.output
+
+
+def test_fast_kernels_are_faster_settings_and_not_exact(model):
+    """--kernels fast: flash attention off and an f16 K cache, every decode on
+    every thread; the self-check must find that batched logits then differ
+    (llama.cpp's attention products take other kernels for a batch), at short
+    and long contexts alike, and the calibration is cached under its own key."""
+    from edgespec import SpecModel
+    fast = SpecModel(model.model_path, drafter="suffix", n_ctx=1024, calibrate=False, kernels="fast")
+    try:
+        be = fast.backend
+        assert be.flash_attn is False and be.cache_type_k == "f16" and be.one_thread_after is None
+        assert fast._calibration_key() != model._calibration_key()
+        r = C.check_exactness(be, contexts=(100, 600), ts=(2, 8, 16))
+        assert not r.exact and r.failed and r.max_abs_diff > 0
+        toks = fast.prompt_tokens("Repeat exactly: alpha beta gamma delta, alpha beta gamma delta.")
+        out = fast.generate(toks, max_tokens=16)
+        assert out.n_generated == 16 or out.stop_reason == "stop"
+    finally:
+        fast.close()
+    with pytest.raises(ValueError, match="kernels must be"):
+        SpecModel(model.model_path, kernels="quick", calibrate=False)
+
+
+def test_fast_kernels_turn_the_tiled_product_on_in_a_fresh_process(model):
+    """The tiled K-quant product is one switch per process: a process whose
+    first model is loaded with kernels="fast" gets it on, one whose first
+    model is exact gets it off; a value in the environment wins."""
+    import subprocess
+    import sys
+    code = ("import os; from edgespec import SpecModel; "
+            "m = SpecModel(os.environ['M'], drafter='none', calibrate=False, n_ctx=256, kernels=os.environ['K']); "
+            "from edgespec.backend.llama import tiled_mm_setting; print(tiled_mm_setting())")
+    for kernels, env, want in (("fast", None, "1"), ("exact", None, "0"), ("fast", "0", "0")):
+        e = {k: v for k, v in os.environ.items() if k != "GGML_CPU_TILED_MM"}
+        e.update(M=model.model_path, K=kernels, **({"GGML_CPU_TILED_MM": env} if env else {}))
+        out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split()[-1] == want, (kernels, env, out.stdout)

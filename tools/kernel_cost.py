@@ -15,8 +15,11 @@ switch is read once per process, and a crash stays contained):
   batch     --reps chains of --batch tokens after it (ms each)
 
 Settings: default (both off, as edgespec runs), tiled (GGML_CPU_TILED_MM=1),
-repack (use_extra_bufts on), both.  Run it on an idle machine: these are
-timings.  --threads as in edgespec (default: one per physical core).
+repack (use_extra_bufts on), both, noflash (flash attention off, f16 K cache,
+tiled product off), and fast: edgespec's --kernels fast, what plain llama.cpp
+runs with the same threads but no repacking (tiled product on, flash attention
+off, f16 K cache), not exact (batched logits differ from one-token ones).  Run it on an idle machine: these are timings.
+--threads as in edgespec (default: one per physical core).
 """
 from __future__ import annotations
 
@@ -29,16 +32,21 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-SETTINGS = {"default": ("0", False), "tiled": ("1", False), "repack": ("0", True), "both": ("1", True)}
+# name: (GGML_CPU_TILED_MM, repack, flash attention (None: llama.cpp's auto), K cache (None: edgespec's))
+SETTINGS = {"default": ("0", False, None, None), "tiled": ("1", False, None, None),
+            "repack": ("0", True, None, None), "both": ("1", True, None, None),
+            "noflash": ("0", False, False, "f16"), "fast": ("1", False, False, "f16")}
 
 
-def measure(path: str, repack: bool, threads, n_prompt: int, n_decode: int, batch: int, reps: int) -> dict:
+def measure(path: str, setting: str, threads, n_prompt: int, n_decode: int, batch: int, reps: int) -> dict:
     import numpy as np
 
     from edgespec.backend.llama import LlamaBackend, tiled_mm_setting
 
+    _, repack, flash_attn, cache_type_k = SETTINGS[setting]
     be = LlamaBackend(path, n_ctx=n_prompt + n_decode + batch + 64, n_threads=threads, max_nodes=max(batch, 1),
-                      cache_type_k=None, cpu_repack=repack)
+                      cache_type_k=cache_type_k, cpu_repack=repack, flash_attn=flash_attn,
+                      exact=flash_attn is None)
     rng = np.random.default_rng(0)
     toks = rng.integers(100, min(be.n_vocab, 20000), size=n_prompt + n_decode + batch).astype(np.int32)
     zero, one = np.zeros(batch, np.int32), np.ones(batch, np.int32)
@@ -61,7 +69,8 @@ def measure(path: str, repack: bool, threads, n_prompt: int, n_decode: int, batc
         be.keep(0)
         batches.append(time.perf_counter() - t0)
     be.close()
-    return {"tiled_mm": tiled_mm_setting(), "repack": repack, "threads": be.n_threads,
+    return {"tiled_mm": tiled_mm_setting(), "repack": repack, "flash_attn": "auto" if flash_attn is None else flash_attn,
+            "threads": be.n_threads,
             "cache_type_k": be.cache_type_k, "prefill_tok_s": n_prompt / prefill_s,
             "decode_tok_s": len(steps) / sum(steps), "decode_median_ms": 1000 * float(np.median(steps)),
             f"batch{batch}_median_ms": 1000 * float(np.median(batches))}
@@ -81,12 +90,12 @@ def main(argv=None) -> int:
     from edgespec.models import resolve_model
     path = resolve_model(a.model)
     if a.child:
-        r = measure(path, a.child == "1", a.threads, a.prompt, a.decode, a.batch, a.reps)
+        r = measure(path, a.child, a.threads, a.prompt, a.decode, a.batch, a.reps)
         print(json.dumps(r))
         return 0
     for name in a.settings.split(","):
-        tiled, repack = SETTINGS[name]
-        cmd = [sys.executable, os.path.abspath(__file__), path, "--child", "1" if repack else "0",
+        tiled = SETTINGS[name][0]
+        cmd = [sys.executable, os.path.abspath(__file__), path, "--child", name,
                "--prompt", str(a.prompt), "--decode", str(a.decode), "--batch", str(a.batch), "--reps", str(a.reps)]
         if a.threads:
             cmd += ["--threads", str(a.threads)]

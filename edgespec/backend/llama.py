@@ -94,10 +94,13 @@ def tiled_mm_setting() -> str:
     return os.environ.get(TILED_MM_ENV, "default")
 
 
-def _init_backend(verbose: bool = False) -> None:
+def _init_backend(verbose: bool = False, tiled_mm: str = "0") -> None:
+    """Start llama.cpp once per process.  tiled_mm: the GGML_CPU_TILED_MM value
+    to use unless the environment already has one (the first model a process
+    loads decides it: llama.cpp reads it once)."""
     global _backend_ready, _log_verbose
     _log_verbose = verbose
-    os.environ.setdefault(TILED_MM_ENV, "0")
+    os.environ.setdefault(TILED_MM_ENV, tiled_mm)
     if not _backend_ready:
         L.llama_log_set(_log_callback, ctypes.c_void_p(0))
         L.llama_backend_init()
@@ -258,7 +261,7 @@ class Vocab:
 
 
 def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbose: bool = False,
-               cpu_repack: bool = False):
+               cpu_repack: bool = False, tiled_mm: str = "0"):
     """Load a GGUF file; return the model pointer or raise ModelLoadError.
 
     cpu_repack: let llama.cpp's CPU backend move weights into its "extra buffer
@@ -270,7 +273,7 @@ def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbo
     of verified drafts left plain decoding's), and on a KVM guest with AMX
     (2-core Intel Xeon, llama-cpp-python 0.3.36) the AMX kernel crashed the
     process on the first multi-token batch."""
-    _init_backend(verbose)
+    _init_backend(verbose, tiled_mm)
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = int(n_gpu_layers)
     mp.vocab_only = bool(vocab_only)
@@ -340,7 +343,8 @@ class LlamaBackend:
     def __init__(self, model_path: str, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
                  n_threads: int | None = None, n_batch: int = 512, max_nodes: int = 64,
                  max_leaves: int = 32, exact: bool = True, cache_type_k: str | None = None,
-                 cpu_repack: bool = False, verbose: bool = False):
+                 cpu_repack: bool = False, flash_attn: bool | None = None, tiled_mm: str = "0",
+                 verbose: bool = False):
         if max_leaves > L.llama_max_parallel_sequences():
             raise ConfigError(f"max_leaves must be <= {L.llama_max_parallel_sequences()}")
         if n_ctx < MIN_CTX:
@@ -365,7 +369,8 @@ class LlamaBackend:
             raise ConfigError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), not {cache_type_k!r}")
         self.cache_type_k = cache_type_k
         self.cpu_repack = bool(cpu_repack)
-        self.model = load_model(model_path, n_gpu_layers, verbose=verbose, cpu_repack=self.cpu_repack)
+        self.model = load_model(model_path, n_gpu_layers, verbose=verbose, cpu_repack=self.cpu_repack,
+                                tiled_mm=tiled_mm)
         self.vocab = Vocab(self.model)
         self.n_vocab = self.vocab.n_vocab
 
@@ -383,6 +388,15 @@ class LlamaBackend:
         cp.n_threads_batch = self.n_threads
         cp.kv_unified = True
         cp.type_k = CACHE_TYPES_K[cache_type_k]
+        # flash attention: llama.cpp's "auto" (None) turns it on here, and
+        # exactness needs it: without it a batch's attention products (KQ, KQV)
+        # run other kernels than a one-token decode's and the logits differ
+        # (SmolLM2 Q4_1, 2 threads, q8_0 or f16 K: up to 0.76-0.97); it costs
+        # one-token decodes time at long contexts (BENCHMARKS, "What does
+        # exactness cost?").  False is for measuring that (tools/kernel_cost.py).
+        if flash_attn is not None:
+            cp.flash_attn_type = 1 if flash_attn else 0
+        self.flash_attn = flash_attn
         cp.no_perf = True
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
