@@ -72,7 +72,6 @@ def test_divergences_are_judged_against_the_self_check():
 
 
 def test_plot_draws_categories_and_methods(tmp_path):
-    pytest.importorskip("matplotlib", reason="the plot extra (edgespec[plot]) is not installed")
     rows = [result(q, c, m, 20, t) for q, c in ((1, "rename"), (2, "fix_bug")) for m, t in
             (("none", 1.0), ("suffix", 0.5), ("llama-cpp-python", 1.5))]
     path = tmp_path / "speed.png"
