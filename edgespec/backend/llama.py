@@ -391,7 +391,7 @@ class LlamaBackend:
         # flash attention: llama.cpp's "auto" (None) turns it on here, and
         # exactness needs it: without it a batch's attention products (KQ, KQV)
         # run other kernels than a one-token decode's and the logits differ
-        # (SmolLM2 Q4_1, 2 threads, q8_0 or f16 K: up to 0.76-0.97); it costs
+        # (every batch size, tests/test_models_exact.py); it costs
         # one-token decodes time at long contexts (BENCHMARKS, "What does
         # exactness cost?").  False is for measuring that (tools/kernel_cost.py).
         if flash_attn is not None:
