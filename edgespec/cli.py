@@ -83,8 +83,8 @@ def backend_options(f):
     f = click.option("--kernels", type=click.Choice(("exact", "fast")), default="exact", show_default=True,
                      help="exact = llama.cpp settings under which a verification batch gives logits bit-identical "
                           "to one-token decoding (flash attention on, see --cache-type-k), so greedy output is "
-                          "token-identical to --drafter none.  fast = llama.cpp's fastest CPU attention (flash "
-                          "attention off, f16 K cache): on llama and qwen models past a few hundred tokens of "
+                          "token-identical to --drafter none.  fast = llama.cpp's fastest CPU settings (flash "
+                          "attention off, f16 K cache, tiled K-quant product on): on llama and qwen models past a few hundred tokens of "
                           "context plain decoding is up to 1.5x faster and verification batches 2-3x cheaper, "
                           "but batched logits differ in the last bits, so greedy output can leave --drafter "
                           "none's at near-ties (the self-check then says not exact).")(f)

@@ -18,8 +18,9 @@ Settings: default (both off, as edgespec runs), tiled (GGML_CPU_TILED_MM=1),
 repack (use_extra_bufts on), both, noflash (flash attention off, f16 K cache,
 tiled product off), and fast: edgespec's --kernels fast, what plain llama.cpp
 runs with the same threads but no repacking (tiled product on, flash attention
-off, f16 K cache), not exact (batched logits differ from one-token ones).  Run it on an idle machine: these are timings.
---threads as in edgespec (default: one per physical core).
+off, f16 K cache), not exact (batched logits differ from one-token ones).  Run
+it on an idle machine: these are timings.  --threads as in edgespec (default:
+one per physical core).
 """
 from __future__ import annotations
 
