@@ -560,6 +560,43 @@ def read_results(path: str) -> tuple[dict | None, list[dict]]:
     return head, results
 
 
+POOL_KEYS = ("model", "max_tokens", "raw", "n_threads", "cache_type_k", "kernels", "n_ctx", "n_gpu_layers",
+             "cpu", "cost_gate", "max_nodes")
+"""Header fields that must agree for results files to be reported together."""
+
+
+def read_results_pooled(paths: Sequence[str]) -> tuple[dict | None, list[dict]]:
+    """Several results files of the same model and settings, reported as one
+    (a bench stopped part way and completed with --category or --limit on the
+    remaining prompts): the first file's header with "pooled" listing every
+    file, and every file's rows.  Files whose headers differ in a POOL_KEYS
+    field, or that hold the same prompt and method in the same pass, are an
+    error: their rows would not be comparable."""
+    head, results = read_results(paths[0])
+    if len(paths) == 1:
+        return head, results
+    seen = {(r.get("question_id"), r.get("method"), r.get("repeat", 0)) for r in results
+            if r.get("kind", "result") == "result"}
+    pooled = [{"file": paths[0], "date": (head or {}).get("date")}]
+    for path in paths[1:]:
+        h, rows = read_results(path)
+        if head is None or h is None:
+            raise BenchError(f"{path if h is None else paths[0]}: no header, so it cannot be pooled with other runs")
+        diff = [f"{k} ({h.get(k)} vs {head.get(k)})" for k in POOL_KEYS if h.get(k) != head.get(k)]
+        if diff:
+            raise BenchError(f"{path} and {paths[0]} differ in {', '.join(diff)}: runs with different models "
+                             f"or settings cannot be pooled")
+        for r in rows:
+            k = (r.get("question_id"), r.get("method"), r.get("repeat", 0))
+            if r.get("kind", "result") == "result" and k in seen:
+                raise BenchError(f"{path}: prompt {k[0]} with {k[1]} is also in an earlier file; pool runs of "
+                                 f"different prompts (bench --category / --limit)")
+            seen.add(k)
+        results += rows
+        pooled.append({"file": path, "date": h.get("date")})
+    return dict(head, pooled=pooled), results
+
+
 def _is_edgespec(rows: list[dict]) -> bool:
     return any(r.get("n_steps") is not None for r in rows)
 
@@ -721,6 +758,9 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
                    (", raw prompts (no chat template)" if head.get("raw") else "") +
                    (f", {reps} passes (each a fresh session)" if reps > 1 else ""))
         out.append(_exact_line(head))
+        if head.get("pooled"):
+            out.append(f"pooled from {len(head['pooled'])} runs (each prompt's methods side by side in one of them): "
+                       + ", ".join(f"{os.path.basename(p['file'])} ({p['date']})" for p in head["pooled"]))
         out.append("")
     for c in cats:
         out += _table(c, [r for r in results if r["category"] == c], methods)

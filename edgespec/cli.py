@@ -467,15 +467,21 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out
 
 
 @main.command("bench-report")
-@click.argument("results_file", type=click.Path(dir_okay=False))
+@click.argument("results_files", nargs=-1, required=True, type=click.Path(dir_okay=False),
+                metavar="RESULTS_FILE...")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Also draw decode tok/s by category and method into this image (PNG; needs edgespec[plot]).")
-def bench_report(results_file, plot_path):
-    """Print the tables of `edgespec bench` from a saved results file."""
+def bench_report(results_files, plot_path):
+    """Print the tables of `edgespec bench` from a saved results file.
+
+    Several files of the same model and settings (a bench stopped part way,
+    then run again on the remaining prompts with --category or --limit) are
+    reported as one: each prompt's methods were timed side by side in one of
+    the runs, and the header lists them."""
     from . import bench as B
 
     with user_errors():
-        head, results = B.read_results(results_file)
+        head, results = B.read_results_pooled(results_files)
     click.echo(B.format_report(results, head))
     if plot_path:
         with user_errors():

@@ -87,6 +87,37 @@ def test_plot_draws_categories_and_methods(tmp_path):
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_report_pools_runs_of_the_same_settings(tmp_path):
+    """A bench stopped part way and completed on the remaining prompts: the
+    two files report as one (every prompt once, the header lists both runs);
+    files of another model or setting, or holding the same prompt twice, are
+    refused with one line."""
+    head = {"kind": "header", "model": "/m/qwen.gguf", "max_tokens": 128, "raw": False, "n_threads": 2,
+            "cache_type_k": "q8_0", "n_ctx": 4096, "date": "2026-11-23T06:44:00+00:00"}
+
+    def write(name, h, rows):
+        path = tmp_path / name
+        path.write_text("\n".join(json.dumps(r) for r in [h] + rows) + "\n")
+        return str(path)
+
+    a = write("a.jsonl", head, [result(q, "rename", m, 21, t) for q in (1, 2) for m, t in (("none", 1.0), ("suffix", 0.5))])
+    b = write("b.jsonl", dict(head, date="2026-11-23T13:40:00+00:00"),
+              [result(3, "docstrings", m, 21, t) for m, t in (("none", 1.0), ("suffix", 0.25))])
+    r = CliRunner().invoke(main, ["bench-report", a, b])
+    assert r.exit_code == 0, r.output
+    assert "pooled from 2 runs" in r.output and "a.jsonl (2026-11-23T06:44" in r.output and "b.jsonl (2026-11-23T13:40" in r.output
+    all_rows = r.output.split("\nall (3 prompts)")[1]
+    suffix = next(ln for ln in all_rows.splitlines() if ln.startswith("suffix"))
+    assert "2.40x" in suffix          # 60 tokens in 1.25 s against 60 in 3 s
+    assert "docstrings (1 prompt)" in r.output and "rename (2 prompts)" in r.output
+    one = [result(4, "rename", "none", 21, 1.0)]
+    for other, what in ((write("c.jsonl", dict(head, model="/m/llama.gguf"), one), "differ in model"),
+                        (write("d.jsonl", dict(head, kernels="fast"), one), "differ in kernels"),
+                        (write("e.jsonl", head, [result(3, "docstrings", "none", 21, 1.0)]), "also in an earlier file")):
+        r = CliRunner().invoke(main, ["bench-report", b, other])
+        assert r.exit_code == 1 and what in r.output and "Traceback" not in r.output, r.output
+
+
 def test_plot_without_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)      # import fails
     with pytest.raises(B.BenchError, match=r"pip install 'edgespec\[plot\]'"):
