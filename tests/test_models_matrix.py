@@ -7,7 +7,17 @@ Selected with --matrix or EDGESPEC_MATRIX=1 (.ci/run sets it after fetching
 the models with tools/get_models.py); a model that is not there is then a
 failure, not a skip.  Kept lean (about a minute a model on 2 idle cores): no
 calibration (the gate is off, so every proposed node is verified: the hardest
-case), short answers, one context past 512 cells."""
+case), short answers, one context past 512 cells.
+
+SmolLM2 is the suite's session model, whose identity tests are the rest of the
+suite's (with the same shapes and more prompts): every drafter with the gate
+off (test_engine.py::test_suffix_drafter_identical_on_dev_prompts, 20 prompts
+of 13 categories, and ::test_other_drafters_identical_on_dev_prompts), forced
+trees off the first path (::test_forced_tree_shapes_identical_and_kv_exact),
+contexts past 512 cells (the long summarization and rag prompts there, and
+::test_q8_k_cache_is_exact_with_every_thread_past_512_cells) and the self-check
+(test_models_exact.py).  Here it runs the family tests only (end token, bench),
+and the identity tests run on the two other families (IDENTITY)."""
 from __future__ import annotations
 
 import json
@@ -28,6 +38,8 @@ pytestmark = [pytest.mark.model, pytest.mark.matrix]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EDITS = os.path.join(ROOT, "bench", "prompts", "code_edits.jsonl")
 MATRIX = ("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b")
+IDENTITY = ("gemma3-270m", "qwen2.5-coder-0.5b")      # SmolLM2's: see above
+identity = pytest.mark.parametrize("zoo", IDENTITY, indirect=True)
 MAX_TOKENS = 40
 
 
@@ -79,6 +91,7 @@ def plain(name: str, model: SpecModel, toks: np.ndarray):
     return _PLAIN[key]
 
 
+@identity
 def test_batched_logits_bit_identical_to_one_token(zoo):
     """The self-check SpecModel runs at calibration: batches of every size up
     to 48 (the CPU limit) after 600 KV cells (past the 512-cell split-KV
@@ -91,6 +104,7 @@ def test_batched_logits_bit_identical_to_one_token(zoo):
     assert r.exact, f"{name}: {r.describe()}"
 
 
+@identity
 @pytest.mark.parametrize("drafter", ["suffix", "trigram", "adjacency", "auto"])
 def test_every_drafter_identical_to_none(zoo, drafter):
     """Greedy output of every drafter, the gate off (every proposed node up to
@@ -107,6 +121,7 @@ def test_every_drafter_identical_to_none(zoo, drafter):
     assert drafted > 0
 
 
+@identity
 @pytest.mark.parametrize("shape", ["fan", "max"])
 def test_forced_trees_off_the_first_path(zoo, shape):
     """Trees whose right token is ranked last at every level (the accepted
@@ -136,6 +151,7 @@ def _plain_last_logits(m: SpecModel, prompt, tokens) -> np.ndarray:
     return plain_logits_at(m, prompt, tokens).astype(np.float32)
 
 
+@identity
 def test_long_context_past_512_cells(zoo):
     """A prompt of 600+ tokens: one-token decodes and batches both past the
     split-KV threshold, suffix drafting (gate off) identical to none."""
