@@ -563,6 +563,8 @@ def read_results(path: str) -> tuple[dict | None, list[dict]]:
 POOL_KEYS = ("model", "max_tokens", "raw", "n_threads", "cache_type_k", "kernels", "n_ctx", "n_gpu_layers",
              "cpu", "cost_gate", "max_nodes")
 """Header fields that must agree for results files to be reported together."""
+POOL_DEFAULTS = {"kernels": "exact"}
+"""What a header field absent from an older results file meant (before --kernels, every run was exact)."""
 
 
 def read_results_pooled(paths: Sequence[str]) -> tuple[dict | None, list[dict]]:
@@ -582,7 +584,9 @@ def read_results_pooled(paths: Sequence[str]) -> tuple[dict | None, list[dict]]:
         h, rows = read_results(path)
         if head is None or h is None:
             raise BenchError(f"{path if h is None else paths[0]}: no header, so it cannot be pooled with other runs")
-        diff = [f"{k} ({h.get(k)} vs {head.get(k)})" for k in POOL_KEYS if h.get(k) != head.get(k)]
+        def val(hd, k):
+            return hd.get(k, POOL_DEFAULTS.get(k))
+        diff = [f"{k} ({val(h, k)} vs {val(head, k)})" for k in POOL_KEYS if val(h, k) != val(head, k)]
         if diff:
             raise BenchError(f"{path} and {paths[0]} differ in {', '.join(diff)}: runs with different models "
                              f"or settings cannot be pooled")

@@ -110,6 +110,10 @@ def test_bench_report_pools_runs_of_the_same_settings(tmp_path):
     suffix = next(ln for ln in all_rows.splitlines() if ln.startswith("suffix"))
     assert "2.40x" in suffix          # 60 tokens in 1.25 s against 60 in 3 s
     assert "docstrings (1 prompt)" in r.output and "rename (2 prompts)" in r.output
+    # a file from before --kernels (no such header field) was an exact run
+    r = CliRunner().invoke(main, ["bench-report", a, write("f.jsonl", dict(head, kernels="exact"),
+                                                           [result(5, "rename", "none", 21, 1.0)])])
+    assert r.exit_code == 0 and "pooled from 2 runs" in r.output, r.output
     one = [result(4, "rename", "none", 21, 1.0)]
     for other, what in ((write("c.jsonl", dict(head, model="/m/llama.gguf"), one), "differ in model"),
                         (write("d.jsonl", dict(head, kernels="fast"), one), "differ in kernels"),
