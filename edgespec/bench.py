@@ -567,6 +567,17 @@ POOL_DEFAULTS = {"kernels": "exact"}
 """What a header field absent from an older results file meant (before --kernels, every run was exact)."""
 
 
+def _pool_key(r: dict):
+    """(prompt, method, pass) of a result row; None for other rows (calibration)."""
+    if r.get("kind", "result") != "result":
+        return None
+    return r.get("question_id"), r.get("method"), r.get("repeat", 0)
+
+
+def _pool_value(head: dict, key: str):
+    return head.get(key, POOL_DEFAULTS.get(key))
+
+
 def read_results_pooled(paths: Sequence[str]) -> tuple[dict | None, list[dict]]:
     """Several results files of the same model and settings, reported as one
     (a bench stopped part way and completed with --category or --limit on the
@@ -577,22 +588,22 @@ def read_results_pooled(paths: Sequence[str]) -> tuple[dict | None, list[dict]]:
     head, results = read_results(paths[0])
     if len(paths) == 1:
         return head, results
-    seen = {(r.get("question_id"), r.get("method"), r.get("repeat", 0)) for r in results
-            if r.get("kind", "result") == "result"}
+    seen = {_pool_key(r) for r in results} - {None}
     pooled = [{"file": paths[0], "date": (head or {}).get("date")}]
     for path in paths[1:]:
         h, rows = read_results(path)
         if head is None or h is None:
             raise BenchError(f"{path if h is None else paths[0]}: no header, so it cannot be pooled with other runs")
-        def val(hd, k):
-            return hd.get(k, POOL_DEFAULTS.get(k))
-        diff = [f"{k} ({val(h, k)} vs {val(head, k)})" for k in POOL_KEYS if val(h, k) != val(head, k)]
+        diff = [f"{k} ({_pool_value(h, k)} vs {_pool_value(head, k)})" for k in POOL_KEYS
+                if _pool_value(h, k) != _pool_value(head, k)]
         if diff:
             raise BenchError(f"{path} and {paths[0]} differ in {', '.join(diff)}: runs with different models "
                              f"or settings cannot be pooled")
         for r in rows:
-            k = (r.get("question_id"), r.get("method"), r.get("repeat", 0))
-            if r.get("kind", "result") == "result" and k in seen:
+            k = _pool_key(r)
+            if k is None:
+                continue
+            if k in seen:
                 raise BenchError(f"{path}: prompt {k[0]} with {k[1]} is also in an earlier file; pool runs of "
                                  f"different prompts (bench --category / --limit)")
             seen.add(k)

@@ -282,7 +282,7 @@ def invoke(args, input):
     from click.testing import CliRunner
 
     from edgespec.cli import main
-    if args[:1] == ["chat"] and "--ctx" not in args:
+    if "--ctx" not in args:
         args = args + ["--ctx", "1024"]
     try:
         runner = CliRunner(mix_stderr=False)       # click 8.1 needs the flag to keep stderr apart
