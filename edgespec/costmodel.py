@@ -5,7 +5,7 @@ them) relative to T = 1, for the loaded model and settings on this machine, at
 a few context lengths (attention over a longer context makes a batch dearer
 relative to one token: on the 2-core machine c(8) is 2.7 after 300 cells and
 3.7 after 2000).  It is measured once (`calibrate`), cached on disk under a key
-made of the model file, the settings and the machine, and re-measured by
+made of the model file's content, the settings and the machine, and re-measured by
 `edgespec calibrate`.
 
 AcceptanceModel: per session, what fraction of verified draft nodes of each
@@ -51,11 +51,25 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def model_fingerprint(model_path: str, span: int = 1 << 20) -> str:
+    """The model file by content, not by place: its size and a hash of its
+    first and last MiB (the GGUF header with the tensor layout, and the last
+    tensor's data).  A copy, a move or a reinstall of the same file keeps its
+    calibration; another file (a different quantization or fine-tune) gets
+    its own."""
+    size = os.path.getsize(model_path)
+    h = hashlib.sha256(str(size).encode())
+    with open(model_path, "rb") as f:
+        h.update(f.read(span))
+        f.seek(max(0, size - span))
+        h.update(f.read(span))
+    return h.hexdigest()[:32]
+
+
 def calibration_key(model_path: str, n_gpu_layers: int, n_threads: int, extra: str = "") -> str:
     from .backend.llama import llama_cpp_version
 
-    st = os.stat(model_path)
-    parts = [os.path.realpath(model_path), str(st.st_size), str(st.st_mtime_ns),
+    parts = [model_fingerprint(model_path),
              f"ngl={n_gpu_layers}", f"threads={n_threads}", platform.machine(), _cpu_name(),
              str(os.cpu_count()), llama_cpp_version(), f"v{CALIBRATION_VERSION}", extra]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]

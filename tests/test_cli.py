@@ -186,15 +186,18 @@ def test_calibrate(model_path, tmp_path, monkeypatch):
     an empty directory) calibrates there, and conftest runs this test before
     every other model test, so the session model reuses this curve and
     self-check instead of measuring them again (the same key: model, threads,
-    K cache; --ctx 2048 measures the contexts the session model needs).
+    K cache; at the default --ctx, 4096, it measures every context the later
+    runs need: a curve measured with --ctx 2048 stops at 1000 cells, and the
+    first `generate` at the default context measured again).
     Otherwise a directory of its own: a test run must not replace the cached
     curve of the user's default cache."""
     cache = os.environ.get("EDGESPEC_CACHE_DIR") or str(tmp_path)
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", cache)
-    r = invoke(["calibrate", "--json", "--ctx", "2048"])
+    r = invoke(["calibrate", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["ts"][0] == 1 and d["rel"][0] == 1.0 and len(d["ts"]) == len(d["rel"]) > 4
+    assert [c["n_kv"] for c in d["longer"]] == [1000, 2000]
     assert d["meta"]["cache_file"].startswith(cache)
     assert os.path.isfile(d["meta"]["cache_file"])
     assert d["exactness"]["exact"] in (True, False) and d["exactness"]["max_t"] >= 2

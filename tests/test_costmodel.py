@@ -155,3 +155,34 @@ def test_cached_curve_reused_only_when_it_covers_the_context(tmp_path, monkeypat
     assert len(calls) == 1
     costmodel.load_or_measure(None, "k", needed=2000)        # not covered: measured again
     assert len(calls) == 2
+
+
+def test_calibration_key_follows_the_file_content_not_its_place(tmp_path):
+    """A copy (or a reinstall: a new path and mtime) keeps the calibration; a
+    file that differs in size, in its first MiB (the GGUF header) or in its
+    last MiB gets its own; so do other settings."""
+    import shutil
+
+    from edgespec.costmodel import calibration_key, model_fingerprint
+
+    rng = np.random.default_rng(1)
+    a = tmp_path / "a.gguf"
+    a.write_bytes(rng.integers(0, 256, 3 << 20, dtype=np.uint8).tobytes())
+    b = tmp_path / "elsewhere" / "b.gguf"
+    b.parent.mkdir()
+    shutil.copyfile(a, b)
+    key = calibration_key(str(a), 0, 2, "k=q8_0")
+    assert calibration_key(str(b), 0, 2, "k=q8_0") == key
+    assert calibration_key(str(b), 0, 1, "k=q8_0") != key
+    assert calibration_key(str(b), 0, 2, "k=f16") != key
+    data = bytearray(a.read_bytes())
+    for pos in (10, len(data) - 10):
+        changed = bytearray(data)
+        changed[pos] ^= 1
+        b.write_bytes(bytes(changed))
+        assert model_fingerprint(str(b)) != model_fingerprint(str(a)), pos
+    b.write_bytes(bytes(data) + b"\0")
+    assert model_fingerprint(str(b)) != model_fingerprint(str(a))
+    tiny = tmp_path / "tiny.gguf"          # smaller than the hashed spans
+    tiny.write_bytes(b"GGUF")
+    assert len(model_fingerprint(str(tiny))) == 32

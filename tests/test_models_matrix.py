@@ -11,7 +11,7 @@ case), short answers, one context past 512 cells.
 
 SmolLM2 is the suite's session model, whose identity tests are the rest of the
 suite's (with the same shapes and more prompts): every drafter with the gate
-off (test_engine.py::test_suffix_drafter_identical_on_dev_prompts, 20 prompts
+off (test_engine.py::test_suffix_drafter_identical_on_dev_prompts, 13 prompts
 of 13 categories, and ::test_other_drafters_identical_on_dev_prompts), forced
 trees off the first path (::test_forced_tree_shapes_identical_and_kv_exact),
 contexts past 512 cells (the long summarization and rag prompts there, and

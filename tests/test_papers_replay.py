@@ -97,7 +97,7 @@ def test_teacher_backed_replay_matches_the_real_engine(model):
 
     from conftest import dev_prompts
     name = "auto+branch+trigger-notrigram-noadjacency-nobranch_depth-nosemantic_pair"
-    rows = dev_prompts(296, 504, 132)     # summarization, rag, extraction
+    rows = dev_prompts(504, 132)     # rag, extraction
     config = EngineConfig(max_nodes=model.config.max_nodes, gate_overhead=0.02)
 
     def drafter():
