@@ -32,11 +32,12 @@ from .backend.llama import SPLIT_KV_FREE_CELLS, LlamaBackend
 from .costmodel import AcceptanceModel, CostCurve
 from .errors import ConfigError, PromptTooLongError
 from .drafters.base import Drafter, StepResult
-from .kernels.tree import learn_step, plan_step
+from .kernels.tree import learn_step, plan_step, shadow_learn
 from .kernels.tree import warmup as _warmup_tree_kernels
 from .tree import SOURCE_CARRY, DraftTree
 from .verify import SamplingConfig, VerifyConfig, relaxed_accepts, sample_token
 
+SHADOW_KEEP = 16      # proposals judged at once: deeper than any draft the engine verifies
 COST_BUCKET = 128     # the cost gate's table is re-interpolated every 128 context cells
 
 
@@ -71,6 +72,9 @@ class EngineConfig:
         already accepted once on a batch layout with holes).
     verify: exact (lossless, the default) or one of the lossy opt-ins; see
         verify.VerifyConfig.
+    shadow: the acceptance model also learns from the proposed nodes the gate
+        did not verify, judged against the tokens committed afterwards (see
+        kernels.tree.shadow_learn); False learns from verified nodes only.
     gate_overhead: None (default) lets the gate count the engine's own time per
         step as measured (a moving average, in plain-step units); a number fixes
         it, so that two runs of the same drafter on the same outputs (a real
@@ -81,6 +85,7 @@ class EngineConfig:
     carry_prob: float = 0.95
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     gate_overhead: float | None = None
+    shadow: bool = True
 
     def __post_init__(self):
         if not (1 <= self.max_nodes <= 256):
@@ -556,6 +561,8 @@ class Engine:
             tree = _merge_chain(tree, st.carry, self.config.carry_prob)
             st.carry = np.zeros(0, np.int32)
         k, nl = self._choose(tree, budget)
+        if self.config.shadow and len(tree) and budget > 1:
+            self._shadow_record(st, tree, k)
         nb = k + 1
         if k == 0:
             btok = np.array([st.pending], np.int32)
@@ -587,6 +594,8 @@ class Engine:
         st.n += na
         self._commit(st, accepted, slot)
         st.pending = accepted[-1]
+        if st.shadow:
+            self._shadow_learn(st)
         if self._observes:
             self._observe(st, logits, tree, btok, k, slot, accepted, t1 - t0)
         step_other = (time.perf_counter() - t_step) - (t1 - t0)
@@ -643,6 +652,29 @@ class Engine:
                     carried.append(c2)
                     s2 = c2
             slot = c
+
+    def _shadow_record(self, st: "_RunState", tree: DraftTree, k: int) -> None:
+        """Keep this step's whole proposal (copies: a drafter may reuse its
+        arrays) to be judged against the tokens committed after its root."""
+        m = len(tree)
+        verified = np.zeros(m, np.bool_)
+        verified[self._sel[:k]] = True
+        st.shadow.append((st.n - 1, tree.tokens.copy(), tree.parents.copy(), tree.probs.copy(), tree.source.copy(),
+                          self._cond[:m].copy(), verified, np.zeros(m, np.int8)))
+        if len(st.shadow) > SHADOW_KEEP:
+            st.shadow.pop(0)
+
+    def _shadow_learn(self, st: "_RunState") -> None:
+        """Credit the acceptance model with the recorded proposals' nodes that
+        the committed tokens now decide; drop the proposals fully decided."""
+        acc = self.acceptance
+        keep = []
+        for rec in st.shadow:
+            root, tokens, parents, probs, source, cond, verified, state = rec
+            if shadow_learn(tokens, parents, probs, source, cond, verified, state, st.ctx[root + 1:st.n],
+                            acc.n_c, acc.a_c, acc.n_f, acc.a_f, acc.pred_sum):
+                keep.append(rec)
+        st.shadow = keep
 
     def _learn(self, st: "_RunState", tree: DraftTree, nb: int, k: int, slot: int, carried) -> None:
         """Credit the acceptance model with what this step's draft nodes did."""
@@ -736,6 +768,7 @@ class _RunState:
     n_carried: int = 0
     n_relaxed: int = 0
     topk_log: list = field(default_factory=list)
+    shadow: list = field(default_factory=list)   # proposals still being judged (Engine._shadow_record)
     rec_rows: np.ndarray = None
     rec_buf: np.ndarray = None
 

@@ -123,6 +123,11 @@ def main(argv=None) -> int:
     ap.add_argument("--teacher", action="store_true",
                     help="run the teacher pass even when no method needs it (every method then sees the "
                          "model's real top-k logits and entropies; without it they are stand-ins)")
+    ap.add_argument("--gate-overhead", type=float, default=None, metavar="REL",
+                    help="fix the gate's per-step overhead term (plain-step units) instead of the engine's moving "
+                         "average of its own time here, so the gate's decisions do not depend on this machine's load")
+    ap.add_argument("--no-shadow", action="store_true",
+                    help="the acceptance model learns from verified nodes only (EngineConfig(shadow=False))")
     a = ap.parse_args(argv)
 
     head, rows = read_results(a.results)
@@ -189,7 +194,8 @@ def main(argv=None) -> int:
             be = ReplayBackend(vocab, m.backend.n_ctx, m.backend.max_nodes, cost, eog)
             d = build(meth, be)
             d.warmup()
-            eng = Engine(be, d, cost, EngineConfig(max_nodes=int(head["max_nodes"])))
+            eng = Engine(be, d, cost, EngineConfig(max_nodes=int(head["max_nodes"]), gate_overhead=a.gate_overhead,
+                                                   shadow=not a.no_shadow))
             out = replay(eng, be, reqs, max_tokens)
             oh = overhead(meth)
             for i, r in enumerate(out):

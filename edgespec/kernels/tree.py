@@ -172,6 +172,8 @@ def warmup() -> None:
         plan_step(parents, cond, src, counts, 4.0, 8.0, cost, 0.01, 4, gate, tuple(out))   # the engine's types
     learn_step(4, out.bparent, out.order, out.sel, cond, src, out.cond, out.depth, 1, -1, n_c, n_c.copy(), n_f,
                n_f.copy(), n_c.copy(), np.zeros(3, np.bool_), np.zeros(3, np.bool_))
+    shadow_learn(np.zeros(3, np.int32), parents, cond, src, out.cond, np.zeros(3, np.bool_), np.zeros(3, np.int8),
+                 np.zeros(2, np.int32), n_c, n_c.copy(), n_f, n_f.copy(), n_c.copy())
 
 
 @njit(cache=True)
@@ -254,6 +256,56 @@ def plan_step(parents, probs, source, counts, k0, k1, cost, overhead, lim, gate,
         qs[j] = out_q[sel[j]]
     nl = layout_preorder(out_spar[:k], qs, out_order, out_bparent, out_depth, out_leaf_first, out_leaf_count)
     return k, nl
+
+
+@njit(cache=True)
+def shadow_learn(tokens, parents, probs, source, cond, verified, state, cont, n_c, a_c, n_f, a_f, pred_sum):
+    """Credit the acceptance counts with the draft nodes the gate did not verify,
+    judged against the tokens committed after the proposal's root (cont).
+
+    The model's committed continuation is what verification would have found
+    (a node is accepted exactly when it carries the committed token at its
+    depth and its parent was), so every proposed node is evidence, not only the
+    nodes the gate let through: the estimates do not depend on which drafts the
+    gate happened to try.  state[i] is 0 (not yet decided: cont is shorter than
+    its depth), 1 (matched) or 2 (not matched, or its parent was not); it is
+    kept between calls as cont grows.  Verified nodes (verified[i]) were
+    counted by learn_step and are only followed here.  Returns how many nodes
+    are still undecided."""
+    nsb = n_c.shape[1]
+    ndb = n_f.shape[2]
+    m = tokens.shape[0]
+    depth = np.empty(m, np.int64)
+    pending = 0
+    for i in range(m):
+        p = parents[i]
+        depth[i] = 1 if p < 0 else depth[p] + 1
+        if state[i] != 0:
+            continue
+        if p >= 0 and state[p] != 1:
+            if state[p] == 2:
+                state[i] = 2
+            else:
+                pending += 1
+            continue
+        d = depth[i]
+        if d > cont.shape[0]:
+            pending += 1
+            continue
+        hit = tokens[i] == cont[d - 1]
+        state[i] = 1 if hit else 2
+        if verified[i]:
+            continue
+        sb = min(max(int(probs[i] * nsb), 0), nsb - 1)
+        db = min(d - 1, ndb - 1)
+        src = source[i]
+        n_c[src, sb] += 1.0
+        n_f[src, sb, db] += 1.0
+        pred_sum[src, sb] += cond[i]
+        if hit:
+            a_c[src, sb] += 1.0
+            a_f[src, sb, db] += 1.0
+    return pending
 
 
 @njit(cache=True)
