@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import threading
 import time
+import weakref
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -54,15 +55,27 @@ class _Gate:
         self.cond = threading.Condition()
         self.queue: collections.deque = collections.deque()
         self.owner: int | None = None     # thread id of the request holding the model
-        self.stream: Stream | None = None # the stream holding it, if it is one
+        # The stream holding it, if it is one, by weak reference: an abandoned stream is
+        # collected, and its __del__ gives the model back.
+        self._stream_ref: weakref.ref | None = None
+        self.reader: int | None = None    # thread id that last read a chunk of that stream
         self.users = 0
         self.closed = False
+
+    @property
+    def stream(self) -> Stream | None:
+        return self._stream_ref() if self._stream_ref is not None else None
+
+    @stream.setter
+    def stream(self, s: Stream | None) -> None:
+        self._stream_ref = weakref.ref(s) if s is not None else None
+        self.reader = None
 
     def acquire(self, wait: bool = True, timeout: float | None = None) -> None:
         me = threading.get_ident()
         with self.cond:
             self._check_open()
-            if self.owner == me:
+            if self.owner is not None and me in (self.owner, self.reader):
                 what = "stream" if self.stream is not None else "request"
                 raise ModelBusyError(f"this thread's own {what} still holds the model: finish or close "
                                      "it first (waiting for it here would never end)")
@@ -138,6 +151,7 @@ class Stream:
         with self._lock:
             if self._done:
                 raise StopIteration
+            self._gate.reader = threading.get_ident()
             try:
                 c = next(self._gen)
             except StopIteration as e:
@@ -371,16 +385,17 @@ class SpecModel:
             self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
             self.engine.reset()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Cancel the running request (within one step) and any open stream,
         wait for them, free llama.cpp's model and context.  Idempotent; later
         calls of other methods raise ModelClosedError.  Raises ModelBusyError
         when called from inside this thread's own running request (an on_text
-        callback): that request could never end."""
+        callback): that request could never end, or when timeout=S seconds pass
+        before the running request has stopped."""
         g = self._gate
         me = threading.get_ident()
         with g.cond:
-            if g.closed:
+            if g.closed and getattr(self, "_freed", False):
                 return
             if g.owner == me and g.stream is None:
                 raise ModelBusyError("close() called from inside this thread's own request")
@@ -390,9 +405,17 @@ class SpecModel:
             g.cond.notify_all()
         if stream is not None:
             stream.close()
+        deadline = None if timeout is None else time.monotonic() + timeout
         with g.cond:
             while g.owner is not None or g.users:
-                g.cond.wait()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise ModelBusyError(f"a request still held the model after {timeout:g}s; "
+                                         "call close() again to wait for it")
+                g.cond.wait(left)
+            if getattr(self, "_freed", False):
+                return
+            self._freed = True
         self.backend.close()
 
     @property
@@ -526,11 +549,18 @@ class SpecModel:
             gen, on_end = self._start(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter,
                                       record_topk, cancel, prediction, stop_event)
             s = Stream(gen, self._gate, stop_event, on_end)
-            self._gate.stream = s
-            return s
         except BaseException:
             self._gate.release()
             raise
+        with self._gate.cond:
+            # close() reads the stream under this lock: either it sees this stream and
+            # closes it, or this call sees the model closed and closes the stream itself.
+            self._gate.stream = s
+            closing = self._gate.closed
+        if closing:
+            s.close()
+            raise ModelClosedError("this SpecModel was closed")
+        return s
 
     def chat(self, messages: Messages, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
              stop: Sequence[str] | None = None, drafter=None, reuse_prefix: bool = True, on_text=None,
