@@ -25,6 +25,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .backend.llama import EXACT_MAX_BATCH, LlamaBackend, tiled_mm_setting
+from .chattokens import chat_tokens
 from .costmodel import (CostCurve, ExactnessReport, calibration_key, load_or_check_exactness, load_or_measure,
                         plan_contexts)
 from .drafters import make_drafter, parse_drafter_name
@@ -463,8 +464,10 @@ class SpecModel:
             if raw:
                 return self.tokenize(prompt, add_special=True, parse_special=False)
             prompt = [{"role": "user", "content": prompt}]
-        text = self.apply_chat_template(prompt)
-        return self.tokenize(text, add_special=False, parse_special=True)
+        if not self.vocab.chat_template():
+            raise ConfigError("this model has no chat template; use raw prompts (--raw)")
+        with self._gate.using():
+            return chat_tokens(self.vocab, list(prompt))
 
     def check_request(self, prompt_tokens, max_tokens: int = 256, sampling: SamplingConfig | None = None) -> None:
         """Raise ConfigError (PromptTooLongError when the prompt does not fit the
