@@ -464,9 +464,9 @@ class SpecModel:
             if raw:
                 return self.tokenize(prompt, add_special=True, parse_special=False)
             prompt = [{"role": "user", "content": prompt}]
-        if not self.vocab.chat_template():
-            raise ConfigError("this model has no chat template; use raw prompts (--raw)")
         with self._gate.using():
+            if not self.vocab.chat_template():
+                raise ConfigError("this model has no chat template; use raw prompts (--raw)")
             return chat_tokens(self.vocab, list(prompt))
 
     def check_request(self, prompt_tokens, max_tokens: int = 256, sampling: SamplingConfig | None = None) -> None:

@@ -56,3 +56,12 @@ def test_chat_show_makes_escapes_visible(capsys):
         text = ""
     s.show(Chunk())
     assert capsys.readouterr().out == "hi^[]0;title^G"
+
+
+def test_generate_streaming_to_a_terminal_shows_escapes(capsys, monkeypatch):
+    from edgespec import cli
+    monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: True)
+    cli._echo_stream("a\x1b[31mb\n")
+    monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: False)
+    cli._echo_stream("\x1b")
+    assert capsys.readouterr().out == "a^[[31mb\n\x1b"
