@@ -241,9 +241,10 @@ class SpecModel:
     methods that change the model's state wait for the running request (callers
     are served in arrival order); wait=False raises ModelBusyError instead of
     waiting, timeout=S after S seconds.  A request from the thread whose own
-    open stream holds the model raises ModelBusyError at once (it could never
-    be served).  close() cancels what runs, waits for it and frees llama.cpp;
-    every later call raises ModelClosedError.
+    open stream holds the model, or that is reading the open stream, raises
+    ModelBusyError at once (it could never be served).  close() cancels what
+    runs, waits for it (close(timeout=S) at most S seconds) and frees
+    llama.cpp; every later call raises ModelClosedError.
     """
 
     def __init__(self, model_path: str | None = None, *, drafter="suffix", n_ctx: int = 4096,
