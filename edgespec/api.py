@@ -19,11 +19,13 @@ import contextlib
 import dataclasses
 import threading
 import time
+import weakref
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from .backend.llama import EXACT_MAX_BATCH, LlamaBackend, tiled_mm_setting
+from .chattokens import chat_tokens
 from .costmodel import (CostCurve, ExactnessReport, calibration_key, load_or_check_exactness, load_or_measure,
                         plan_contexts)
 from .drafters import make_drafter, parse_drafter_name
@@ -54,15 +56,27 @@ class _Gate:
         self.cond = threading.Condition()
         self.queue: collections.deque = collections.deque()
         self.owner: int | None = None     # thread id of the request holding the model
-        self.stream: Stream | None = None # the stream holding it, if it is one
+        # The stream holding it, if it is one, by weak reference: an abandoned stream is
+        # collected, and its __del__ gives the model back.
+        self._stream_ref: weakref.ref | None = None
+        self.reader: int | None = None    # thread id that last read a chunk of that stream
         self.users = 0
         self.closed = False
+
+    @property
+    def stream(self) -> Stream | None:
+        return self._stream_ref() if self._stream_ref is not None else None
+
+    @stream.setter
+    def stream(self, s: Stream | None) -> None:
+        self._stream_ref = weakref.ref(s) if s is not None else None
+        self.reader = None
 
     def acquire(self, wait: bool = True, timeout: float | None = None) -> None:
         me = threading.get_ident()
         with self.cond:
             self._check_open()
-            if self.owner == me:
+            if self.owner is not None and me in (self.owner, self.reader):
                 what = "stream" if self.stream is not None else "request"
                 raise ModelBusyError(f"this thread's own {what} still holds the model: finish or close "
                                      "it first (waiting for it here would never end)")
@@ -138,6 +152,7 @@ class Stream:
         with self._lock:
             if self._done:
                 raise StopIteration
+            self._gate.reader = threading.get_ident()
             try:
                 c = next(self._gen)
             except StopIteration as e:
@@ -226,9 +241,10 @@ class SpecModel:
     methods that change the model's state wait for the running request (callers
     are served in arrival order); wait=False raises ModelBusyError instead of
     waiting, timeout=S after S seconds.  A request from the thread whose own
-    open stream holds the model raises ModelBusyError at once (it could never
-    be served).  close() cancels what runs, waits for it and frees llama.cpp;
-    every later call raises ModelClosedError.
+    open stream holds the model, or that is reading the open stream, raises
+    ModelBusyError at once (it could never be served).  close() cancels what
+    runs, waits for it (close(timeout=S) at most S seconds) and frees
+    llama.cpp; every later call raises ModelClosedError.
     """
 
     def __init__(self, model_path: str | None = None, *, drafter="suffix", n_ctx: int = 4096,
@@ -371,16 +387,17 @@ class SpecModel:
             self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
             self.engine.reset()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Cancel the running request (within one step) and any open stream,
         wait for them, free llama.cpp's model and context.  Idempotent; later
         calls of other methods raise ModelClosedError.  Raises ModelBusyError
         when called from inside this thread's own running request (an on_text
-        callback): that request could never end."""
+        callback): that request could never end, or when timeout=S seconds pass
+        before the running request has stopped."""
         g = self._gate
         me = threading.get_ident()
         with g.cond:
-            if g.closed:
+            if g.closed and getattr(self, "_freed", False):
                 return
             if g.owner == me and g.stream is None:
                 raise ModelBusyError("close() called from inside this thread's own request")
@@ -390,9 +407,17 @@ class SpecModel:
             g.cond.notify_all()
         if stream is not None:
             stream.close()
+        deadline = None if timeout is None else time.monotonic() + timeout
         with g.cond:
             while g.owner is not None or g.users:
-                g.cond.wait()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise ModelBusyError(f"a request still held the model after {timeout:g}s; "
+                                         "call close() again to wait for it")
+                g.cond.wait(left)
+            if getattr(self, "_freed", False):
+                return
+            self._freed = True
         self.backend.close()
 
     @property
@@ -440,8 +465,10 @@ class SpecModel:
             if raw:
                 return self.tokenize(prompt, add_special=True, parse_special=False)
             prompt = [{"role": "user", "content": prompt}]
-        text = self.apply_chat_template(prompt)
-        return self.tokenize(text, add_special=False, parse_special=True)
+        with self._gate.using():
+            if not self.vocab.chat_template():
+                raise ConfigError("this model has no chat template; use raw prompts (--raw)")
+            return chat_tokens(self.vocab, list(prompt))
 
     def check_request(self, prompt_tokens, max_tokens: int = 256, sampling: SamplingConfig | None = None) -> None:
         """Raise ConfigError (PromptTooLongError when the prompt does not fit the
@@ -526,11 +553,18 @@ class SpecModel:
             gen, on_end = self._start(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter,
                                       record_topk, cancel, prediction, stop_event)
             s = Stream(gen, self._gate, stop_event, on_end)
-            self._gate.stream = s
-            return s
         except BaseException:
             self._gate.release()
             raise
+        with self._gate.cond:
+            # close() reads the stream under this lock: either it sees this stream and
+            # closes it, or this call sees the model closed and closes the stream itself.
+            self._gate.stream = s
+            closing = self._gate.closed
+        if closing:
+            s.close()
+            raise ModelClosedError("this SpecModel was closed")
+        return s
 
     def chat(self, messages: Messages, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
              stop: Sequence[str] | None = None, drafter=None, reuse_prefix: bool = True, on_text=None,

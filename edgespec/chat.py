@@ -17,6 +17,7 @@ import sys
 
 import click
 
+from .termsafe import private_file, read_bounded, visible
 from .cli import _calibration_note, acceptance_lines, exactness_notice, load_model, make_sampling, user_errors
 
 DRAFT_COLOR = "cyan"
@@ -92,8 +93,9 @@ def read_attachment(path: str) -> str:
     size = os.path.getsize(p)
     if size > FILE_LIMIT:
         raise ValueError(f"{path} is {size / 1024:.0f} KiB; /file takes text files up to {FILE_LIMIT // 1024} KiB")
-    with open(p, "rb") as f:
-        data = f.read()
+    data = read_bounded(p, FILE_LIMIT)
+    if len(data) > FILE_LIMIT:
+        raise ValueError(f"{path} is over {FILE_LIMIT // 1024} KiB; /file takes text files up to {FILE_LIMIT // 1024} KiB")
     try:
         if b"\0" in data:
             raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL byte")
@@ -171,6 +173,7 @@ class ChatSession:
         self.sampling = sampling
         self.stop = list(stop)
         self.color = color
+        self.tty = sys.stdout.isatty()
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
         self.files: list[tuple[str, str]] = []
         self.totals = dict.fromkeys(("turns", "tokens", "decode_s", "steps", "draft_nodes", "draft_accepted",
@@ -186,6 +189,7 @@ class ChatSession:
     def show(self, chunk) -> None:
         """A chunk's text, accepted drafts in DRAFT_COLOR."""
         for text, drafted in chunk.spans or [(chunk.text, False)]:
+            text = visible(text) if self.tty else text
             if drafted and self.color:
                 text = click.style(text, fg=DRAFT_COLOR)
             click.echo(text, nl=False, color=self.color)
@@ -385,9 +389,7 @@ def _history():
 
     path = history_path()
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "a", encoding="utf-8"):
-            pass
+        private_file(path)
         return FileHistory(path)
     except OSError as e:
         click.echo(f"(history not kept: {path}: {e.strerror or e})", err=True)

@@ -214,7 +214,9 @@ def _with_chat_template(model, advice: str) -> str:
 
 
 def _echo_stream(piece: str) -> None:
-    click.echo(piece, nl=False)
+    from .termsafe import visible
+
+    click.echo(visible(piece) if sys.stdout.isatty() else piece, nl=False)
 
 
 # ------------------------------------------------------------------ commands
