@@ -309,6 +309,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
             d["cost_gate"] = not no_gate
             d["corpora"] = list(corpora)
             d["exact"] = model.exact
+            d["calibration"] = model.calibration_state
             if model.exactness is not None and not model.exactness.exact:
                 d["exactness"] = model.exactness.to_json()
             click.echo(json.dumps(d, default=_json_default))
