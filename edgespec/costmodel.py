@@ -433,7 +433,7 @@ def load_or_measure(backend, key: str, remeasure: bool = False, progress=None, n
     with cache_lock(path, pacer):
         if not remeasure and (c := cached_curve(key, needed, warn=False)) is not None:
             return c                    # another process measured it while this one waited
-        curve = measure_cost_curve(backend, progress=progress, pause=pacer.pause if pacer else None)
+        curve = measure_cost_curve(backend, progress=progress, **_paced(pacer))
         try:
             _check_finite(curve)
         except ValueError as e:
@@ -442,6 +442,11 @@ def load_or_measure(backend, key: str, remeasure: bool = False, progress=None, n
         curve.meta["cache_file"] = path
         write_cache(path, curve.to_json())
     return curve
+
+
+def _paced(pacer) -> dict:
+    """The measurement's pause= argument, when a pacer runs it between requests."""
+    return {"pause": pacer.pause} if pacer is not None else {}
 
 
 @contextlib.contextmanager
@@ -701,7 +706,7 @@ def load_or_check_exactness(backend, key: str, recheck: bool = False, progress=N
     with cache_lock(_curve_path(key), pacer):
         if not recheck and (r := _cached_exactness(backend, path, warn=False)) is not None:
             return r
-        r = check_exactness(backend, progress=progress, pause=pacer.pause if pacer else None)
+        r = check_exactness(backend, progress=progress, **_paced(pacer))
         write_cache(path, r.to_json())
     return r
 
