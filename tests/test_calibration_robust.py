@@ -278,3 +278,22 @@ def test_close_stops_a_background_calibration(model_path, cache, monkeypatch):
     assert time.perf_counter() - t0 < 5
     assert m.calibration_state == "built-in" and m.exact is None
     assert not os.path.exists(C._curve_path(m._calibration_key()))
+
+
+def test_stats_and_json_say_where_the_calibration_comes_from(model):
+    """generate (synchronous, a one-shot command) finds the session model's
+    calibration in the cache and says so in --stats and --json."""
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+    try:
+        runner = CliRunner(mix_stderr=False)
+    except TypeError:
+        runner = CliRunner()
+    r = runner.invoke(main, ["generate", "--ctx", "2048", "--max-tokens", "4", "--stats", "Say hi."])
+    assert r.exit_code == 0, r.output
+    assert "calibration: cached: c(T) and the self-check from the calibration cache" in r.stderr
+    assert "measuring the verify cost" not in r.stderr
+    r = runner.invoke(main, ["generate", "--ctx", "2048", "--max-tokens", "4", "--json", "Say hi."])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["calibration"] == "cached"
