@@ -297,3 +297,21 @@ def test_stats_and_json_say_where_the_calibration_comes_from(model):
     r = runner.invoke(main, ["generate", "--ctx", "2048", "--max-tokens", "4", "--json", "Say hi."])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["calibration"] == "cached"
+
+
+def test_chat_on_a_fresh_cache_answers_without_measuring_first(model_path, tmp_path):
+    """`edgespec chat` loads with the background calibration: on an empty
+    cache it answers under the built-in curve (/stats says so) and exits at
+    the end of its input without finishing a minute of measurement."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), EDGESPEC_CACHE_DIR=str(tmp_path / "cache"),
+               EDGESPEC_DATA_DIR=str(tmp_path / "data"))
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "edgespec", "chat", "--max-tokens", "8", "--ctx", "1024"],
+                       input="Name a fruit.\n\n/stats\n", capture_output=True, text=True, env=env, timeout=300)
+    took = time.perf_counter() - t0
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "session: answers 1" in p.stdout
+    assert "calibration: measuring" in p.stdout and "c(T) built-in (CPU" in p.stdout
+    assert "measuring the verify cost" not in p.stderr
+    assert not list((tmp_path / "cache").glob("calibration/*.exact.json"))     # stopped, nothing cached
+    assert took < 60, took
