@@ -219,7 +219,7 @@ def test_background_calibration_answers_first_then_switches(model_path, cache, m
     measured curve and caches it; the text is the same under both curves.
     The measurement is a small real one (few batch sizes), held back until
     the first answer has arrived so that the order is certain."""
-    from edgespec import SpecModel
+    from edgespec import ConfigError, SpecModel
 
     go = threading.Event()
     real_measure, real_check = C.measure_cost_curve, C.check_exactness
@@ -241,6 +241,14 @@ def test_background_calibration_answers_first_then_switches(model_path, cache, m
         first = m.generate(PROMPT, max_tokens=24)
         took = time.perf_counter() - t0
         assert m.calibration_state == "measuring" and m.engine.cost.builtin
+        # every way a request ends gives the measurement its turn back
+        with m.stream(PROMPT, max_tokens=4) as s:
+            next(s)                                         # closed early
+        assert list(m.stream(PROMPT, max_tokens=4))[-1].finish_reason
+        for call in (m.generate, m.stream):
+            with pytest.raises(ConfigError):
+                call(PROMPT, max_tokens=0)
+        assert m._pacer._requests == 0
         go.set()
         assert m.wait_for_calibration(300)
         assert m.calibration_state == "measured" and m.calibration_error is None
