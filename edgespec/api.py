@@ -19,15 +19,17 @@ import contextlib
 import dataclasses
 import threading
 import time
+import warnings
 import weakref
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from .backend.llama import EXACT_MAX_BATCH, LlamaBackend, tiled_mm_setting
+from .background import BackgroundTask, Pacer
 from .chattokens import chat_tokens
-from .costmodel import (CostCurve, ExactnessReport, calibration_key, load_or_check_exactness, load_or_measure,
-                        plan_contexts)
+from .costmodel import (CalibrationStopped, CostCurve, ExactnessReport, builtin_curve, cached_curve,
+                        calibration_key, load_or_check_exactness, load_or_measure, plan_contexts)
 from .drafters import make_drafter, parse_drafter_name
 from .engine import Chunk, Engine, EngineConfig, GenerationResult, _cancel_check, drain
 from .errors import ConfigError, ModelBusyError, ModelClosedError
@@ -230,11 +232,19 @@ class SpecModel:
         whatever is in effect.  On a GPU both are llama.cpp's defaults.
     max_nodes: the largest verification batch (root + drafts).
     cost_gate: verify only drafts whose expected gain beats their measured cost.
-    calibrate: measure c(T) if it is not cached (False = assume c(T) = T, i.e. a
-        CPU-like worst case, and skip the measurement), and check that
-        verification batches give logits bit-identical to one-token decoding
-        (`exact`; cached beside the curve).  False skips the check too (`exact`
-        then comes from the cache, or is None).
+    calibrate: how c(T) and the exactness self-check (`exact`: verification
+        batches give logits bit-identical to one-token decoding) are had;
+        both are cached on disk per model file, settings and machine.
+        "background" (default): the cached ones; on a fresh cache, start at once
+        with a conservative built-in c(T) (drafting only where it surely pays,
+        `exact` None) and measure both in a background thread between
+        requests (a request waits at most for one slice of it: one decode),
+        then switch to them (calibration_state, wait_for_calibration()).
+        True: measure now if not cached (a minute or more on 2 cores).
+        False: no measurement: c(T) = T, a CPU-like worst case (`exact`
+        from the cache, or None).
+    progress: progress(done, total) of a measurement (called from the
+        background thread in background mode).
 
 
     Threads: one request runs at a time.  generate(), chat(), stream() and the
@@ -249,12 +259,16 @@ class SpecModel:
 
     def __init__(self, model_path: str | None = None, *, drafter="suffix", n_ctx: int = 4096,
                  n_gpu_layers: int = 0, n_threads: int | None = None, max_nodes: int = 32,
-                 cost_gate: bool = True, calibrate: bool = True, verbose: bool = False,
+                 cost_gate: bool = True, calibrate: bool | str = "background", verbose: bool = False,
                  progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None,
                  kernels: str = "exact"):
         self._gate = _Gate()
         self._closing = threading.Event()
         self._engines: dict = {}
+        self._pacer = Pacer(self._idle)
+        self._calibration: BackgroundTask | None = None
+        if calibrate not in (True, False, "background"):
+            raise ConfigError(f"calibrate must be True, False or 'background', not {calibrate!r}")
         if kernels not in ("exact", "fast"):
             raise ConfigError(f"kernels must be 'exact' or 'fast', not {kernels!r}")
         self.kernels = kernels
@@ -271,6 +285,9 @@ class SpecModel:
             self._gate.closed = True
             self.backend.close()
             raise
+        if self._calibration_state == "measuring":
+            self._calibration = BackgroundTask(lambda pacer: self._measure_between_requests(pacer, progress),
+                                               self._pacer)
 
     def _setup(self, drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify) -> None:
         self.vocab = self.backend.vocab
@@ -283,8 +300,12 @@ class SpecModel:
                               "kernel whose numerics differ from one-token decoding")
         self.cost: CostCurve | None = None
         self.exactness: ExactnessReport | None = None
-        if calibrate:
+        self.calibration_error: BaseException | None = None
+        self._calibration_state = "off"
+        if calibrate is True:
             self.cost = self._calibrate(False, progress)
+        elif calibrate == "background":
+            self._from_cache_or_builtin()
         else:
             self.exactness = load_or_check_exactness(self.backend, self._calibration_key(), cached_only=True)
         if isinstance(verify, str):
@@ -298,12 +319,22 @@ class SpecModel:
     # -------------------------------------------------------------- set-up
     @contextlib.contextmanager
     def _request(self, wait: bool = True, timeout: float | None = None):
-        """Hold the model for one request (see the class doc)."""
+        """Hold the model for one request (see the class doc); a background
+        calibration's slice in progress ends first."""
         self._gate.acquire(wait, timeout)
         try:
-            yield
+            self._pacer.enter()
+            try:
+                yield
+            finally:
+                self._pacer.exit()
         finally:
             self._gate.release()
+
+    def _idle(self) -> bool:
+        """Nobody holds or waits for the model (a background calibration may take a slice)."""
+        g = self._gate
+        return g.owner is None and not g.queue
 
     def _calibration_key(self) -> str:
         return calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads,
@@ -313,7 +344,9 @@ class SpecModel:
 
     def calibrate(self, remeasure: bool = False, progress=None) -> CostCurve:
         """The cost curve c(T) for this model, settings and machine, and the
-        exactness self-check (both cached on disk; remeasure redoes both)."""
+        exactness self-check (both cached on disk; remeasure redoes both),
+        measured now; a background calibration in progress is stopped first."""
+        self._stop_calibration()
         with self._request():
             return self._calibrate(remeasure, progress)
 
@@ -321,12 +354,85 @@ class SpecModel:
         key = self._calibration_key()
         # a small --ctx caps the measured contexts: a cached curve that stops
         # short of what this context size measures is measured again
-        self.cost = load_or_measure(self.backend, key, remeasure=remeasure, progress=progress,
-                                    needed=plan_contexts(self.backend.n_ctx)[-1])
-        self.exactness = load_or_check_exactness(self.backend, key, recheck=remeasure, progress=progress)
-        for e in getattr(self, "_engines", {}).values():
-            e.set_cost(self.cost)
+        cost = load_or_measure(self.backend, key, remeasure=remeasure, progress=progress,
+                               needed=plan_contexts(self.backend.n_ctx)[-1])
+        self._use_calibration(cost, load_or_check_exactness(self.backend, key, recheck=remeasure,
+                                                            progress=progress))
         return self.cost
+
+    def _use_calibration(self, cost: CostCurve, exactness: ExactnessReport | None) -> None:
+        """Switch every engine to this curve (with the model held, or before any request)."""
+        self.cost, self.exactness = cost, exactness
+        for e in self._engines.values():
+            e.set_cost(cost)
+        fresh = cost.origin == "measured" or (exactness is not None and exactness.origin == "measured")
+        self._calibration_state = "measured" if fresh else "cached"
+
+    def _from_cache_or_builtin(self) -> None:
+        """calibrate="background" at load: the cached curve and self-check if both
+        are there; else the built-in curve (and the constructor starts a
+        background measurement)."""
+        key = self._calibration_key()
+        cost = cached_curve(key, plan_contexts(self.backend.n_ctx)[-1])
+        self.exactness = load_or_check_exactness(self.backend, key, cached_only=True)
+        if cost is not None and self.exactness is not None:
+            self._use_calibration(cost, self.exactness)
+            return
+        self.cost = builtin_curve(gpu=self._offloaded())
+        self._calibration_state = "measuring"
+
+    def _offloaded(self) -> bool:
+        """Every layer on the GPU (a partial offload keeps the CPU's steeper built-in curve)."""
+        be = self.backend
+        if be.n_gpu_layers >= 0:
+            arch = be.metadata("general.architecture") or ""
+            blocks = be.metadata(f"{arch}.block_count") or ""
+            return be.n_gpu_layers > 0 and blocks.isdigit() and be.n_gpu_layers >= int(blocks)
+        return True
+
+    def _measure_between_requests(self, pacer: Pacer, progress) -> None:
+        """The background calibration's thread: measure what is not cached in
+        slices between requests, then switch the engines to it."""
+        key = self._calibration_key()
+        try:
+            cost = load_or_measure(self.backend, key, progress=progress, pacer=pacer,
+                                   needed=plan_contexts(self.backend.n_ctx)[-1])
+            exactness = load_or_check_exactness(self.backend, key, progress=progress, pacer=pacer)
+            pacer.pause()           # a slice of its own: no request runs while the engines switch
+            self._use_calibration(cost, exactness)
+        except CalibrationStopped:
+            self._calibration_state = "built-in"
+            raise
+        except Exception as e:
+            self._calibration_state = "built-in"
+            self.calibration_error = e
+            warnings.warn(f"the background calibration failed ({e}); the built-in cost curve stays in use "
+                          "(`edgespec calibrate` measures it in the foreground)", RuntimeWarning)
+
+    @property
+    def calibration_state(self) -> str:
+        """Where the cost curve c(T) and the exactness verdict come from:
+        "cached" (read from the cache at load), "measured" (measured by this
+        process), "measuring" (the built-in curve while a background
+        calibration runs), "built-in" (the built-in curve: the background
+        calibration was stopped or failed, calibration_error says why) or "off"
+        (calibrate=False: c(T) = T)."""
+        task = self._calibration
+        if task is not None and task.running:
+            return "measuring"
+        return self._calibration_state
+
+    def wait_for_calibration(self, timeout: float | None = None) -> bool:
+        """Wait until a background calibration has ended (at once when none
+        runs); False if it still runs after `timeout` seconds."""
+        task = self._calibration
+        return task is None or task.wait(timeout)
+
+    def _stop_calibration(self) -> None:
+        """Stop a background calibration (waits at most for its slice in progress)."""
+        task = self._calibration
+        if task is not None:
+            task.stop()
 
     @property
     def exact(self) -> bool | None:
@@ -335,8 +441,8 @@ class SpecModel:
         self-check; `exactness` has the detail: largest |logit difference|,
         which batch sizes differed).  True: greedy output is token-identical
         to drafter "none".  False: it can differ where the model's two top
-        tokens are nearly tied.  None: not checked (calibrate=False, nothing
-        cached)."""
+        tokens are nearly tied.  None: not known yet (a background calibration
+        is still measuring, or calibrate=False with nothing cached)."""
         return None if self.exactness is None else self.exactness.exact
 
     def _engine_for(self, drafter, prediction: bool = False) -> Engine:
@@ -418,6 +524,7 @@ class SpecModel:
             if getattr(self, "_freed", False):
                 return
             self._freed = True
+        self._stop_calibration()
         self.backend.close()
 
     @property
@@ -549,11 +656,22 @@ class SpecModel:
         raises here, not on the first chunk."""
         stop_event = threading.Event()
         self._gate.acquire(wait, timeout)
+        entered = False
         try:
+            self._pacer.enter()
+            entered = True
             gen, on_end = self._start(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter,
                                       record_topk, cancel, prediction, stop_event)
-            s = Stream(gen, self._gate, stop_event, on_end)
+
+            def end() -> None:
+                try:
+                    on_end()
+                finally:
+                    self._pacer.exit()
+            s = Stream(gen, self._gate, stop_event, end)
         except BaseException:
+            if entered:
+                self._pacer.exit()
             self._gate.release()
             raise
         with self._gate.cond:

@@ -18,7 +18,7 @@ import sys
 import click
 
 from .termsafe import private_file, read_bounded, visible
-from .cli import _calibration_note, acceptance_lines, exactness_notice, load_model, make_sampling, user_errors
+from .cli import acceptance_lines, calibration_line, exactness_notice, load_model, make_sampling, user_errors
 
 DRAFT_COLOR = "cyan"
 FENCE = '"""'
@@ -350,6 +350,7 @@ class ChatSession:
                      f"prefill {t['prefill_tokens']} tokens in {t['prefill_s']:.2f}s"]
         else:
             lines = ["session: no answers yet"]
+        lines.append(calibration_line(self.m))
         if self.m.cost is not None:
             lines.append(self.m.cost.describe())
         return lines + acceptance_lines(self.m)
@@ -426,13 +427,11 @@ def run_chat(model, *, max_tokens, drafter, temperature, top_k, top_p, min_p, se
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
     m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
                    cache_type_k=cache_type_k, kernels=kernels, max_nodes=max_nodes, gate=not no_gate,
-                   corpora=corpora, verify=verify, calibrate=False)
+                   corpora=corpora, verify=verify, calibrate="background")
     try:
         if not m.backend.chat_template():
             raise click.ClickException(f"{m.model_path} has no chat template (a base model?), so it cannot chat; "
                                        "`edgespec generate --raw` continues plain text")
-        with user_errors():
-            m.calibrate(progress=_calibration_note())
         notice = exactness_notice(m)
         if notice:
             click.echo(notice, err=True)
@@ -442,6 +441,8 @@ def run_chat(model, *, max_tokens, drafter, temperature, top_k, top_p, min_p, se
             piped(session, sys.stdin.read())
             return
         session.dim(f"edgespec chat: {m.model_path} (drafter {drafter}); /help for commands, Ctrl-D to leave")
+        if m.calibration_state == "measuring":
+            session.dim(calibration_line(m))
         if color:
             click.echo(f"{click.style(DRAFT_COLOR, fg=DRAFT_COLOR)} text arrived as accepted drafts "
                        "(several tokens in one step)", color=True)

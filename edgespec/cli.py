@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 
 import click
@@ -62,12 +63,15 @@ class DrafterSpec(click.ParamType):
 
 def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=None, max_nodes=32,
                gate=True, calibrate=True, corpora=(), verify="exact", cache_type_k="auto", kernels="exact"):
+    """calibrate: True (one-shot commands: generate, bench) measures a missing
+    calibration before the first answer, with a note on stderr; "background"
+    (chat, serve) answers at once and measures between requests, silently."""
     from .api import SpecModel
 
     with user_errors():
         return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                          max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
-                         progress=_calibration_note(), corpora=corpora, verify=verify,
+                         progress=_calibration_note() if calibrate is True else None, corpora=corpora, verify=verify,
                          cache_type_k=cache_type_k, kernels=kernels)
 
 
@@ -171,10 +175,30 @@ def stats_lines(result, model) -> list[str]:
     if r.n_steps:
         lines.append(f"time per step: llama_decode {r.decode_call_s / r.n_steps * 1000:.2f} ms, "
                      f"engine {r.engine_s / r.n_steps * 1000:.2f} ms")
+    lines.append(calibration_line(model))
     if model.cost is not None:
         lines.append(model.cost.describe())
     lines += acceptance_lines(model)
     return lines
+
+
+CALIBRATION_STATES = {
+    "cached": "c(T) and the self-check from the calibration cache",
+    "measured": "c(T) and the self-check measured by this process (and cached)",
+    "measuring": "measuring c(T) and the self-check in the background, between requests; until then a "
+                 "conservative built-in c(T) (drafting only where it surely pays) and exactness not yet known",
+    "built-in": "the conservative built-in c(T) (the background calibration did not finish; `edgespec "
+                "calibrate` measures it)",
+    "off": "not calibrated (c(T) = T assumed)",
+}
+
+
+def calibration_line(model) -> str:
+    """One line: where the model's c(T) and exactness verdict come from."""
+    state = getattr(model, "calibration_state", "cached")
+    line = f"calibration: {state}: {CALIBRATION_STATES.get(state, state)}"
+    err = getattr(model, "calibration_error", None)
+    return line + (f" ({err})" if err is not None and state == "built-in" else "")
 
 
 def acceptance_lines(model) -> list[str]:
@@ -287,6 +311,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
             d["cost_gate"] = not no_gate
             d["corpora"] = list(corpora)
             d["exact"] = model.exact
+            d["calibration"] = model.calibration_state
             if model.exactness is not None and not model.exactness.exact:
                 d["exactness"] = model.exactness.to_json()
             click.echo(json.dumps(d, default=_json_default))
@@ -358,10 +383,12 @@ def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, ma
     make_sampling(temperature, top_k, top_p, min_p, seed)      # a bad value fails before the model loads
     m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
                    cache_type_k=cache_type_k, kernels=kernels, max_nodes=max_nodes, gate=not no_gate,
-                   corpora=corpora, verify=verify)
+                   corpora=corpora, verify=verify, calibrate="background")
     notice = exactness_notice(m)
     if notice:
         click.echo(notice, err=True)
+    if m.calibration_state == "measuring":
+        click.echo(calibration_line(m), err=True)
     name = model_id or os.path.basename(m.model_path).removesuffix(".gguf")
     defaults = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "min_p": min_p, "seed": seed, "stop": list(stop), "drafter": drafter}
@@ -402,7 +429,9 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, kernels, as_json)
             click.echo(curve.describe())
             if m.exactness is not None:
                 click.echo(m.exactness.describe())
-            click.echo(f"cached in {curve.meta.get('cache_file', '?')}")
+            click.echo(calibration_line(m))
+            path = curve.meta.get("cache_file", "?")
+            click.echo(f"cached in {path}" if os.path.isfile(path) else f"NOT cached (could not write {path})")
     finally:
         m.close()
 

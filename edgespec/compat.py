@@ -109,7 +109,7 @@ class Llama:
                  n_ctx: int = 512, n_threads: int | None = None, n_threads_batch: int | None = None,
                  chat_format: str | None = None, type_k: int | None = None, verbose: bool = True,
                  drafter="suffix", corpora=(), max_nodes: int = 32, cost_gate: bool = True,
-                 calibrate: bool = True, verify=None, progress=None, **kwargs):
+                 calibrate: bool | str = "background", verify=None, progress=None, **kwargs):
         for name in kwargs:
             if name in _REFUSED_INIT:
                 raise ConfigError(f"edgespec.Llama does not support {name}= (llama-cpp-python only)")

@@ -14,12 +14,16 @@ the drafter's own score and move to the observed rate as evidence comes in.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
+import math
 import os
 import platform
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +34,18 @@ CALIBRATION_VERSION = 5
 DEFAULT_TS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 DEFAULT_PREFIXES = (300, 1000, 2000)
 SHORT_PREFIX = 100      # the short regime (<= 256 cells) is measured after 100 cells
+PACED_CHUNK = 64        # prompt tokens per slice when a measurement runs between requests
+log = logging.getLogger("edgespec.calibration")
+
+
+class CalibrationCacheWarning(UserWarning):
+    """The calibration cache could not be read or written: the measurement is
+    used (or redone) in this process only."""
+
+
+class CalibrationStopped(Exception):
+    """A background measurement was stopped (the model is closing, or a
+    synchronous calibration takes over)."""
 
 
 def cache_dir() -> str:
@@ -100,6 +116,14 @@ class CostCurve:
     short_rel: list = field(default_factory=list)
     after_s: float = 0.0
     after_short_s: float = 0.0
+    # where this curve came from: "measured" (here, now), "cached" (read from
+    # the cache), "built-in" (builtin_curve: a guess); never written to the cache
+    origin: str = field(default="measured", compare=False)
+
+    @property
+    def builtin(self) -> bool:
+        """A built-in guess rather than a measurement: its t1 seconds mean nothing."""
+        return self.origin == "built-in"
 
     def contexts(self) -> list[tuple[int, float, list]]:
         """(KV cells, t1_s, rel) of every measured context, ascending."""
@@ -182,8 +206,10 @@ class CostCurve:
         c = CostCurve(list(d["ts"]), list(d["rel"]), float(d["t1_s"]), dict(d.get("meta", {})),
                       float(d.get("t1_short_s", 0.0)), list(d.get("longer", [])), list(d.get("short_rel", [])),
                       float(d.get("after_s", 0.0)), float(d.get("after_short_s", 0.0)))
+        c.origin = "cached"
         if not c.ts or c.ts[0] != 1:
             raise ValueError("malformed cost curve")
+        _check_finite(c)
         if c.short_rel and (len(c.short_rel) != len(c.ts) or any(r <= 0 for r in c.short_rel)):
             raise ValueError("malformed cost curve")
         if c.after_s < 0 or c.after_short_s < 0 or any(float(x.get("after_s", 0.0)) < 0 for x in c.longer):
@@ -196,6 +222,10 @@ class CostCurve:
         return c
 
     def describe(self) -> str:
+        if self.builtin:
+            cells = "  ".join(f"T={t}:{r:.2f}" for t, r in zip(self.ts, self.rel) if t in (2, 4, 8, 16, 32, 64))
+            return (f"c(T) built-in ({self.meta.get('builtin', '?')}; a conservative guess, not measured: "
+                    f"drafting runs only where it surely pays): {cells}")
         short = ""
         lines = []
         if self.t1_short_s and self.short_rel:
@@ -212,16 +242,69 @@ class CostCurve:
         return "c(T)" + short + "\n" + "\n".join(lines)
 
 
-def _measure_at(backend, ts, prefix: int, reps: int, rng, tick) -> tuple[float, list, float]:
+def _check_finite(c: CostCurve) -> None:
+    """A curve holds finite numbers only (json reads NaN, Infinity and 1e999)."""
+    nums = [c.t1_s, c.t1_short_s, c.after_s, c.after_short_s, *c.rel, *c.short_rel]
+    for d in c.longer:
+        nums += [d["n_kv"], d["t1_s"], d.get("after_s", 0.0), *d["rel"]]
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in nums):
+        raise ValueError("cost curve with a value that is not a finite number")
+
+
+# The built-in curves: what a model starts with until its own curve is
+# measured (background calibration).  They are steeper than every curve
+# measured so far on their kind of machine (CPU: up to c(2) 1.96, c(8) 6.05,
+# c(32) 23.4, c(48) 32.9; GPU, published llama.cpp figures: c(2) 1.12,
+# c(4) 1.33-1.41, c(8) 2.15-2.16), so under them the gate verifies a draft
+# only where it is nearly certain and long: T = 2 never pays on CPU.
+BUILTIN_CPU = (2.0, 0.75)      # c(T) = 2 + 0.75 (T - 2) for T >= 2
+BUILTIN_GPU = (1.3, 0.3)       # c(T) = 1.3 + 0.3 (T - 2) for T >= 2
+
+
+def builtin_curve(gpu: bool = False, ts=DEFAULT_TS) -> CostCurve:
+    """The conservative built-in c(T) for a CPU or a fully offloaded GPU model,
+    the same at every context.  Its t1 is a placeholder (origin "built-in"):
+    the engine does not time its own overhead against it."""
+    c2, slope = BUILTIN_GPU if gpu else BUILTIN_CPU
+    rel = [1.0] + [c2 + slope * (t - 2) for t in ts[1:]]
+    return CostCurve(list(ts), rel, 1.0, {"prefix": 300, "builtin": "GPU" if gpu else "CPU"}, 1.0, [],
+                     list(rel), origin="built-in")
+
+
+def _never() -> bool:
+    return False
+
+
+def _prefill(backend, toks, pause, chunk: int) -> None:
+    """backend.reset() and prefill toks; in chunks of `chunk` tokens with a
+    pause() before each after the first, starting over when a pause reports
+    that a request used the backend meanwhile."""
+    while True:
+        backend.reset()
+        for i in range(0, len(toks), chunk):
+            if i and pause():
+                break
+            backend.prefill(toks[i:i + chunk], want_last_logits=False)
+        else:
+            return
+
+
+def _measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None) -> tuple[float, list, float]:
     """(t1_s, rel, after_s) after a random prefix of `prefix` tokens: the median
     of `reps` decodes of T-token chains per T, interleaved so that machine noise
     spreads over all sizes, and after_s, what a one-token decode right after a
     batch costs more than one after another one-token decode (median of paired
     differences; measured 0.4-0.6 ms on the 2-core machine at every context and
-    batch size, up to 7% of a step in the short regime)."""
-    backend.reset()
+    batch size, up to 7% of a step in the short regime).
+
+    pause: None, or a callable called before every timed decode (and every
+    prefill chunk) that returns True when a request used the backend since
+    its last call: the prefix is then laid down again."""
+    chunk = PACED_CHUNK if pause else prefix
+    pause = pause or _never
     pre = rng.integers(100, min(backend.n_vocab, 20000), size=prefix).astype(np.int32)
-    backend.prefill(pre, want_last_logits=False)
+    pause()
+    _prefill(backend, pre, pause, chunk)
     times = {t: [] for t in ts}
     singles, after = [], []
     one = np.ones(max(ts), np.int32)
@@ -239,6 +322,9 @@ def _measure_at(backend, ts, prefix: int, reps: int, rng, tick) -> tuple[float, 
     prev_batch = False
     for r in range(reps + 1):  # first round is a warm-up
         for t in ts:
+            if pause():
+                _prefill(backend, pre, pause, chunk)
+                prev_batch = False
             # two one-token decodes before every timed decode: the first pays
             # for following the previous batch (if there was one), the second
             # follows a one-token decode, as the batch follows a plain step in
@@ -278,10 +364,11 @@ def plan_contexts(n_ctx: int, prefixes=DEFAULT_PREFIXES, max_t: int = max(DEFAUL
 
 
 def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: int = 5,
-                       progress=None) -> CostCurve:
+                       progress=None, pause=None) -> CostCurve:
     """Time decodes of T tokens (chains, logits at every token) after each of
     `prefixes` KV cells (capped by the context size), and single tokens within
-    the first 256 cells.  progress(done, total) is called after every round."""
+    the first 256 cells.  progress(done, total) is called after every round;
+    pause: see _measure_at (a measurement between requests)."""
     prefixes = plan_contexts(backend.n_ctx, prefixes, max(ts))
     ts = [t for t in ts if t <= backend.max_nodes and backend.n_ctx > prefixes[0] + t + 1]
     rng = np.random.default_rng(0)
@@ -293,10 +380,11 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: 
         if progress:
             progress(done[0], total)
 
-    at = [(p,) + _measure_at(backend, ts, p, reps, rng, tick) for p in prefixes]
+    at = [(p,) + _measure_at(backend, ts, p, reps, rng, tick, pause) for p in prefixes]
     # the short regime: one-token decodes with every thread (backend/llama.py),
     # so its own curve, its singles timed in the same rounds as its batches
-    t1_short, short_rel, after_short = _measure_at(backend, ts, min(SHORT_PREFIX, prefixes[0]), reps, rng, tick)
+    t1_short, short_rel, after_short = _measure_at(backend, ts, min(SHORT_PREFIX, prefixes[0]), reps, rng, tick,
+                                                    pause)
     backend.reset()
     p0, t1, rel, after0 = at[0]
     return CostCurve(ts, rel, t1, {"prefix": p0, "reps": reps, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")},
@@ -304,32 +392,129 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: 
                      after0, after_short)
 
 
-def load_or_measure(backend, key: str, remeasure: bool = False, progress=None, needed: int = 0) -> CostCurve:
-    """The cached curve under `key`, unless it is missing, unreadable, or its
-    longest measured context is shorter than `needed` KV cells (it was measured
-    with a smaller context size); then measure and cache it."""
-    path = os.path.join(cache_dir(), "calibration", key + ".json")
-    if not remeasure:
+def _curve_path(key: str) -> str:
+    return os.path.join(cache_dir(), "calibration", key + ".json")
+
+
+def _read_cached(path: str, parse, warn: bool):
+    """parse(the JSON in path), or None when the file is missing; a file that
+    cannot be read or parsed (NaN included) is None too, with a warning."""
+    try:
+        with open(path) as f:
+            return parse(json.load(f))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        if warn:
+            warnings.warn(f"ignoring the calibration cache file {path}, which is unreadable or malformed ({e}); "
+                          "measuring again", CalibrationCacheWarning, stacklevel=3)
+        return None
+
+
+def cached_curve(key: str, needed: int = 0, warn: bool = True) -> CostCurve | None:
+    """The cached curve under `key`, or None when it is missing, malformed or
+    its longest measured context is shorter than `needed` KV cells (it was
+    measured with a smaller context size)."""
+    c = _read_cached(_curve_path(key), CostCurve.from_json, warn)
+    return c if c is not None and c.contexts()[-1][0] >= needed else None
+
+
+def load_or_measure(backend, key: str, remeasure: bool = False, progress=None, needed: int = 0,
+                    pacer=None) -> CostCurve:
+    """The cached curve under `key` (see cached_curve); else measure and cache
+    it.  The measurement runs under the key's file lock (cache_lock): a second
+    process that wants the same key waits and then reads the first one's
+    result.  A cache that cannot be written is a warning; the curve is used.
+    pacer: None, or what paces a measurement between requests (its pause()
+    and stopped(); see edgespec.background)."""
+    path = _curve_path(key)
+    if not remeasure and (c := cached_curve(key, needed)) is not None:
+        return c
+    with cache_lock(path, pacer):
+        if not remeasure and (c := cached_curve(key, needed, warn=False)) is not None:
+            return c                    # another process measured it while this one waited
+        curve = measure_cost_curve(backend, progress=progress, **_paced(pacer))
         try:
-            with open(path) as f:
-                c = CostCurve.from_json(json.load(f))
-            if c.contexts()[-1][0] >= needed:
-                return c
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    curve = measure_cost_curve(backend, progress=progress)
-    curve.meta["cache_file"] = path
-    _write_json_atomic(path, curve.to_json())
+            _check_finite(curve)
+        except ValueError as e:
+            from .errors import BackendError
+            raise BackendError(f"the measured cost curve is not usable ({e}); run `edgespec calibrate` again") from None
+        curve.meta["cache_file"] = path
+        write_cache(path, curve.to_json())
     return curve
 
 
+def _paced(pacer) -> dict:
+    """The measurement's pause= argument, when a pacer runs it between requests."""
+    return {"pause": pacer.pause} if pacer is not None else {}
+
+
+@contextlib.contextmanager
+def cache_lock(path: str, pacer=None):
+    """Hold the exclusive lock of a cache entry (fcntl.flock on path + ".lock",
+    beside it; the lock file stays).  Another process, or another model in
+    this one, that measures the same entry waits here (polling, so that a
+    pacer's stopped() ends the wait).  Without fcntl (Windows), or where the
+    lock file cannot be created (a read-only cache, where nothing can be
+    cached either), it runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:          # pragma: no cover - Windows
+        fcntl = None
+    fd = None
+    if fcntl is not None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            fd = None
+    if fd is None:
+        yield
+        return
+    try:
+        said = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not said:
+                    log.warning("waiting for another edgespec process that is calibrating this model "
+                                "(lock %s); its result is used", path + ".lock")
+                    said = True
+                if pacer is not None and pacer.stopped():
+                    raise CalibrationStopped() from None
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)             # releases the lock
+
+
+def write_cache(path: str, obj) -> bool:
+    """Write a cache entry whole or not at all; a failure (a read-only or full
+    cache folder) is a CalibrationCacheWarning and leaves no temporary file."""
+    try:
+        _write_json_atomic(path, obj)
+        return True
+    except (OSError, ValueError) as e:
+        warnings.warn(f"could not write the calibration cache {path} ({e}); the measurement is used by this "
+                      "process only (EDGESPEC_CACHE_DIR chooses another folder)", CalibrationCacheWarning,
+                      stacklevel=3)
+        return False
+
+
 def _write_json_atomic(path: str, obj) -> None:
-    """Write a cache file whole or not at all (a temporary file, then a rename)."""
+    """A temporary file beside path, then a rename; no NaN or infinity."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, allow_nan=False)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 N_SCORE_BUCKETS = 10
@@ -395,6 +580,7 @@ class ExactnessReport:
     argmax_flips: int = 0
     per_context: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    origin: str = field(default="measured", compare=False)     # or "cached"; never written
 
     def to_json(self) -> dict:
         return {"version": EXACTNESS_VERSION, "exact": self.exact, "max_t": self.max_t,
@@ -405,9 +591,11 @@ class ExactnessReport:
     def from_json(d: dict) -> "ExactnessReport":
         if d.get("version") != EXACTNESS_VERSION:
             raise ValueError("old exactness check")
+        if not math.isfinite(float(d["max_abs_diff"])) or not d["contexts"]:
+            raise ValueError("exactness check with a value that is not a finite number")
         return ExactnessReport(bool(d["exact"]), int(d["max_t"]), list(d["contexts"]), float(d["max_abs_diff"]),
                                [int(t) for t in d["failed"]], int(d.get("argmax_flips", 0)),
-                               dict(d.get("per_context", {})), dict(d.get("meta", {})))
+                               dict(d.get("per_context", {})), dict(d.get("meta", {})), origin="cached")
 
     def describe(self) -> str:
         if self.exact:
@@ -438,14 +626,16 @@ def _exact_contexts(backend, max_t: int, contexts=EXACT_CONTEXTS) -> list[int]:
 
 
 def check_exactness(backend, max_t: int | None = None, contexts=EXACT_CONTEXTS, seed: int = 0,
-                    progress=None, ts=None) -> ExactnessReport:
+                    progress=None, ts=None, pause=None) -> ExactnessReport:
     """Decode max_t tokens one at a time after each context, keeping every
     row of logits, then the same tokens as one chain batch of every size
     T = 2..max_t at the same positions (the batch fills the same KV cells the
     one-token decodes used), and compare the rows bit for bit.  The decodes go
     through backend.decode_tree, so they use the thread settings generation
     uses.  Contexts that do not fit n_ctx are capped.  ts: only these batch
-    sizes (a quicker survey; the default is every size).  progress(done, total)."""
+    sizes (a quicker survey; the default is every size).  progress(done, total).
+    pause: as in _measure_at; when a request used the backend, the context
+    and its one-token rows are computed again before the next batch."""
     max_t = min(max_t or backend.max_nodes, backend.max_nodes, backend.n_ctx - 2)
     ts = sorted(t for t in (ts or range(2, max_t + 1)) if 2 <= t <= max_t)
     rng = np.random.default_rng(seed)
@@ -454,24 +644,24 @@ def check_exactness(backend, max_t: int | None = None, contexts=EXACT_CONTEXTS, 
     rep = ExactnessReport(True, max_t, ctxs)
     total, done = len(ctxs) * len(ts), 0
     zeros, ones = np.zeros(max_t, np.int32), np.ones(max_t, np.int32)
+    chunk = PACED_CHUNK if pause else max(ctxs)
+    pause = pause or _never
     for n_kv in ctxs:
-        backend.reset()
-        backend.prefill(rng.integers(100, hi, size=n_kv).astype(np.int32), want_last_logits=False)
+        pre = rng.integers(100, hi, size=n_kv).astype(np.int32)
         toks = rng.integers(100, hi, size=max_t).astype(np.int32)
-        ref = np.empty((max_t, backend.n_vocab), np.float32)
-        for i in range(max_t):
-            backend.decode_tree(toks[i:i + 1], zeros[:1], zeros[:1], ones[:1], 1)
-            ref[i] = backend.logits()[0]
-            backend.keep(1)
-        backend.truncate(n_kv)
+        pause()
+        ref = _one_token_rows(backend, pre, toks, pause, chunk)
         failed, worst = [], 0.0
         for t in ts:
+            if pause():
+                ref = _one_token_rows(backend, pre, toks, pause, chunk)
             backend.decode_tree(toks[:t], np.arange(t, dtype=np.int32), zeros[:t], ones[:t], 1)
             lg = backend.logits()
             if not np.array_equal(lg, ref[:t]):
                 d = float(np.max(np.abs(lg.astype(np.float64) - ref[:t])))
                 failed.append(t)
-                worst = max(worst, d)
+                # NaN or infinite logits: the largest finite float32 (a cache holds finite numbers)
+                worst = max(worst, d if math.isfinite(d) else float(np.finfo(np.float32).max))
                 rep.argmax_flips += int(np.sum(lg.argmax(axis=1) != ref[:t].argmax(axis=1)))
             backend.keep(0)
             done += 1
@@ -487,23 +677,43 @@ def check_exactness(backend, max_t: int | None = None, contexts=EXACT_CONTEXTS, 
     return rep
 
 
+def _one_token_rows(backend, pre, toks, pause, chunk: int) -> np.ndarray:
+    """Lay down the context pre, decode toks one at a time after it keeping
+    every row of logits, and forget them again (the KV cache holds pre)."""
+    _prefill(backend, pre, pause, chunk)
+    n_kv = backend.n_past
+    zeros, ones = np.zeros(1, np.int32), np.ones(1, np.int32)
+    ref = np.empty((len(toks), backend.n_vocab), np.float32)
+    for i in range(len(toks)):
+        backend.decode_tree(toks[i:i + 1], zeros, zeros, ones, 1)
+        ref[i] = backend.logits()[0]
+        backend.keep(1)
+    backend.truncate(n_kv)
+    return ref
+
+
 def load_or_check_exactness(backend, key: str, recheck: bool = False, progress=None,
-                            cached_only: bool = False) -> ExactnessReport | None:
+                            cached_only: bool = False, pacer=None) -> ExactnessReport | None:
     """The cached exactness verdict under `key` (beside the cost curve of the
-    same key), unless missing, unreadable or checked for smaller batches than
-    backend.max_nodes; then check and cache it (cached_only: return None)."""
+    same key), unless missing, malformed or checked for smaller batches than
+    backend.max_nodes; then check and cache it (cached_only: return None),
+    under the key's file lock as load_or_measure."""
     path = os.path.join(cache_dir(), "calibration", key + ".exact.json")
-    if not recheck:
-        try:
-            with open(path) as f:
-                r = ExactnessReport.from_json(json.load(f))
-            want = min(backend.max_nodes, backend.n_ctx - 2)
-            if r.max_t >= want and r.contexts[-1] >= _exact_contexts(backend, want)[-1]:
-                return r
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+    if not recheck and (r := _cached_exactness(backend, path, warn=True)) is not None:
+        return r
     if cached_only:
         return None
-    r = check_exactness(backend, progress=progress)
-    _write_json_atomic(path, r.to_json())
+    with cache_lock(_curve_path(key), pacer):
+        if not recheck and (r := _cached_exactness(backend, path, warn=False)) is not None:
+            return r
+        r = check_exactness(backend, progress=progress, **_paced(pacer))
+        write_cache(path, r.to_json())
     return r
+
+
+def _cached_exactness(backend, path: str, warn: bool) -> ExactnessReport | None:
+    r = _read_cached(path, ExactnessReport.from_json, warn)
+    want = min(backend.max_nodes, backend.n_ctx - 2)
+    if r is not None and r.max_t >= want and r.contexts[-1] >= _exact_contexts(backend, want)[-1]:
+        return r
+    return None

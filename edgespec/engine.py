@@ -337,6 +337,8 @@ class Engine:
     # ------------------------------------------------------------------ helpers
     def set_cost(self, cost: CostCurve | None) -> None:
         self.cost = cost
+        # a built-in curve's t1 is a placeholder: no step time is measured against it
+        self._timed = cost is not None and not cost.builtin
         n = self.config.max_nodes + 1
         self._buckets = None if cost is None else CostBuckets(cost, n)
         # no measurement: assume verification costs like plain decoding, everywhere
@@ -599,7 +601,7 @@ class Engine:
         if self._observes:
             self._observe(st, logits, tree, btok, k, slot, accepted, t1 - t0)
         step_other = (time.perf_counter() - t_step) - (t1 - t0)
-        if self.cost is not None:
+        if self._timed:
             self.overhead_rel = 0.9 * self.overhead_rel + 0.1 * (step_other / self._t1(st.n))
         return slot
 
@@ -713,7 +715,7 @@ class Engine:
             hid = self.backend.hidden()[:slot + 1].copy()
         self.drafter.observe(StepResult(
             st.ctx[:st.n], np.array(accepted, np.int32), proposed, nacc, ntest, tk_in, tk_tok, tk_val,
-            self._t1(st.n) if self.cost is not None else 0.0, decode_s, {}, ent, hid))
+            self._t1(st.n) if self._timed else 0.0, decode_s, {}, ent, hid))
 
     def _finish(self, st: "_RunState"):
         """Flush the held-back text and build the GenerationResult (the

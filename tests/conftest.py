@@ -102,7 +102,7 @@ def model_path():
 
 @pytest.fixture(scope="session")
 def model():
-    m = SpecModel(drafter="none", n_ctx=2048)
+    m = SpecModel(drafter="none", n_ctx=2048, calibrate=True)     # measured before the tests (exact)
     yield m
     m.close()
 

@@ -270,7 +270,7 @@ def test_init_failure_releases_the_backend(model, monkeypatch):
 
     monkeypatch.setattr(api, "load_or_measure", lambda be, key, **kw: kw["progress"](0, 1))
     with pytest.raises(RuntimeError, match="calibration interrupted"):
-        SpecModel(model.model_path, n_ctx=256, progress=boom)
+        SpecModel(model.model_path, n_ctx=256, progress=boom, calibrate=True)
     assert len(made) == 2 and made[1].ctx is None and made[1].model is None
 
 

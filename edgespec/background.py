@@ -1,0 +1,129 @@
+"""Calibration between requests: a model answers at once with the built-in
+cost curve while its own curve and the exactness self-check are measured in
+a background thread, in short slices that never overlap a request.
+
+The backend is not thread safe, so the measurement and the requests take
+turns: a request enters the Pacer (SpecModel does this after it is given the
+model) and waits at most for the slice in progress, one decode of at most 64
+tokens or one prefill chunk; the measurement starts a slice only when no
+request holds or waits for the model.  A slice that follows a request finds
+the KV cache changed, so the measurement lays its context down again.
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+
+from .costmodel import CalibrationStopped
+
+
+class Pacer:
+    """Turns between requests and a measurement.  Requests call enter() and
+    exit() around their use of the backend; the measurement calls pause()
+    before each slice and end() after the last one."""
+
+    def __init__(self, idle=lambda: True):
+        self._cond = threading.Condition()
+        self._idle = idle          # True when nobody holds or waits for the model (SpecModel's gate)
+        self._requests = 0         # requests in enter()..exit()
+        self._admitted = 0         # requests admitted so far
+        self._seen = 0             # ... as of the measurement's last slice
+        self._slicing = False
+        self._stop = False
+
+    def enter(self) -> None:
+        """A request begins: wait for the slice in progress, if any."""
+        with self._cond:
+            self._requests += 1
+            self._admitted += 1
+            while self._slicing:
+                self._cond.wait()
+
+    def exit(self) -> None:
+        with self._cond:
+            self._requests -= 1
+            self._cond.notify_all()
+
+    def pause(self) -> bool:
+        """End the current slice, let every request that holds or waits for
+        the model go first, and start the next slice.  True when a request
+        used the backend since the last slice.  Raises CalibrationStopped
+        after stop()."""
+        with self._cond:
+            self._slicing = False
+            self._cond.notify_all()
+            while not self._stop and (self._requests or not self._idle()):
+                self._cond.wait(0.05)       # the gate does not notify this condition: poll it
+            if self._stop:
+                raise CalibrationStopped()
+            self._slicing = True
+            used, self._seen = self._admitted != self._seen, self._admitted
+            return used
+
+    def end(self) -> None:
+        with self._cond:
+            self._slicing = False
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+
+    def stopped(self) -> bool:
+        return self._stop
+
+
+_RUNNING: "weakref.WeakSet[BackgroundTask]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """At interpreter exit, stop every measurement before llama.cpp's objects
+    are freed under it (the threads are daemons so that exit never waits for
+    a whole measurement, only for the slice in progress)."""
+    for task in list(_RUNNING):
+        task.stop()
+
+
+class BackgroundTask:
+    """run(pacer) in a daemon thread; stop() makes the pacer raise
+    CalibrationStopped at the next slice and waits for the thread."""
+
+    def __init__(self, run, pacer: Pacer, name: str = "edgespec-calibration"):
+        pacer._stop = False
+        self.pacer = pacer
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._run = run
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        _RUNNING.add(self)
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            self._run(self.pacer)
+        except CalibrationStopped:
+            pass
+        except BaseException as e:         # reported by the model (calibration_error)
+            self.error = e
+        finally:
+            self.pacer.end()
+            self.done.set()
+            _RUNNING.discard(self)
+
+    @property
+    def running(self) -> bool:
+        return not self.done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+    def stop(self) -> None:
+        """Stop and wait for the thread (at most the slice in progress); a
+        no-op from the thread itself or once it has ended."""
+        self.pacer.stop()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        _RUNNING.discard(self)

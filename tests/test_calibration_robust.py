@@ -1,0 +1,325 @@
+"""The calibration cache under races, failures and corruption, and the
+background calibration (a first answer before the measurement has finished,
+then the switch to the measured curve).
+
+Every test uses a cache of its own (EDGESPEC_CACHE_DIR in tmp_path); the unit
+tests replace the measurement with a quick stand-in, the model test runs a
+small real measurement of SmolLM2 in the background."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec import costmodel as C
+from edgespec.background import BackgroundTask, Pacer
+from edgespec.costmodel import CalibrationCacheWarning, CalibrationStopped, CostCurve
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def small_curve(t1: float = 0.01) -> CostCurve:
+    return CostCurve([1, 2, 4], [1.0, 1.5, 2.5], t1, {"prefix": 300, "measured_at": "now"}, t1, [],
+                     [1.0, 1.6, 2.6])
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(d))
+    return d
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """Replace the measurement by a quick one that counts its calls."""
+    calls = []
+
+    def fake(backend, progress=None, pause=None):
+        calls.append(backend)
+        return small_curve()
+    monkeypatch.setattr(C, "measure_cost_curve", fake)
+    return calls
+
+
+# ------------------------------------------------------------- corrupt entries
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_non_finite_cache_entry_is_measured_again_with_a_warning(cache, measured, bad):
+    path = Path(C._curve_path("k"))
+    path.parent.mkdir(parents=True)
+    text = json.dumps(small_curve().to_json()).replace('"rel": [1.0, 1.5, 2.5]', f'"rel": [1.0, {bad}, 2.5]')
+    assert bad in text
+    path.write_text(text)
+    with pytest.warns(CalibrationCacheWarning, match="malformed"):
+        assert C.cached_curve("k") is None
+    with pytest.warns(CalibrationCacheWarning, match="malformed"):
+        c = C.load_or_measure("backend", "k")
+    assert len(measured) == 1 and c.rel == [1.0, 1.5, 2.5]
+    again = C.cached_curve("k")                     # rewritten whole and valid
+    assert again is not None and again.origin == "cached" and again.rel == c.rel
+
+
+def test_a_measured_curve_with_nan_is_refused(cache, monkeypatch):
+    bad = small_curve()
+    bad.longer = [{"n_kv": 1000, "t1_s": float("nan"), "rel": [1.0, 2.0, 3.0], "after_s": 0.0}]
+    monkeypatch.setattr(C, "measure_cost_curve", lambda backend, progress=None, pause=None: bad)
+    from edgespec import BackendError
+    with pytest.raises(BackendError, match="not usable"):
+        C.load_or_measure("backend", "k")
+    assert not Path(C._curve_path("k")).exists()
+
+
+def test_a_non_finite_exactness_entry_is_rejected(cache):
+    r = C.ExactnessReport(False, 8, [100, 600], 0.5, [2], 1).to_json()
+    r["max_abs_diff"] = float("inf")
+    path = Path(C._curve_path("k").replace(".json", ".exact.json"))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(r))
+
+    class Be:
+        max_nodes, n_ctx = 8, 1024
+    with pytest.warns(CalibrationCacheWarning, match="malformed"):
+        assert C.load_or_check_exactness(Be(), "k", cached_only=True) is None
+
+
+# ------------------------------------------------------------- write failures
+def test_an_unwritable_cache_is_a_warning_and_the_curve_is_used(tmp_path, monkeypatch, measured):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(blocker / "cache"))    # cannot be created
+    with pytest.warns(CalibrationCacheWarning, match="could not write the calibration cache"):
+        c = C.load_or_measure("backend", "k")
+    assert c.rel == [1.0, 1.5, 2.5] and len(measured) == 1
+
+
+def test_a_failed_write_leaves_no_temporary_file(cache, monkeypatch, measured):
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(C.os, "replace", full)
+    with pytest.warns(CalibrationCacheWarning, match="No space left"):
+        c = C.load_or_measure("backend", "k")
+    assert c.rel == [1.0, 1.5, 2.5]
+    left = sorted(p.name for p in (cache / "calibration").iterdir())
+    assert left == ["k.json.lock"], left                 # no k.json, no *.tmp
+
+
+# ------------------------------------------------------------- two processes
+RACER = r"""
+import json, sys, time
+from edgespec import costmodel as C
+log = sys.argv[1]
+
+def slow(backend, progress=None, pause=None):
+    with open(log, "a") as f:
+        f.write(f"start {time.time()}\n")
+    time.sleep(2.0)
+    c = C.CostCurve([1, 2, 4], [1.0, 1.5, 2.5], 0.01, {"prefix": 300, "who": sys.argv[2]}, 0.01, [], [])
+    with open(log, "a") as f:
+        f.write(f"end {time.time()}\n")
+    return c
+C.measure_cost_curve = slow
+c = C.load_or_measure("backend", "race")
+print(json.dumps({"who": c.meta["who"], "origin": c.origin, "done": time.time()}))
+"""
+
+
+def test_two_processes_calibrating_the_same_key_measure_once(cache, tmp_path):
+    """The second process waits on the lock, then reads the first one's curve."""
+    log = tmp_path / "log"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(log), who], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for who in ("a", "b")]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        outs.append((json.loads(out), err))
+    events = log.read_text().split()
+    assert events[0::2] == ["start", "end"], events           # one measurement
+    (first, _), (second, _) = sorted(outs, key=lambda o: o[0]["origin"] != "measured")
+    assert first["origin"] == "measured" and second["origin"] == "cached"
+    assert second["who"] == first["who"]                         # the waiter uses the measurer's curve
+    assert second["done"] >= float(events[3])                    # ... after it was written
+    waiter_err = [e for o, e in outs if o["origin"] == "cached"][0]
+    assert "waiting for another edgespec process" in waiter_err
+
+
+def test_a_stopped_pacer_ends_a_wait_for_the_lock(cache):
+    path = C._curve_path("held")
+    p = Pacer()
+    with C.cache_lock(path):
+        got = []
+
+        def wait():
+            try:
+                with C.cache_lock(path, p):
+                    got.append("lock")
+            except CalibrationStopped:
+                got.append("stopped")
+        t = threading.Thread(target=wait)
+        t.start()
+        time.sleep(0.3)
+        p.stop()
+        t.join(5)
+    assert got == ["stopped"]
+
+
+# ------------------------------------------------------------- pacing
+def test_requests_wait_at_most_one_slice_and_come_first():
+    """A measurement in 0.1 s slices: a request entering mid-slice waits for
+    that slice only, the measurement takes no slice while a request runs,
+    and its next pause() reports that the backend was used."""
+    p = Pacer()
+    log, reports = [], []
+
+    def measure(pacer):
+        for _ in range(30):             # 3 s in all: a request that waited for all of it would show
+            reports.append(pacer.pause())
+            log.append(("slice", time.monotonic()))
+            time.sleep(0.1)
+            log.append(("end", time.monotonic()))
+    task = BackgroundTask(measure, p)
+    time.sleep(0.25)
+    t0 = time.monotonic()
+    p.enter()
+    waited = time.monotonic() - t0
+    n_before = len(log)
+    time.sleep(0.4)                                   # a request of 0.4 s
+    assert len(log) == n_before                       # no slice while it runs
+    p.exit()
+    time.sleep(0.25)
+    task.stop()
+    assert not task.running and task.error is None
+    assert waited < 1.0, waited                        # one slice (0.1 s), with room for a loaded machine
+    assert True in reports[1:] and reports.count(True) == 1
+
+
+def test_background_task_failure_is_kept():
+    def boom(pacer):
+        pacer.pause()
+        raise RuntimeError("measurement failed")
+    t = BackgroundTask(boom, Pacer())
+    assert t.wait(5) and isinstance(t.error, RuntimeError)
+
+
+# ------------------------------------------------------------- the real model
+PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog, twice."
+
+
+def test_background_calibration_answers_first_then_switches(model_path, cache, monkeypatch):
+    """On a fresh cache SpecModel answers with the built-in curve while the
+    calibration runs (exact unknown), then switches every engine to the
+    measured curve and caches it; the text is the same under both curves.
+    The measurement is a small real one (few batch sizes), held back until
+    the first answer has arrived so that the order is certain."""
+    from edgespec import ConfigError, SpecModel
+
+    go = threading.Event()
+    real_measure, real_check = C.measure_cost_curve, C.check_exactness
+
+    def measure(backend, progress=None, pause=None):
+        while not go.is_set():          # slices of 10 ms that yield to requests
+            pause()
+            time.sleep(0.01)
+        return real_measure(backend, ts=(1, 2, 4, 8), reps=1, pause=pause)
+
+    def check(backend, progress=None, pause=None):
+        return real_check(backend, ts=(2, 3, 8), pause=pause)
+    monkeypatch.setattr(C, "measure_cost_curve", measure)
+    monkeypatch.setattr(C, "check_exactness", check)
+    t0 = time.perf_counter()
+    m = SpecModel(model_path, drafter="suffix", n_ctx=512)
+    try:
+        assert m.calibration_state == "measuring" and m.cost.builtin and m.exact is None
+        first = m.generate(PROMPT, max_tokens=24)
+        took = time.perf_counter() - t0
+        assert m.calibration_state == "measuring" and m.engine.cost.builtin
+        # every way a request ends gives the measurement its turn back
+        with m.stream(PROMPT, max_tokens=4) as s:
+            next(s)                                         # closed early
+        assert list(m.stream(PROMPT, max_tokens=4))[-1].finish_reason
+        for call in (m.generate, m.stream):
+            with pytest.raises(ConfigError):
+                call(PROMPT, max_tokens=0)
+        assert m._pacer._requests == 0
+        go.set()
+        assert m.wait_for_calibration(300)
+        assert m.calibration_state == "measured" and m.calibration_error is None
+        assert not m.cost.builtin and m.engine.cost is m.cost and m.cost.ts == [1, 2, 4, 8]
+        assert m.exact is not None
+        assert os.path.isfile(C._curve_path(m._calibration_key()))
+        after = m.generate(PROMPT, max_tokens=24)
+        assert after.tokens == first.tokens
+        print(f"first answer {took:.2f} s after SpecModel() began")
+    finally:
+        m.close()
+    again = SpecModel(model_path, drafter="none", n_ctx=512)          # the next load reads the cache
+    try:
+        assert again.calibration_state == "cached" and again.cost.rel == pytest.approx(m.cost.rel, abs=1e-4)
+    finally:
+        again.close()
+
+
+def test_close_stops_a_background_calibration(model_path, cache, monkeypatch):
+    """close() during a background calibration stops it within a slice and
+    caches nothing."""
+    from edgespec import SpecModel
+
+    def endless(backend, progress=None, pause=None):
+        while True:
+            pause()
+            time.sleep(0.01)
+    monkeypatch.setattr(C, "measure_cost_curve", endless)
+    m = SpecModel(model_path, drafter="none", n_ctx=256)
+    assert m.calibration_state == "measuring"
+    r = m.generate(PROMPT, max_tokens=4)
+    assert r.n_generated == 4 and np.all(np.asarray(r.tokens) >= 0)
+    t0 = time.perf_counter()
+    m.close()
+    assert time.perf_counter() - t0 < 5
+    assert m.calibration_state == "built-in" and m.exact is None
+    assert not os.path.exists(C._curve_path(m._calibration_key()))
+
+
+def test_stats_and_json_say_where_the_calibration_comes_from(model):
+    """generate (synchronous, a one-shot command) finds the session model's
+    calibration in the cache and says so in --stats and --json."""
+    from click.testing import CliRunner
+
+    from edgespec.cli import main
+    try:
+        runner = CliRunner(mix_stderr=False)
+    except TypeError:
+        runner = CliRunner()
+    r = runner.invoke(main, ["generate", "--ctx", "2048", "--max-tokens", "4", "--stats", "Say hi."])
+    assert r.exit_code == 0, r.output
+    assert "calibration: cached: c(T) and the self-check from the calibration cache" in r.stderr
+    assert "measuring the verify cost" not in r.stderr
+    r = runner.invoke(main, ["generate", "--ctx", "2048", "--max-tokens", "4", "--json", "Say hi."])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["calibration"] == "cached"
+
+
+def test_chat_on_a_fresh_cache_answers_without_measuring_first(model_path, tmp_path):
+    """`edgespec chat` loads with the background calibration: on an empty
+    cache it answers under the built-in curve (/stats says so) and exits at
+    the end of its input without finishing a minute of measurement."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), EDGESPEC_CACHE_DIR=str(tmp_path / "cache"),
+               EDGESPEC_DATA_DIR=str(tmp_path / "data"))
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "edgespec", "chat", "--max-tokens", "8", "--ctx", "1024"],
+                       input="Name a fruit.\n\n/stats\n", capture_output=True, text=True, env=env, timeout=300)
+    took = time.perf_counter() - t0
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "session: answers 1" in p.stdout
+    assert "calibration: measuring" in p.stdout and "c(T) built-in (CPU" in p.stdout
+    assert "measuring the verify cost" not in p.stderr
+    assert not list((tmp_path / "cache").glob("calibration/*.exact.json"))     # stopped, nothing cached
+    assert took < 60, took
