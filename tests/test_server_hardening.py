@@ -159,7 +159,7 @@ def test_any_integer_seed_is_reduced_modulo_2_32(server):
     port, _ = server
     answers = []
     for seed in (-1, 2**32 - 1, 2**64 - 1):
-        st_, _, body = post(port, {"messages": MSG, "seed": seed, "temperature": 1.5, "max_tokens": 3})
+        st_, _, body = post(port, {"messages": MSG, "seed": seed, "temperature": 1.5, "max_tokens": 2})
         assert st_ == 200, body
         answers.append(json.loads(body)["choices"][0]["message"]["content"])
     assert answers[0] == answers[1] == answers[2]
@@ -341,9 +341,9 @@ def _send_big(port: int, chunked: bool, out: list) -> None:
                 f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n")
         head += "Transfer-Encoding: chunked\r\n\r\n" if chunked else f"Content-Length: {size}\r\n\r\n"
         block = b"a" * (1 << 16)
-        s.sendall(head.encode() + block)
+        piece = (b"%x\r\n" % len(block)) + block + b"\r\n"
+        s.sendall(head.encode() + (piece if chunked else block))
         if chunked:
-            piece = (b"%x\r\n" % len(block)) + block + b"\r\n"
             s.setblocking(False)
             sent = 0
             while sent < size and time.monotonic() - t0 < 10:
@@ -413,8 +413,8 @@ def _tiny(body):
     if isinstance(body, dict):
         for k in ("max_tokens", "max_completion_tokens"):
             v = body.get(k)
-            if isinstance(v, int) and not isinstance(v, bool) and 4 < v < 2**31:
-                body[k] = 4
+            if isinstance(v, int) and not isinstance(v, bool) and 1 < v < 2**31:
+                body[k] = 1
     return body
 
 
@@ -426,7 +426,7 @@ def _bodies(draw):
         body = draw(_json)
     else:
         body = {"messages": [{"role": "user", "content": "Hi"}]} if chat else {"prompt": "Hi"}
-        body["max_tokens"] = 2
+        body["max_tokens"] = 1
         for _ in range(draw(st.integers(1, 3))):
             body[draw(st.sampled_from(_FIELDS))] = draw(_json)
         if kind == "nested" and chat:
@@ -450,7 +450,9 @@ def test_fuzzed_bodies_get_200_or_4xx_and_the_server_keeps_serving(server):
             error_of(st_, answer)
 
     one()
-    assert len(seen) >= FUZZ_CASES and any(s == 200 for s in seen) and any(s == 400 for s in seen)
+    counts = {code: seen.count(code) for code in sorted(set(seen))}
+    print(f"{len(seen)} fuzzed bodies: {counts}")
+    assert len(seen) >= FUZZ_CASES and counts.get(200) and counts.get(400), counts
     assert proc.poll() is None
     still_serves(port)
 
