@@ -8,6 +8,7 @@ bodies, SIGTERM, and the engine's linear stop-string scan.  Generations are
 kept to a few tokens."""
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -202,14 +203,41 @@ class RaisingTemplateModel:
         raise ValueError("Conversation roles must alternate user/assistant/user/assistant/...")
 
 
-def test_a_template_exception_is_a_400():
-    from edgespec.server import RequestError, Server
+async def _asgi(app, method: str, path: str, body: bytes = b"", headers=()) -> tuple[int, bytes]:
+    """One request through the ASGI app in this process."""
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    out: list = []
 
-    s = Server(RaisingTemplateModel(), model_id="fake")
-    req = s._parse({"messages": MSG * 2}, chat=True)
-    with pytest.raises(RequestError) as e:
-        s._tokens(req)
-    assert e.value.status == 400 and "must alternate" in e.value.message and e.value.param == "messages"
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await asyncio.sleep(60)
+
+    async def send(m):
+        out.append(m)
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": [(b"host", b"127.0.0.1:8080"), *headers], "scheme": "http", "http_version": "1.1",
+             "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 1), "root_path": ""}
+    await app(scope, receive, send)
+    return out[0]["status"], b"".join(m.get("body", b"") for m in out[1:])
+
+
+def test_a_template_exception_is_a_400():
+    """In process, without llama.cpp: the Guard's checks, and a chat template's
+    raise_exception answered as a 400 that quotes it."""
+    from edgespec.server import Server
+
+    app = Server(RaisingTemplateModel(), model_id="fake").app
+    ct = [(b"content-type", b"application/json")]
+    chat = json.dumps({"messages": MSG * 2}).encode()
+    st_, answer = asyncio.run(_asgi(app, "POST", "/v1/chat/completions", chat, ct))
+    err = error_of(st_, answer)
+    assert st_ == 400 and "must alternate" in err["message"] and err["param"] == "messages"
+    assert asyncio.run(_asgi(app, "POST", "/v1/chat/completions", chat))[0] == 415
+    assert asyncio.run(_asgi(app, "POST", "/v1/chat/completions", b"x" * (2 << 20), ct))[0] == 413
+    assert asyncio.run(_asgi(app, "GET", "/health", headers=[(b"origin", b"https://evil.example")]))[0] == 403
+    st_, answer = asyncio.run(_asgi(app, "GET", "/v1/nothing"))
+    assert st_ == 404 and error_of(st_, answer)["code"] == "not_found"
 
 
 # ----------------------------------------------------------------- browsers
