@@ -132,6 +132,56 @@ class GenerationResult:
                 f"stop: {self.stop_reason}")
 
 
+class _StopScan:
+    """Finds stop strings in a text that arrives in pieces, in time linear in
+    the text: one Knuth-Morris-Pratt automaton per string, whose state is the
+    length of the longest prefix of the string that ends the text so far.  A
+    match must end in the newest piece (an earlier one would have stopped the
+    text), so each character is read once per string."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.fail = [_kmp_failure(s) for s in stops]
+        self.state = [0] * len(stops)
+
+    def feed(self, piece: str, base: int) -> int:
+        """Read `piece`, which starts at index `base` of the text; return where
+        the earliest-starting stop string completed in it begins, or -1."""
+        best = -1
+        for j, s in enumerate(self.stops):
+            q, f, n = self.state[j], self.fail[j], len(s)
+            if q == 0 and s[0] not in piece:
+                continue
+            for i, c in enumerate(piece):
+                while q and s[q] != c:
+                    q = f[q - 1]
+                if s[q] == c:
+                    q += 1
+                if q == n:
+                    start = base + i + 1 - n
+                    best = start if best < 0 else min(best, start)
+                    break
+            self.state[j] = q
+        return best
+
+    def held(self) -> int:
+        """How many characters at the end of the text may begin a stop string."""
+        return max(self.state, default=0)
+
+
+def _kmp_failure(s: str) -> list[int]:
+    """f[i]: the length of the longest proper prefix of s[:i+1] that is also its suffix."""
+    f = [0] * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = f[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        f[i] = k
+    return f
+
+
 class _TextStream:
     """Incremental detokenizer with stop strings and stream hold-back.  It also
     keeps where each token's text ends and whether the token was an accepted
@@ -140,6 +190,7 @@ class _TextStream:
     def __init__(self, vocab, stop: list[str]):
         self.vocab = vocab
         self.stop = [s for s in stop if s]
+        self._scan = _StopScan(self.stop)
         self.dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.text = ""
         self.char_end: list[int] = []   # len(text) after each token
@@ -150,16 +201,13 @@ class _TextStream:
 
     def push(self, token: int, drafted: bool = False) -> bool:
         """Add a token; return True if a stop string is now complete."""
-        self.text += self.dec.decode(self.vocab.piece(token))
+        base = len(self.text)
+        piece = self.dec.decode(self.vocab.piece(token))
+        self.text += piece
         self.char_end.append(len(self.text))
         self.drafted.append(drafted)
         if self.stop:
-            lo = max(0, self.emitted - max(len(s) for s in self.stop))
-            best = -1
-            for s in self.stop:
-                i = self.text.find(s, lo)
-                if i >= 0 and (best < 0 or i < best):
-                    best = i
+            best = self._scan.feed(piece, base)
             if best >= 0:
                 self.stopped_at = best
                 self.text = self.text[:best]
@@ -187,11 +235,7 @@ class _TextStream:
         string, and the same text cut into runs of (text, from_draft)."""
         end = len(self.text)
         if not final and self.stop and self.stopped_at < 0:
-            for s in self.stop:
-                for k in range(min(len(s) - 1, end), 0, -1):
-                    if self.text.endswith(s[:k]):
-                        end = min(end, len(self.text) - k)
-                        break
+            end -= self._scan.held()
         if end <= self.emitted:
             return "", []
         a, self.emitted = self.emitted, end

@@ -24,14 +24,27 @@ carries text also carries `edgespec.spans`: that text cut into runs
 [text, from_draft], from_draft true where the tokens arrived as accepted
 drafts.  `prediction: {"type": "content", "content": ...}` (OpenAI's Predicted
 Outputs) is drafted from, losslessly.  Mistakes get OpenAI-style error JSON
-({"error": {"message", "type", "param", "code"}}) with a 4xx status.
+({"error": {"message", "type", "param", "code"}}) with a 4xx status; an
+unexpected failure is a 500 whose details stay in the server's log.
+
+Before any work a request passes edgespec.guard (Host, Origin, API key,
+Content-Type, body size), then the checks of its fields (every field is
+honoured, or accepted only at its "off" value, or refused with a 400 that
+names it: HONOURED and _NEUTRAL), then admission to the queue, and only then
+is its prompt rendered and tokenized, after a check that its text could fit
+the context at all.  docs/serving.md lists every limit with its default and
+flag.  On SIGTERM the server stops accepting, answers what waits with 503,
+gives the running request --shutdown-timeout seconds, cancels it, exits 0.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import logging
 import math
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,19 +54,70 @@ import numpy as np
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .compat import chat_chunk, chat_response, completion_response, new_id, usage
-from .errors import ConfigError, PromptTooLongError
+from .errors import ConfigError, ModelClosedError, PromptTooLongError
+from .guard import Access, Guard, error_body
 from .verify import SamplingConfig
 
-MAX_BODY = 64 << 20       # bytes of one request body
+log = logging.getLogger("edgespec.server")
 
-# request fields edgespec does not implement, with the values that mean "off"
-_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "top_logprobs": None,
-            "logit_bias": None, "tools": None, "functions": None, "tool_choice": None, "function_call": None,
-            "suffix": None, "echo": False, "best_of": 1, "n": 1}
+BODY_BASE = 1 << 20        # default body limit: this many bytes ...
+BODY_PER_TOKEN = 64        # ... plus this many per context token
+PREDICTION_CONTEXTS = 2    # default prediction limit: this many contexts' worth of tokens
+INT_MAX = 2**31 - 1        # the largest count, id or top_k a request may give
+
+# The request fields of both endpoints.  HONOURED ones are read by _parse (the
+# last six are accepted and change nothing: edgespec stores, meters and
+# routes nothing); a field of _NEUTRAL is not implemented and accepted only
+# at one of its "off" values; any other field gets a 400 that names it.
+# Implementing a field is moving its name from _NEUTRAL to HONOURED.
+HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_k", "top_p",
+            "min_p", "seed", "stop", "stream", "stream_options", "prediction",
+            "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
+_NEUTRAL = {"frequency_penalty": (0,), "presence_penalty": (0,), "n": (1,), "best_of": (1,), "echo": (False,),
+            "suffix": (None, ""), "logit_bias": (None, {}), "logprobs": (None, False), "top_logprobs": (None, 0),
+            "response_format": (None, {"type": "text"}), "grammar": (None, ""), "json_schema": (None,),
+            "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
+            "function_call": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
+            "modalities": (None, ["text"]), "audio": (None,), "reasoning_effort": (None,), "verbosity": (None,),
+            "web_search_options": (None,)}
+_ONLY = {"messages": True, "prompt": False}       # fields of one endpoint only (chat: True)
+
+
+@dataclasses.dataclass
+class Limits:
+    """What one request may ask for (docs/serving.md; each has a `serve` flag).
+    None: derived from the context size n_ctx (see resolve())."""
+    max_body_bytes: int | None = None     # BODY_BASE + BODY_PER_TOKEN * n_ctx
+    max_stop: int = 16                    # stop strings per request
+    max_stop_chars: int = 1000            # characters of one stop string
+    max_prediction_tokens: int | None = None   # PREDICTION_CONTEXTS * n_ctx
+    shutdown_timeout: float = 5.0         # seconds the running request gets on SIGTERM
+
+    def resolve(self, n_ctx: int) -> "Limits":
+        body = self.max_body_bytes if self.max_body_bytes is not None else BODY_BASE + BODY_PER_TOKEN * n_ctx
+        pred = self.max_prediction_tokens
+        return dataclasses.replace(self, max_body_bytes=body,
+                                   max_prediction_tokens=pred if pred is not None else PREDICTION_CONTEXTS * n_ctx)
+
+
+def _show(v) -> str:
+    """A value of a request, short and ASCII, for an error message."""
+    if isinstance(v, (dict, list)):
+        return type(v).__name__
+    r = ascii(v[:40] if isinstance(v, str) else v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _utf8_len(s: str, name: str) -> int:
+    try:
+        return len(s.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise RequestError(400, f"{name} is not valid Unicode (an unpaired surrogate at character {e.start})",
+                           name, "invalid_value") from None
 
 
 class RequestError(Exception):
@@ -65,9 +129,23 @@ class RequestError(Exception):
         self.status, self.message, self.param, self.code, self.etype = status, message, param, code, etype
         self.headers = headers
 
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"message": self.message, "type": self.etype, "param": self.param,
-                                       "code": self.code}}, status_code=self.status, headers=self.headers)
+    def response(self) -> Response:
+        # ASCII JSON: a message that quotes a request's text cannot fail to encode
+        body = json.dumps({"error": {"message": self.message, "type": self.etype, "param": self.param,
+                                     "code": self.code}})
+        return Response(body, status_code=self.status, headers=self.headers, media_type="application/json")
+
+
+def _shutting_down() -> RequestError:
+    return RequestError(503, "the server is shutting down; retry later", None, "server_shutting_down",
+                        "server_error", {"Retry-After": "5"})
+
+
+def _internal(what: str) -> RequestError:
+    """A failure the client cannot fix: its details go to the server's log only."""
+    log.exception("edgespec serve: %s failed", what)
+    return RequestError(500, "internal error (details are in the server's log)", None, "internal_error",
+                        "server_error")
 
 
 def timings(r, drafter: str) -> dict:
@@ -89,33 +167,80 @@ def _number(body: dict, name: str, lo: float, hi: float, default, lo_open: bool 
     v = body.get(name)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise RequestError(400, f"{name} must be a number", name, "invalid_type")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+        raise RequestError(400, f"{name} must be a finite number", name, "invalid_type")
+    # int against float compares exactly in Python: a huge int is out of range, not an OverflowError
     if v < lo or v > hi or (lo_open and v == lo):
-        raise RequestError(400, f"{name} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v}", name,
-                           "invalid_value")
-    return v
+        raise RequestError(400, f"{name} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {_show(v)}",
+                           name, "invalid_value")
+    return float(v)
 
 
-def _integer(body: dict, name: str, lo: int, default):
+def _integer(body: dict, name: str, lo: int, default, hi: int = INT_MAX):
     v = body.get(name)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int):
         raise RequestError(400, f"{name} must be an integer", name, "invalid_type")
-    if v < lo:
-        raise RequestError(400, f"{name} must be >= {lo}, got {v}", name, "invalid_value")
+    if v < lo or v > hi:
+        raise RequestError(400, f"{name} must be in [{lo}, {hi}], got {_show(v)}", name, "invalid_value")
     return v
+
+
+def _seed(body: dict, default):
+    """Any integer, reduced modulo 2**32 as llama-cpp-python's uint32 seed is
+    (so -1 is 4294967295, its LLAMA_DEFAULT_SEED)."""
+    v = body.get("seed", default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise RequestError(400, "seed must be an integer", "seed", "invalid_type")
+    return v % 2**32
 
 
 def _text(content, name: str) -> str:
     """A message content: a string or a list of text parts."""
-    if isinstance(content, str):
-        return content
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
+        content = "".join(p["text"] for p in content)
+    if isinstance(content, str):
+        _utf8_len(content, name)
+        return content
     raise RequestError(400, f"{name} must be a string or a list of text parts", name, "invalid_type")
+
+
+def _stop(body: dict, default: list, limits: Limits) -> list[str]:
+    stop = body.get("stop", default)
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is None:
+        stop = []
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise RequestError(400, "stop must be a string or a list of strings", "stop", "invalid_type")
+    if len(stop) > limits.max_stop:
+        raise RequestError(400, f"stop has {len(stop)} strings, more than {limits.max_stop} (--max-stop)", "stop",
+                           "invalid_value")
+    for s in stop:
+        if len(s) > limits.max_stop_chars:
+            raise RequestError(400, f"a stop string has {len(s)} characters, more than {limits.max_stop_chars} "
+                               "(--max-stop-chars)", "stop", "invalid_value")
+        _utf8_len(s, "stop")
+    return stop
+
+
+def _check_fields(body: dict, chat: bool) -> None:
+    """Every field is honoured, or at an "off" value of a field edgespec does
+    not implement; anything else is refused by name."""
+    for name, v in body.items():
+        if name in HONOURED and _ONLY.get(name, chat) == chat:
+            continue
+        offs = _NEUTRAL.get(name)
+        if offs is None:
+            where = "/v1/chat/completions" if chat else "/v1/completions"
+            raise RequestError(400, f"unknown field {_show(name)} for {where}", name[:100], "unknown_field")
+        if not any(v == off and isinstance(v, bool) == isinstance(off, bool) for off in offs):
+            raise RequestError(400, f"{name}={_show(v)} is not supported by edgespec (leave it out or set it to "
+                               f"{' or '.join(json.dumps(o) for o in offs)})", name, "unsupported")
 
 
 def _messages(body: dict) -> list[dict]:
@@ -127,6 +252,7 @@ def _messages(body: dict) -> list[dict]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RequestError(400, f"messages[{i}] must be an object with a string role", "messages",
                                "invalid_type")
+        _utf8_len(m["role"], "messages")
         content = m.get("content")
         if content is None and m["role"] == "assistant":
             content = ""
@@ -145,19 +271,37 @@ def _prediction(body: dict) -> str | None:
     return _text(p.get("content"), "prediction.content") or None
 
 
+def _max_piece_bytes(vocab) -> int:
+    """The most bytes of text one token stands for (control tokens as their
+    text).  Tokenizing keeps every byte of a text (byte-level BPE and
+    SentencePiece do), so a text of B bytes needs at least B / this tokens:
+    what is longer than n_ctx times this cannot fit the context."""
+    return max(1, max(len(vocab.piece(t, special=True)) for t in range(vocab.n_vocab)))
+
+
+async def _http_error(request: Request, exc) -> Response:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+    return Response(error_body(exc.status_code, f"{request.method} {request.url.path[:100]!a}: {exc.detail}",
+                               code), status_code=exc.status_code, media_type="application/json")
+
+
 class Server:
     """The ASGI app (self.app) over one loaded SpecModel.
 
     defaults: the request settings used where a request leaves them out
-    (max_tokens, temperature, top_k, top_p, min_p, seed, stop, drafter)."""
+    (max_tokens, temperature, top_k, top_p, min_p, seed, stop, drafter).
+    limits: what a request may ask for (Limits); access: who may ask
+    (edgespec.guard.Access; by default loopback names, no CORS, api_key)."""
 
     def __init__(self, model, *, model_id: str, api_key: str | None = None, max_queue: int = 16,
-                 defaults: dict | None = None):
+                 defaults: dict | None = None, limits: Limits | None = None, access: Access | None = None):
         self.model = model
         self.model_id = model_id
         self.aliases = {model_id, model.model_path, model.model_path.rsplit("/", 1)[-1]}
-        self.api_key = api_key
         self.max_queue = max_queue
+        self.n_ctx, self.n_vocab = model.n_ctx, model.vocab.n_vocab
+        self.limits = (limits or Limits()).resolve(self.n_ctx)
+        self.max_piece = _max_piece_bytes(model.vocab)
         self.defaults = {"max_tokens": 256, "temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
                          "seed": None, "stop": [], "drafter": None, **(defaults or {})}
         self.created = int(time.time())
@@ -168,13 +312,18 @@ class Server:
         self._stats_lock = threading.Lock()
         self.stats = {"completed": 0, "cancelled": 0, "failed": 0, "rejected_busy": 0, "rejected_bad": 0,
                       "last_cancelled_tokens": None}
+        self._draining = False               # SIGTERM came: admit nothing more
+        self._jobs_lock = threading.Lock()   # guards the next two
+        self._waiting: dict[int, tuple] = {} # admitted requests not started: id -> (cancel, emit)
+        self._running: threading.Event | None = None   # the cancel event of the running request
         self.app = Starlette(routes=[
             Route("/", self.page, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
-        ], lifespan=self._lifespan, max_body_size=MAX_BODY)
+        ], lifespan=self._lifespan, exception_handlers={404: _http_error, 405: _http_error})
+        self.app = Guard(self.app, access or Access(api_key=api_key), self.limits.max_body_bytes)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app):
@@ -198,19 +347,8 @@ class Server:
                              "running": min(1, self._pending), "requests": stats})
 
     async def models(self, request: Request):
-        try:
-            self._authorize(request)
-        except RequestError as e:
-            return e.response()
         return JSONResponse({"object": "list", "data": [{"id": self.model_id, "object": "model",
                                                          "created": self.created, "owned_by": "edgespec"}]})
-
-    def _authorize(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        if request.headers.get("authorization", "") != f"Bearer {self.api_key}":
-            raise RequestError(401, "invalid or missing API key (Authorization: Bearer KEY)", None,
-                               "invalid_api_key")
 
     def _count(self, key: str, tokens: int | None = None) -> None:
         with self._stats_lock:
@@ -226,74 +364,95 @@ class Server:
         return await self._handle(request, chat=False)
 
     async def _handle(self, request: Request, chat: bool):
+        """Parse and check, admit, tokenize, queue, answer: the cheap refusals
+        first, the tokenizer only for a request that holds a queue slot."""
         try:
-            self._authorize(request)
-            body = await self._body(request)
-            req = self._parse(body, chat)
-            req["tokens"] = await run_in_threadpool(self._tokens, req)
+            req = self._parse(await self._body(request), chat)
             self._admit()
         except RequestError as e:
             if e.status != 503:
                 self._count("rejected_bad")
             return e.response()
+        except Exception:
+            return _internal("checking a request").response()
+        try:
+            req["tokens"], req["prediction"] = await run_in_threadpool(self._tokens, req)
+        except Exception as e:
+            self._release(None)
+            if not isinstance(e, RequestError):
+                return _internal("tokenizing a request").response()
+            if e.status != 503:
+                self._count("rejected_bad")
+            return e.response()
+        return await self._queue(request, req)
+
+    async def _queue(self, request: Request, req: dict):
+        """Hand an admitted request to the model thread and answer it."""
+        if self._draining:
+            self._release(None)
+            return _shutting_down().response()
         cancel = threading.Event()
         queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        self._worker.submit(self._job, req, cancel, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item),
-                            loop)
-        if req["stream"]:
-            return StreamingResponse(self._sse(req, queue, cancel), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+        def emit(item) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        with self._jobs_lock:
+            self._waiting[id(cancel)] = (cancel, emit)
+        self._worker.submit(self._job, req, cancel, emit, loop)
         watch = asyncio.ensure_future(self._watch_disconnect(request, cancel))
         try:
+            kind, item = await queue.get()          # ("started", None) once the model runs it
+            if kind == "error":
+                return item.response()
+            if kind == "cancelled":
+                return RequestError(499, "cancelled", None, "cancelled").response()
+            if req["stream"]:
+                # the status is sent once the model has started: an error before that gets its own
+                return StreamingResponse(self._sse(req, queue, cancel), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             return await self._collect(req, queue)
         finally:
             watch.cancel()
 
     async def _body(self, request: Request) -> dict:
+        """The JSON object of a request (its size already bounded by the
+        Guard), parsed beside the event loop."""
         raw = await request.body()
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RequestError(400, f"the request body is not valid JSON ({e})", None, "invalid_json") from None
+            body = await run_in_threadpool(json.loads, raw)
+        except json.JSONDecodeError as e:
+            raise RequestError(400, f"the request body is not valid JSON: {e.msg} at line {e.lineno} column "
+                               f"{e.colno}", None, "invalid_json") from None
+        except (ValueError, RecursionError):     # not UTF-8; a number of > 4300 digits; nested too deep
+            raise RequestError(400, "the request body is not valid JSON, or nests deeper than this server "
+                               "parses, or has an integer of more than 4300 digits", None, "invalid_json") from None
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object", None, "invalid_json")
         return body
 
     def _parse(self, body: dict, chat: bool) -> dict:
         d = self.defaults
+        _check_fields(body, chat)
         model = body.get("model")
         if model is not None and (not isinstance(model, str) or model not in self.aliases):
-            raise RequestError(404, f"the model {model!r} does not exist; this server runs {self.model_id!r}",
-                               "model", "model_not_found")
-        for name, off in _NEUTRAL.items():
-            v = body.get(name)
-            if v is not None and v != off:
-                raise RequestError(400, f"{name}={v!r} is not supported by edgespec", name, "unsupported")
+            raise RequestError(404, f"the model {_show(model)} does not exist; this server runs "
+                               f"{self.model_id!a}", "model", "model_not_found")
         max_tokens = _integer(body, "max_completion_tokens", 1, None)
         max_tokens = _integer(body, "max_tokens", 1, max_tokens or d["max_tokens"])
-        stop = body.get("stop", d["stop"])
-        if isinstance(stop, str):
-            stop = [stop]
-        if stop is None:
-            stop = []
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise RequestError(400, "stop must be a string or a list of strings", "stop", "invalid_type")
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError(400, "stream must be a boolean", "stream", "invalid_type")
         opts = body.get("stream_options") or {}
-        if not isinstance(opts, dict):
-            raise RequestError(400, "stream_options must be an object", "stream_options", "invalid_type")
-        seed = body.get("seed", d["seed"])
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise RequestError(400, "seed must be an integer", "seed", "invalid_type")
+        if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
+            raise RequestError(400, "stream_options must be an object like {\"include_usage\": true}",
+                               "stream_options", "invalid_type")
         sampling = SamplingConfig(temperature=_number(body, "temperature", 0.0, 2.0, d["temperature"]),
                                   top_k=_integer(body, "top_k", 0, d["top_k"]),
                                   top_p=_number(body, "top_p", 0.0, 1.0, d["top_p"], lo_open=True),
-                                  min_p=_number(body, "min_p", 0.0, 0.999, d["min_p"]), seed=seed)
+                                  min_p=_number(body, "min_p", 0.0, 0.999, d["min_p"]), seed=_seed(body, d["seed"]))
         req = {"chat": chat, "stream": stream, "include_usage": bool(opts.get("include_usage")),
-               "max_tokens": max_tokens, "stop": stop,
+               "max_tokens": max_tokens, "stop": _stop(body, d["stop"], self.limits),
                "sampling": sampling, "prediction": _prediction(body), "model": self.model_id}
         if chat:
             req["messages"] = _messages(body)
@@ -301,37 +460,72 @@ class Server:
             req["prompt"] = self._prompt(body.get("prompt"))
         return req
 
-    @staticmethod
-    def _prompt(p):
+    def _prompt(self, p):
         """/v1/completions' prompt: a string, token ids, or a list of one of those."""
         if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
             p = p[0]
         if isinstance(p, str):
+            _utf8_len(p, "prompt")
             return p
-        if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-            return p
-        raise RequestError(400, "prompt must be a string or a list of token ids (one prompt per request)",
-                           "prompt", "invalid_type")
+        if not (isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)):
+            raise RequestError(400, "prompt must be a string or a list of token ids (one prompt per request)",
+                               "prompt", "invalid_type")
+        if len(p) >= self.n_ctx:
+            raise RequestError(400, f"the prompt has {len(p)} tokens, which does not fit the context of "
+                               f"{self.n_ctx} tokens", "prompt", "context_length_exceeded")
+        if not all(0 <= t < self.n_vocab for t in p):
+            raise RequestError(400, f"prompt token ids must be in 0..{self.n_vocab - 1}", "prompt", "invalid_value")
+        return p
 
-    def _tokens(self, req: dict) -> np.ndarray:
-        """The prompt's tokens, checked against the context (runs beside the model thread)."""
+    def _fits(self, text: str, n_tokens: int, name: str) -> None:
+        """Refuse, before tokenizing it, a text that needs more than n_tokens
+        (see _max_piece_bytes)."""
+        n = _utf8_len(text, name)
+        if n > n_tokens * self.max_piece:
+            what = f"the context of {self.n_ctx}" if name != "prediction" else "the limit of"
+            raise RequestError(400, f"the {name} has {n} bytes of text, more than {n_tokens} tokens can hold "
+                               f"(at most {self.max_piece} bytes each): it cannot fit {what} tokens", name,
+                               "context_length_exceeded")
+
+    def _render(self, messages: list) -> str:
+        try:
+            return self.model.apply_chat_template(messages)
+        except ConfigError:
+            raise
+        except ValueError as e:         # a template's raise_exception(message)
+            raise RequestError(400, f"the model's chat template refused these messages: {str(e)[:200]}",
+                               "messages", "invalid_value") from None
+
+    def _tokens(self, req: dict) -> tuple[np.ndarray, np.ndarray | None]:
+        """The prompt's and the prediction's tokens, checked against the
+        context and the limits (runs beside the model thread)."""
         m = self.model
+        where = "messages" if req["chat"] else "prompt"
         try:
             if req["chat"]:
+                self._fits(self._render(req["messages"]), self.n_ctx, where)
                 toks = m.prompt_tokens(req["messages"])
             elif isinstance(req["prompt"], str):
+                self._fits(req["prompt"], self.n_ctx, where)
                 toks = m.tokenize(req["prompt"], add_special=True, parse_special=True)
             else:
                 toks = np.asarray(req["prompt"], np.int32)
-                if toks.min() < 0 or toks.max() >= m.vocab.n_vocab:
-                    raise RequestError(400, "prompt token ids must be in the vocabulary", "prompt", "invalid_value")
             m.check_request(toks, req["max_tokens"], req["sampling"])
+            pred = None
+            if req["prediction"]:
+                limit = self.limits.max_prediction_tokens
+                self._fits(req["prediction"], limit, "prediction")
+                pred = m.tokenize(req["prediction"], add_special=False)
+                if len(pred) > limit:
+                    raise RequestError(400, f"the prediction has {len(pred)} tokens, more than {limit} "
+                                       "(--max-prediction-tokens)", "prediction", "invalid_value")
         except PromptTooLongError as e:
-            raise RequestError(400, str(e), "messages" if req["chat"] else "prompt",
-                               "context_length_exceeded") from None
+            raise RequestError(400, str(e), where, "context_length_exceeded") from None
+        except ModelClosedError:
+            raise _shutting_down() from None
         except ConfigError as e:
-            raise RequestError(400, str(e), None, "invalid_value") from None
-        return toks
+            raise RequestError(400, str(e)[:300], None, "invalid_value") from None
+        return toks, pred
 
     def _admit(self) -> None:
         if self._pending >= self.max_queue + 1:
@@ -348,34 +542,66 @@ class Server:
 
     # ---------------------------------------------------------- model thread
     def _job(self, req: dict, cancel: threading.Event, emit, loop) -> None:
-        """Run one request on the model thread, handing ("chunk", StreamChunk),
-        ("error", RequestError) or ("cancelled", None) to the event loop."""
+        """Run one request on the model thread, handing ("started", None), then
+        ("chunk", StreamChunk)s, or ("error", RequestError) or ("cancelled",
+        None) to the event loop."""
         t0 = time.perf_counter()
         took = None
+        with self._jobs_lock:
+            mine = self._waiting.pop(id(cancel), None) is not None     # else answered 503 at shutdown
+            if mine:
+                self._running = cancel
         try:
-            if cancel.is_set():          # the client left while queued
+            if mine and cancel.is_set():    # the client left while queued
                 self._count("cancelled", 0)
                 emit(("cancelled", None))
-                return
-            toks = req["tokens"]
-            last = self._last_prompt
-            extends = last is not None and len(toks) > len(last) and np.array_equal(toks[:len(last)], last)
-            with self.model.stream(toks, max_tokens=req["max_tokens"], sampling=req["sampling"], stop=req["stop"],
-                                   drafter=self.defaults["drafter"], reuse_prefix=bool(extends), cancel=cancel,
-                                   prediction=req["prediction"]) as s:
-                self._last_prompt = toks
-                for c in s:
-                    emit(("chunk", c))
-                    if c.result is not None:
-                        r = c.result
-                        self._count("cancelled" if r.stop_reason == "cancelled" else "completed", r.n_generated)
-            took = time.perf_counter() - t0
-        except Exception as e:           # llama.cpp failed, or the model was closed
+            elif mine:
+                self._run(req, cancel, emit)
+                took = time.perf_counter() - t0
+        except Exception as e:
             self._last_prompt = None
-            self._count("failed")
-            emit(("error", RequestError(500, f"{type(e).__name__}: {e}", None, "internal_error", "server_error")))
+            if isinstance(e, ModelClosedError):
+                err = _shutting_down()
+            elif isinstance(e, ConfigError):
+                err = RequestError(400, str(e)[:300], None, "invalid_value")
+            else:                        # llama.cpp failed, or a bug: the details go to the log
+                self._count("failed")
+                err = _internal("a generation")
+            emit(("error", err))
         finally:
+            with self._jobs_lock:
+                if self._running is cancel:
+                    self._running = None
             loop.call_soon_threadsafe(self._release, took)
+
+    def _run(self, req: dict, cancel: threading.Event, emit) -> None:
+        toks = req["tokens"]
+        last = self._last_prompt
+        extends = last is not None and len(toks) > len(last) and np.array_equal(toks[:len(last)], last)
+        with self.model.stream(toks, max_tokens=req["max_tokens"], sampling=req["sampling"], stop=req["stop"],
+                               drafter=self.defaults["drafter"], reuse_prefix=bool(extends), cancel=cancel,
+                               prediction=req["prediction"]) as s:
+            self._last_prompt = toks
+            emit(("started", None))
+            for c in s:
+                emit(("chunk", c))
+                if c.result is not None:
+                    r = c.result
+                    self._count("cancelled" if r.stop_reason == "cancelled" else "completed", r.n_generated)
+
+    def begin_shutdown(self) -> None:
+        """On the event loop when the server stops: admit nothing more, answer
+        the admitted requests that have not started with 503, and cancel the
+        running one after limits.shutdown_timeout seconds."""
+        self._draining = True
+        with self._jobs_lock:
+            waiting, self._waiting = self._waiting, {}
+            running = self._running
+        for cancel, emit in waiting.values():
+            cancel.set()
+            emit(("error", _shutting_down()))
+        if running is not None:
+            asyncio.get_running_loop().call_later(self.limits.shutdown_timeout, running.set)
 
     # ------------------------------------------------------------- answers
     async def _watch_disconnect(self, request: Request, cancel: threading.Event) -> None:
@@ -401,6 +627,8 @@ class Server:
             if item.result is not None:
                 break
         r, cid, created = item.result, new_id("chatcmpl" if req["chat"] else "cmpl"), int(time.time())
+        if r.stop_reason == "cancelled" and self._draining:
+            return _shutting_down().response()
         n_prompt = len(req["tokens"])
         if req["chat"]:
             d = chat_response(cid, created, req["model"], r.text, r.stop_reason, n_prompt, r.n_generated)
@@ -457,10 +685,34 @@ class Server:
             cancel.set()          # a no-op once the answer is complete
 
 
-def serve(model, *, host: str = "127.0.0.1", port: int = 8080, model_id: str, api_key: str | None = None,
-          max_queue: int = 16, defaults: dict | None = None, log_level: str = "info") -> None:
-    """Run the server until interrupted (blocks)."""
+def _uvicorn_server(config, app: Server):
+    """uvicorn's Server, telling ours when it starts to shut down (before it
+    waits for the open requests)."""
     import uvicorn
 
-    server = Server(model, model_id=model_id, api_key=api_key, max_queue=max_queue, defaults=defaults)
-    uvicorn.run(server.app, host=host, port=port, log_level=log_level)
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            app.begin_shutdown()
+            await super().shutdown(sockets)
+    return _Server(config)
+
+
+def serve(model, *, host: str = "127.0.0.1", port: int = 8080, model_id: str, api_key: str | None = None,
+          max_queue: int = 16, defaults: dict | None = None, log_level: str = "info", limits: Limits | None = None,
+          allow_hosts=(), cors=()) -> None:
+    """Run the server until SIGTERM or Ctrl-C (blocks); returns normally then."""
+    import uvicorn
+
+    server = Server(model, model_id=model_id, max_queue=max_queue, defaults=defaults, limits=limits,
+                    access=Access(host, allow_hosts, cors, api_key))
+    # uvicorn ends the running request after this (a backstop: begin_shutdown cancels it before)
+    grace = server.limits.shutdown_timeout + 10
+    config = uvicorn.Config(server.app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace)
+    # uvicorn raises the signal again once it has stopped: with these handlers that ends serve() normally
+    main = threading.current_thread() is threading.main_thread()
+    old = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    try:
+        _uvicorn_server(config, server).run()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

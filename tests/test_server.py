@@ -257,7 +257,7 @@ def test_a_full_queue_gets_503_with_retry_after(server):
             barrier.wait()
             conn.request("POST", "/v1/chat/completions", body=json.dumps(
                 {"model": mid, "messages": [{"role": "user", "content": f"Tell a long story number {i}."}],
-                 "max_tokens": 200, "stream": True}),
+                 "max_tokens": 32, "stream": True}),      # a queued stream gets its status when it starts
                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
             r = conn.getresponse()
             with lock:
