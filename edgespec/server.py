@@ -5,6 +5,8 @@ Starlette routes on uvicorn (the `serve` extra).  Endpoints:
     GET  /                      the chat page (edgespec/static/chat.html)
     GET  /health                {"status": "ok", "model": ..., "requests": {counters}}
     GET  /v1/models             the one model this server runs
+    GET  /props                 the model, context, drafter and request defaults (llama-server's /props)
+    GET  /metrics               Prometheus counters (edgespec/metrics.py)
     POST /v1/chat/completions   OpenAI chat completions, streamed as server-sent events or not
     POST /v1/completions        OpenAI (legacy) text completions, likewise
 
@@ -23,8 +25,13 @@ drafter); a stream has them on its last chunk.  Every streamed chunk that
 carries text also carries `edgespec.spans`: that text cut into runs
 [text, from_draft], from_draft true where the tokens arrived as accepted
 drafts.  `prediction: {"type": "content", "content": ...}` (OpenAI's Predicted
-Outputs) is drafted from, losslessly.  Mistakes get OpenAI-style error JSON
-({"error": {"message", "type", "param", "code"}}) with a 4xx status.
+Outputs) is drafted from, losslessly.  `logprobs` (chat: `logprobs: true`
+with `top_logprobs` 0..20; completions: `logprobs` 0..20) are the model's
+own, from the logits verification computes.  A request without max_tokens
+runs to the end of its turn or a full context, unless the server was
+started with --max-tokens.  docs/api.md lists every request field.
+Mistakes get OpenAI-style error JSON ({"error": {"message", "type",
+"param", "code"}}) with a 4xx status.
 """
 from __future__ import annotations
 
@@ -41,17 +48,18 @@ import numpy as np
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .compat import chat_chunk, chat_response, completion_response, new_id, usage
 from .errors import ConfigError, PromptTooLongError
+from .logprobs import MAX_TOP_LOGPROBS, LogprobFormatter
 from .verify import SamplingConfig
 
 MAX_BODY = 64 << 20       # bytes of one request body
 
 # request fields edgespec does not implement, with the values that mean "off"
-_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "top_logprobs": None,
+_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0,
             "logit_bias": None, "tools": None, "functions": None, "tool_choice": None, "function_call": None,
             "suffix": None, "echo": False, "best_of": 1, "n": 1}
 
@@ -97,7 +105,7 @@ def _number(body: dict, name: str, lo: float, hi: float, default, lo_open: bool 
     return v
 
 
-def _integer(body: dict, name: str, lo: int, default):
+def _integer(body: dict, name: str, lo: int, default, hi: int | None = None):
     v = body.get(name)
     if v is None:
         return default
@@ -105,6 +113,8 @@ def _integer(body: dict, name: str, lo: int, default):
         raise RequestError(400, f"{name} must be an integer", name, "invalid_type")
     if v < lo:
         raise RequestError(400, f"{name} must be >= {lo}, got {v}", name, "invalid_value")
+    if hi is not None and v > hi:
+        raise RequestError(400, f"{name} must be <= {hi}, got {v}", name, "invalid_value")
     return v
 
 
@@ -135,6 +145,26 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives per token a request wants with its logprobs, or
+    None for no logprobs (chat: logprobs true/false and top_logprobs 0..20;
+    completions: logprobs 0..20)."""
+    lp, top = body.get("logprobs"), body.get("top_logprobs")
+    if not chat:
+        if top is not None:
+            raise RequestError(400, "top_logprobs is a chat field; completions take logprobs: N", "top_logprobs",
+                               "unsupported")
+        return None if lp is None or lp is False else _integer(body, "logprobs", 0, None, hi=MAX_TOP_LOGPROBS)
+    if lp is not None and not isinstance(lp, bool):
+        raise RequestError(400, "logprobs must be a boolean (the number of alternatives is top_logprobs)",
+                           "logprobs", "invalid_type")
+    if not lp:
+        if top is not None:
+            raise RequestError(400, "top_logprobs needs logprobs: true", "top_logprobs", "invalid_value")
+        return None
+    return _integer(body, "top_logprobs", 0, 0, hi=MAX_TOP_LOGPROBS)
+
+
 def _prediction(body: dict) -> str | None:
     p = body.get("prediction")
     if p is None:
@@ -149,7 +179,8 @@ class Server:
     """The ASGI app (self.app) over one loaded SpecModel.
 
     defaults: the request settings used where a request leaves them out
-    (max_tokens, temperature, top_k, top_p, min_p, seed, stop, drafter)."""
+    (max_tokens, temperature, top_k, top_p, min_p, seed, stop, drafter);
+    max_tokens None (the default) runs to the end of the turn or a full context."""
 
     def __init__(self, model, *, model_id: str, api_key: str | None = None, max_queue: int = 16,
                  defaults: dict | None = None):
@@ -158,7 +189,7 @@ class Server:
         self.aliases = {model_id, model.model_path, model.model_path.rsplit("/", 1)[-1]}
         self.api_key = api_key
         self.max_queue = max_queue
-        self.defaults = {"max_tokens": 256, "temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
+        self.defaults = {"max_tokens": None, "temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
                          "seed": None, "stop": [], "drafter": None, **(defaults or {})}
         self.created = int(time.time())
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-model")
@@ -168,10 +199,13 @@ class Server:
         self._stats_lock = threading.Lock()
         self.stats = {"completed": 0, "cancelled": 0, "failed": 0, "rejected_busy": 0, "rejected_bad": 0,
                       "last_cancelled_tokens": None}
+        self.metrics = self._new_metrics()
         self.app = Starlette(routes=[
             Route("/", self.page, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/props", self.props, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
         ], lifespan=self._lifespan, max_body_size=MAX_BODY)
@@ -218,12 +252,73 @@ class Server:
             if key == "cancelled":
                 self.stats["last_cancelled_tokens"] = tokens
 
+    # ------------------------------------------------- props, metrics, logprobs
+    def _new_metrics(self):
+        """This server's Prometheus counters, or None without prometheus-client."""
+        try:
+            from .metrics import ServerMetrics
+            return ServerMetrics(lambda: max(0, self._pending - 1), lambda: min(1, self._pending))
+        except ImportError:
+            return None
+
+    def _counted(self, endpoint: str, response):
+        if self.metrics is not None:
+            self.metrics.request(endpoint, response.status_code)
+        return response
+
+    async def prometheus(self, request: Request):
+        """GET /metrics (behind the API key, as llama-server's)."""
+        try:
+            self._authorize(request)
+            if self.metrics is None:
+                raise RequestError(501, "/metrics needs prometheus-client: pip install 'edgespec[serve]'", None,
+                                   "not_implemented", "server_error")
+        except RequestError as e:
+            return e.response()
+        body, ctype = self.metrics.exposition()
+        return Response(body, media_type=ctype)
+
+    async def props(self, request: Request):
+        """GET /props: llama-server's fields that apply, plus edgespec's own."""
+        try:
+            self._authorize(request)
+        except RequestError as e:
+            return self._counted("/props", e.response())
+        m, d = self.model, self.defaults
+        n_predict = -1 if d["max_tokens"] is None else d["max_tokens"]
+        params = {"n_predict": n_predict, "max_tokens": n_predict, "temperature": d["temperature"],
+                  "top_k": d["top_k"], "top_p": d["top_p"], "min_p": d["min_p"],
+                  "seed": -1 if d["seed"] is None else d["seed"], "stop": list(d["stop"]), "n_probs": 0}
+        drafter = self._drafter_name()
+        from . import __version__
+        from .backend.llama import llama_cpp_version
+        return self._counted("/props", JSONResponse({
+            "default_generation_settings": {"id": 0, "n_ctx": m.n_ctx, "model": self.model_id,
+                                            "speculative": drafter != "none", "params": params},
+            "total_slots": 1, "model_path": m.model_path, "chat_template": m.vocab.chat_template() or "",
+            "modalities": {"vision": False, "audio": False},
+            "build_info": f"edgespec {__version__}, llama-cpp-python {llama_cpp_version()}",
+            "edgespec": {"drafter": drafter, "verify": m.config.verify.mode, "kernels": m.kernels,
+                         "max_nodes": m.config.max_nodes, "exact": m.exact, "max_queue": self.max_queue}}))
+
+    def _formatter(self, req: dict) -> LogprobFormatter:
+        """Offsets of a completion's text_offset count from the prompt text's start."""
+        base = 0
+        if not req["chat"]:
+            p = req["prompt"]
+            base = len(p) if isinstance(p, str) else len(self.model.detokenize(p))
+        return LogprobFormatter(self.model.vocab, base)
+
+    @staticmethod
+    def _logprobs(req: dict, fmt: LogprobFormatter, entries: list) -> dict:
+        return fmt.chat(entries) if req["chat"] else fmt.completion(entries)
+
     # ------------------------------------------------------------ endpoints
     async def chat_completions(self, request: Request):
-        return await self._handle(request, chat=True)
+        return self._counted("/v1/chat/completions", await self._handle(request, chat=True))
 
     async def completions(self, request: Request):
-        return await self._handle(request, chat=False)
+        return self._counted("/v1/completions", await self._handle(request, chat=False))
 
     async def _handle(self, request: Request, chat: bool):
         try:
@@ -271,7 +366,7 @@ class Server:
             if v is not None and v != off:
                 raise RequestError(400, f"{name}={v!r} is not supported by edgespec", name, "unsupported")
         max_tokens = _integer(body, "max_completion_tokens", 1, None)
-        max_tokens = _integer(body, "max_tokens", 1, max_tokens or d["max_tokens"])
+        max_tokens = _integer(body, "max_tokens", 1, max_tokens or d["max_tokens"])    # None: see _tokens
         stop = body.get("stop", d["stop"])
         if isinstance(stop, str):
             stop = [stop]
@@ -294,7 +389,8 @@ class Server:
                                   min_p=_number(body, "min_p", 0.0, 0.999, d["min_p"]), seed=seed)
         req = {"chat": chat, "stream": stream, "include_usage": bool(opts.get("include_usage")),
                "max_tokens": max_tokens, "stop": stop,
-               "sampling": sampling, "prediction": _prediction(body), "model": self.model_id}
+               "sampling": sampling, "prediction": _prediction(body), "model": self.model_id,
+               "logprobs": _logprobs(body, chat)}
         if chat:
             req["messages"] = _messages(body)
         else:
@@ -325,6 +421,8 @@ class Server:
                 toks = np.asarray(req["prompt"], np.int32)
                 if toks.min() < 0 or toks.max() >= m.vocab.n_vocab:
                     raise RequestError(400, "prompt token ids must be in the vocabulary", "prompt", "invalid_value")
+            if req["max_tokens"] is None:        # until the end of the turn or a full context
+                req["max_tokens"] = max(1, m.n_ctx - len(toks))
             m.check_request(toks, req["max_tokens"], req["sampling"])
         except PromptTooLongError as e:
             raise RequestError(400, str(e), "messages" if req["chat"] else "prompt",
@@ -362,13 +460,15 @@ class Server:
             extends = last is not None and len(toks) > len(last) and np.array_equal(toks[:len(last)], last)
             with self.model.stream(toks, max_tokens=req["max_tokens"], sampling=req["sampling"], stop=req["stop"],
                                    drafter=self.defaults["drafter"], reuse_prefix=bool(extends), cancel=cancel,
-                                   prediction=req["prediction"]) as s:
+                                   prediction=req["prediction"], logprobs=req["logprobs"]) as s:
                 self._last_prompt = toks
                 for c in s:
                     emit(("chunk", c))
                     if c.result is not None:
                         r = c.result
                         self._count("cancelled" if r.stop_reason == "cancelled" else "completed", r.n_generated)
+                        if self.metrics is not None:
+                            self.metrics.observe(r)
             took = time.perf_counter() - t0
         except Exception as e:           # llama.cpp failed, or the model was closed
             self._last_prompt = None
@@ -406,6 +506,8 @@ class Server:
             d = chat_response(cid, created, req["model"], r.text, r.stop_reason, n_prompt, r.n_generated)
         else:
             d = completion_response(cid, created, req["model"], r.text, r.stop_reason, n_prompt, r.n_generated)
+        if req["logprobs"] is not None:
+            d["choices"][0]["logprobs"] = self._logprobs(req, self._formatter(req), r.logprobs)
         d["timings"] = timings(r, self._drafter_name())
         return JSONResponse(d)
 
@@ -419,6 +521,7 @@ class Server:
             return f"data: {json.dumps(d, ensure_ascii=False)}\n\n"
 
         n_tok = n_drafted = 0           # of chunks whose text is still held back (a possible stop string)
+        lp, fmt = [], self._formatter(req) if req["logprobs"] is not None else None
         try:
             if chat:
                 yield event(chat_chunk(cid, created, name, {"role": "assistant", "content": ""}))
@@ -430,10 +533,13 @@ class Server:
                     break
                 if c.result is None:
                     n_tok, n_drafted = n_tok + len(c.tokens), n_drafted + c.n_drafted
+                    lp += c.logprobs or []
                     if not c.text:
                         continue
                     d = (chat_chunk(cid, created, name, {"content": c.text}) if chat
                          else completion_response(cid, created, name, c.text, None))
+                    if fmt is not None:
+                        d["choices"][0]["logprobs"], lp = self._logprobs(req, fmt, lp), []
                     d["edgespec"] = {"spans": [[t, bool(f)] for t, f in c.spans], "tokens": n_tok,
                                      "drafted": n_drafted}
                     n_tok = n_drafted = 0
@@ -442,6 +548,8 @@ class Server:
                 r = c.result
                 d = (chat_chunk(cid, created, name, {}, r.stop_reason) if chat
                      else completion_response(cid, created, name, "", r.stop_reason))
+                if fmt is not None and lp:
+                    d["choices"][0]["logprobs"] = self._logprobs(req, fmt, lp)
                 d["usage"] = usage(len(req["tokens"]), r.n_generated)
                 d["timings"] = timings(r, self._drafter_name())
                 yield event(d)
