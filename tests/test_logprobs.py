@@ -98,3 +98,53 @@ def test_formatter_shapes(model):
     assert legacy["text_offset"][0] == 7 and len(legacy["tokens"]) == len(r.tokens)
     assert "".join(legacy["tokens"]) == r.text
     assert all(legacy["tokens"][i] in legacy["top_logprobs"][i] for i in range(len(r.tokens)))
+
+
+def shape(obj, path: str = "") -> set:
+    """Key paths of a response (lists: their first item)."""
+    out = set()
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.add(path + "." + k)
+            out |= shape(v, path + "." + k)
+    elif isinstance(obj, list) and obj:
+        out |= shape(obj[0], path + "[]")
+    return out
+
+
+def test_llama_compat_logprobs_in_llama_cpp_pythons_shapes(model):
+    """edgespec.Llama's logprobs have llama_cpp.Llama's keys (its logits_all=True
+    run as the reference) and the library's values."""
+    import llama_cpp
+
+    import edgespec
+    from edgespec.backend.llama import llama_cpp_python_repack
+    raw = "The capital of France is"
+    msgs = [{"role": "user", "content": "Name three fruits."}]
+    with llama_cpp_python_repack(False):
+        ref = llama_cpp.Llama(model_path=model.model_path, n_ctx=512, seed=1, verbose=False, logits_all=True)
+    try:
+        want = ref(raw, max_tokens=6, temperature=0, logprobs=3)
+        want_chat = ref.create_chat_completion(msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+    finally:
+        ref.close()
+    llm = edgespec.Llama(model_path=model.model_path, n_ctx=512, verbose=False, drafter="suffix")
+    try:
+        got = llm(raw, max_tokens=6, temperature=0, logprobs=3)
+        got_chat = llm.create_chat_completion(msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+        chunks = list(llm(raw, max_tokens=6, temperature=0, logprobs=3, stream=True))
+        with pytest.raises(ConfigError, match="echo"):
+            llm(raw, max_tokens=2, logprobs=1, echo=True)
+    finally:
+        llm.close()
+    assert shape(got) == shape(want) and shape(got_chat) == shape(want_chat)
+    lp, ref_lp = got["choices"][0]["logprobs"], want["choices"][0]["logprobs"]
+    assert lp["text_offset"][0] == ref_lp["text_offset"][0] == len(raw)
+    # another K cache and batch layout: close, not equal, to llama-cpp-python's
+    assert abs(lp["token_logprobs"][0] - ref_lp["token_logprobs"][0]) < 0.05
+    lib = model.generate(model.tokenize(raw, parse_special=True), max_tokens=6, logprobs=3)
+    assert lp["token_logprobs"] == [e.logprob for e in lib.logprobs]
+    assert [t for c in chunks for t in (c["choices"][0]["logprobs"] or {}).get("token_logprobs", [])] == \
+        lp["token_logprobs"]
+    content = got_chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == got_chat["usage"]["completion_tokens"] and len(content[0]["top_logprobs"]) == 3
