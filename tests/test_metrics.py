@@ -126,3 +126,26 @@ def test_max_tokens_left_out_runs_to_the_end(model_path):
     finally:
         s._worker.shutdown(wait=True)
         small.close()
+
+
+@pytest.mark.parametrize("args, want", [((), None), (("--max-tokens", "64"), 64)])
+def test_serve_max_tokens_default_is_unbounded_unless_given(monkeypatch, args, want):
+    """`edgespec serve` without --max-tokens leaves requests' max_tokens unbounded
+    (None); with it, the flag is the default (no model is loaded here)."""
+    from click.testing import CliRunner
+
+    import edgespec.cli as cli
+    import edgespec.server as S
+    seen = {}
+
+    class Fake:
+        model_path = "/models/fake.gguf"
+
+        def close(self):
+            pass
+    monkeypatch.setattr(cli, "load_model", lambda *a, **k: Fake())
+    monkeypatch.setattr(cli, "exactness_notice", lambda m: None)
+    monkeypatch.setattr(S, "serve", lambda m, **kw: seen.update(kw["defaults"]))
+    r = CliRunner().invoke(cli.main, ["serve", *args])
+    assert r.exit_code == 0, r.output
+    assert seen["max_tokens"] == want
