@@ -59,7 +59,8 @@ def token_logprobs(rows: np.ndarray, tokens, n_top: int) -> list[TokenLogprob]:
     order = np.lexsort((idx, -vals), axis=-1)          # likeliest first, ties by ascending id
     idx = np.take_along_axis(idx, order, axis=1)
     vals = np.take_along_axis(vals, order, axis=1) - lse[:, None]
-    return [TokenLogprob(int(t), c, list(zip(i, v)))
+    # a token whose logit is -inf (masked) is no alternative: JSON has no -Infinity
+    return [TokenLogprob(int(t), c, [(a, b) for a, b in zip(i, v) if b != -np.inf])
             for t, c, i, v in zip(tok.tolist(), chosen, idx.tolist(), vals.tolist())]
 
 

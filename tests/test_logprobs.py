@@ -49,6 +49,8 @@ def test_token_logprobs_by_hand():
     assert [t for t, _ in out[0].top] == [0, 1, 2]          # a tie goes to the lower id
     assert [t for t, _ in out[1].top] == [3, 2, 1]
     assert token_logprobs(rows, [0, 0], 0)[0].top == []
+    rows[0, 2:] = -np.inf                                    # masked tokens are no alternatives
+    assert [t for t, _ in token_logprobs(rows, [1], 4)[0].top] == [0, 1]
 
 
 def test_greedy_logprobs_match_the_models_logits_with_and_without_drafts(model):
