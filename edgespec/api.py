@@ -33,6 +33,7 @@ from .costmodel import (CalibrationStopped, CostCurve, ExactnessReport, builtin_
 from .drafters import make_drafter, parse_drafter_name
 from .engine import Chunk, Engine, EngineConfig, GenerationResult, _cancel_check, drain
 from .errors import ConfigError, ModelBusyError, ModelClosedError
+from .logprobs import check_top
 from .models import resolve_model
 from .verify import SamplingConfig, VerifyConfig
 
@@ -164,7 +165,7 @@ class Stream:
             except BaseException:
                 self._end()
                 raise
-            return StreamChunk(c.text, c.tokens, c.n_drafted, c.spans)
+            return StreamChunk(c.text, c.tokens, c.n_drafted, c.spans, c.logprobs)
 
     def close(self) -> None:
         """Stop the request (if it has not ended) and give the model back."""
@@ -586,7 +587,7 @@ class SpecModel:
 
     # ------------------------------------------------------------ generate
     def _start(self, prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter, record_topk,
-               cancel, prediction, stop_event: threading.Event):
+               cancel, prediction, stop_event: threading.Event, logprobs: int | None = None):
         """With the model held: the engine generator of one request and what to
         do when it ends."""
         user_cancel = _cancel_check(cancel)
@@ -603,10 +604,12 @@ class SpecModel:
                     else np.asarray(prediction, np.int32))
         engine = self._engine_for(drafter if drafter is not None else self._drafter, prediction=pred is not None)
         engine.check_request(len(toks), max_tokens, sampling)
+        check_top(logprobs)
         if pred is not None:
             engine.drafter.set_prediction(pred)
         gen = engine.run(toks, max_tokens=max_tokens, sampling=sampling, stop=list(stop or []),
-                         reuse_prefix=reuse_prefix, record_topk=record_topk, cancel=is_cancelled)
+                         reuse_prefix=reuse_prefix, record_topk=record_topk, cancel=is_cancelled,
+                         logprobs=logprobs)
 
         def on_end():
             if pred is not None:
@@ -617,7 +620,7 @@ class SpecModel:
                  stop: Sequence[str] | None = None, raw: bool = False, drafter=None,
                  reuse_prefix: bool = False, on_text=None, on_chunk=None, record_topk: int = 0,
                  cancel=None, prediction=None, wait: bool = True,
-                 timeout: float | None = None) -> GenerationResult:
+                 timeout: float | None = None, logprobs: int | None = None) -> GenerationResult:
         """Generate a completion; returns a GenerationResult (text, tokens, timings).
 
         prompt: a string (one user message in the chat template unless raw), a
@@ -632,11 +635,15 @@ class SpecModel:
             the code being edited: drafted from as well (still lossless).
         wait / timeout: see the class doc (ModelBusyError).
         record_topk: K > 0 also returns the model's top-K ids at every generated
-            position (result.topk; used by the bench to make replays exact)."""
+            position (result.topk; used by the bench to make replays exact).
+        logprobs: N in 0..20 also returns every generated token's
+            log-probability under the model (before temperature and the other
+            samplers) and the N likeliest tokens there: result.logprobs, a list
+            of edgespec.logprobs.TokenLogprob (token, logprob, top)."""
         stop_event = threading.Event()
         with self._request(wait, timeout):
             gen, on_end = self._start(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter,
-                                      record_topk, cancel, prediction, stop_event)
+                                      record_topk, cancel, prediction, stop_event, logprobs)
             try:
                 return drain(gen, on_text, on_chunk)
             finally:
@@ -646,10 +653,11 @@ class SpecModel:
     def stream(self, prompt, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
                stop: Sequence[str] | None = None, raw: bool = False, drafter=None,
                reuse_prefix: bool = False, record_topk: int = 0, cancel=None, prediction=None,
-               wait: bool = True, timeout: float | None = None) -> Stream:
+               wait: bool = True, timeout: float | None = None, logprobs: int | None = None) -> Stream:
         """generate() as an iterator of StreamChunks: text, token ids and which of
-        them were accepted drafts after every step; the last chunk has
-        finish_reason and the whole GenerationResult (chunk.result).
+        them were accepted drafts after every step (with logprobs=N, their
+        log-probabilities: chunk.logprobs); the last chunk has finish_reason
+        and the whole GenerationResult (chunk.result).
 
         The model is held from this call until the stream is exhausted or
         closed (stream.close(), `with model.stream(...) as s:`); a bad request
@@ -661,7 +669,7 @@ class SpecModel:
             self._pacer.enter()
             entered = True
             gen, on_end = self._start(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter,
-                                      record_topk, cancel, prediction, stop_event)
+                                      record_topk, cancel, prediction, stop_event, logprobs)
 
             def end() -> None:
                 try:
@@ -687,13 +695,13 @@ class SpecModel:
     def chat(self, messages: Messages, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
              stop: Sequence[str] | None = None, drafter=None, reuse_prefix: bool = True, on_text=None,
              on_chunk=None, cancel=None, prediction=None, wait: bool = True,
-             timeout: float | None = None) -> GenerationResult:
+             timeout: float | None = None, logprobs: int | None = None) -> GenerationResult:
         """One chat turn over the whole message list, reusing the KV cache of the
         earlier turns (the common token prefix is not decoded again).  A list that
         does not fit the context raises PromptTooLongError; fit_messages() trims one."""
         return self.generate(list(messages), max_tokens=max_tokens, sampling=sampling, stop=stop,
                              drafter=drafter, reuse_prefix=reuse_prefix, on_text=on_text, on_chunk=on_chunk,
-                             cancel=cancel, prediction=prediction, wait=wait, timeout=timeout)
+                             cancel=cancel, prediction=prediction, wait=wait, timeout=timeout, logprobs=logprobs)
 
     def fit_messages(self, messages: Messages, reserve: int = 0) -> tuple[list, int]:
         """The conversation trimmed to fit the context with `reserve` tokens left

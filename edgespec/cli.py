@@ -414,10 +414,12 @@ def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, ma
     """Serve MODEL over an OpenAI-compatible HTTP API, with a chat page at /.
 
     POST /v1/chat/completions and /v1/completions (streamed or not), GET
-    /v1/models and /health.  The generation options are the defaults of
-    requests that leave them out.  One request runs at a time; the others wait
-    in a queue of --queue requests.  SIGTERM (or Ctrl-C) answers the queue
-    with 503, gives the running request --shutdown-timeout seconds and exits 0.
+    /v1/models, /health, /props and /metrics (Prometheus).  The generation
+    options are the defaults of requests that leave them out; a request
+    without max_tokens runs to the end of its turn or a full context unless
+    --max-tokens is given.  One request runs at a time; the others wait in a
+    queue of --queue requests.  SIGTERM (or Ctrl-C) answers the queue with
+    503, gives the running request --shutdown-timeout seconds and exits 0.
     Requests are bounded before any work, and only the server's own page (or
     --cors origins) may call it from a browser: see docs/serving.md.
     """
@@ -439,6 +441,10 @@ def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, ma
     if m.calibration_state == "measuring":
         click.echo(calibration_line(m), err=True)
     name = model_id or os.path.basename(m.model_path).removesuffix(".gguf")
+    # without --max-tokens a request that leaves max_tokens out runs to the end
+    # of its turn or a full context (OpenAI's and llama-server's meaning)
+    if click.get_current_context().get_parameter_source("max_tokens") == click.core.ParameterSource.DEFAULT:
+        max_tokens = None
     defaults = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "min_p": min_p, "seed": seed, "stop": list(stop), "drafter": drafter}
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:

@@ -17,9 +17,15 @@ parameters and return its OpenAI-style dicts (stream=True: iterators of
 chunks).  Text comes from edgespec's engine, so it equals edgespec's own
 `--drafter none` for the same settings (greedy, or sampling with the same
 seed); it may differ from llama-cpp-python's, whose prompt chunking, K cache
-and sampler order differ.  Parameters edgespec does not implement (logprobs,
-grammar, repetition penalties, mirostat, tools, ...) raise ConfigError when
-given a value other than their neutral default.
+and sampler order differ.  logprobs come in llama-cpp-python's shapes
+(create_completion(logprobs=N): tokens, token_logprobs, top_logprobs,
+text_offset; create_chat_completion(logprobs=True, top_logprobs=N):
+choices[].logprobs.content) without its logits_all=True: they come from
+the logits verification computes anyway.  Unlike llama-cpp-python,
+logprobs=True without top_logprobs gives the tokens' own log-probabilities
+(OpenAI's meaning), and token bytes are filled in.  Parameters edgespec does
+not implement (grammar, repetition penalties, mirostat, tools, ...) raise
+ConfigError when given a value other than their neutral default.
 
 The response builders here (completion_response, chat_response, ...) are
 also what `edgespec serve` answers with.
@@ -33,6 +39,7 @@ from typing import Iterator
 
 from .api import SpecModel
 from .errors import ConfigError
+from .logprobs import LogprobFormatter, check_top
 from .verify import SamplingConfig
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF    # llama_cpp.LLAMA_DEFAULT_SEED
@@ -50,17 +57,17 @@ _REFUSED_INIT = ("vocab_only", "kv_overrides", "rope_scaling_type", "pooling_typ
 _TYPE_K = {1: "f16", 8: "q8_0"}     # ggml type ids of the K cache types edgespec runs
 
 # sampling parameters edgespec does not implement, with their neutral values
-_NEUTRAL = {"suffix": None, "typical_p": 1.0, "logprobs": None, "frequency_penalty": 0.0,
+_NEUTRAL = {"suffix": None, "typical_p": 1.0, "frequency_penalty": 0.0,
             "presence_penalty": 0.0, "repeat_penalty": 1.0, "tfs_z": 1.0, "mirostat_mode": 0,
             "stopping_criteria": None, "logits_processor": None, "grammar": None, "logit_bias": None,
             "functions": None, "function_call": None, "tools": None, "tool_choice": None,
-            "response_format": None, "top_logprobs": None}
+            "response_format": None}
 
 
 def _refuse_unsupported(**given) -> None:
     for name, value in given.items():
         neutral = _NEUTRAL[name]
-        if value is not None and value != neutral and not (name == "logprobs" and value is False):
+        if value is not None and value != neutral:
             raise ConfigError(f"edgespec.Llama does not support {name}={value!r} "
                               f"(leave it at {neutral!r})")
 
@@ -182,11 +189,11 @@ class Llama:
         room = self._model.n_ctx - n_prompt
         return room if (max_tokens is None or max_tokens <= 0) else min(int(max_tokens), max(room, 1))
 
-    def _run(self, toks, max_tokens, sampling, stop, stream: bool):
+    def _run(self, toks, max_tokens, sampling, stop, stream: bool, logprobs: int | None = None):
         """The finished GenerationResult, or (stream) a Stream of the request."""
         stop = [stop] if isinstance(stop, str) else list(stop or [])
         kw = dict(max_tokens=self._max_tokens(max_tokens, len(toks)), sampling=sampling, stop=stop,
-                  reuse_prefix=True)
+                  reuse_prefix=True, logprobs=logprobs)
         return self._model.stream(toks, **kw) if stream else self._model.generate(toks, **kw)
 
     def create_completion(self, prompt, suffix=None, max_tokens: int | None = 16, temperature: float = 0.8,
@@ -199,8 +206,14 @@ class Llama:
                           grammar=None, logit_bias=None):
         """Complete a prompt (text, or token ids): a text_completion dict, or
         with stream=True an iterator of its chunks (the last one has
-        finish_reason).  echo=True puts the prompt before the answer."""
-        _refuse_unsupported(suffix=suffix, typical_p=typical_p, logprobs=logprobs,
+        finish_reason).  echo=True puts the prompt before the answer.
+        logprobs=N (0..20): each token's log-probability and the N likeliest
+        tokens there (not with echo: the prompt's own are not computed)."""
+        check_top(logprobs)
+        if echo and logprobs is not None:
+            raise ConfigError("edgespec.Llama does not support logprobs with echo=True (the prompt's "
+                              "log-probabilities are not computed)")
+        _refuse_unsupported(suffix=suffix, typical_p=typical_p,
                             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                             repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
                             stopping_criteria=stopping_criteria, logits_processor=logits_processor,
@@ -215,22 +228,32 @@ class Llama:
         sampling = self._sampling(temperature, top_k, top_p, min_p, seed)
         cid, created, name = new_id("cmpl"), int(time.time()), model or self.model_path
         head = prompt_text if echo else ""
+        fmt = LogprobFormatter(self._model.vocab, len(prompt_text)) if logprobs is not None else None
         if stream:
-            return self._completion_chunks(toks, max_tokens, sampling, stop, cid, created, name, head)
-        r = self._run(toks, max_tokens, sampling, stop, False)
-        return completion_response(cid, created, name, head + r.text, r.stop_reason, len(toks), r.n_generated)
+            return self._completion_chunks(toks, max_tokens, sampling, stop, cid, created, name, head, logprobs, fmt)
+        r = self._run(toks, max_tokens, sampling, stop, False, logprobs)
+        d = completion_response(cid, created, name, head + r.text, r.stop_reason, len(toks), r.n_generated)
+        if fmt is not None:
+            d["choices"][0]["logprobs"] = fmt.completion(r.logprobs)
+        return d
 
     __call__ = create_completion
 
-    def _completion_chunks(self, toks, max_tokens, sampling, stop, cid, created, name, head) -> Iterator[dict]:
-        with self._run(toks, max_tokens, sampling, stop, True) as s:
+    def _completion_chunks(self, toks, max_tokens, sampling, stop, cid, created, name, head, logprobs=None,
+                           fmt=None) -> Iterator[dict]:
+        with self._run(toks, max_tokens, sampling, stop, True, logprobs) as s:
             if head:
                 yield completion_response(cid, created, name, head, None)
+            lp = []         # logprobs of tokens whose text is held back (a possible stop string)
             for c in s:
+                lp += c.logprobs or []
                 if c.finish_reason is not None:
                     yield completion_response(cid, created, name, "", c.finish_reason)
                 elif c.text:
-                    yield completion_response(cid, created, name, c.text, None)
+                    d = completion_response(cid, created, name, c.text, None)
+                    if fmt is not None:
+                        d["choices"][0]["logprobs"], lp = fmt.completion(lp), []
+                    yield d
 
     def create_chat_completion(self, messages, functions=None, function_call=None, tools=None, tool_choice=None,
                                temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
@@ -243,26 +266,38 @@ class Llama:
                                top_logprobs=None):
         """Answer a chat (rendered with the GGUF's template): a chat.completion
         dict, or with stream=True an iterator of chat.completion.chunk dicts
-        (the first has delta {"role": "assistant"}, the last finish_reason)."""
+        (the first has delta {"role": "assistant"}, the last finish_reason).
+        logprobs=True (top_logprobs=N, 0..20): choices[].logprobs.content."""
         _refuse_unsupported(functions=functions, function_call=function_call, tools=tools,
                             tool_choice=tool_choice, typical_p=typical_p, response_format=response_format,
                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                             repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
-                            logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias,
-                            logprobs=logprobs, top_logprobs=top_logprobs)
+                            logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias)
+        n_top = (top_logprobs or 0) if logprobs else None       # top_logprobs alone asks for nothing
+        check_top(n_top)
         toks = self._model.prompt_tokens(list(messages))
         sampling = self._sampling(temperature, top_k, top_p, min_p, seed)
         cid, created, name = new_id("chatcmpl"), int(time.time()), model or self.model_path
+        fmt = LogprobFormatter(self._model.vocab) if n_top is not None else None
         if stream:
-            return self._chat_chunks(toks, max_tokens, sampling, stop, cid, created, name)
-        r = self._run(toks, max_tokens, sampling, stop, False)
-        return chat_response(cid, created, name, r.text, r.stop_reason, len(toks), r.n_generated)
+            return self._chat_chunks(toks, max_tokens, sampling, stop, cid, created, name, n_top, fmt)
+        r = self._run(toks, max_tokens, sampling, stop, False, n_top)
+        d = chat_response(cid, created, name, r.text, r.stop_reason, len(toks), r.n_generated)
+        if fmt is not None:
+            d["choices"][0]["logprobs"] = fmt.chat(r.logprobs)
+        return d
 
-    def _chat_chunks(self, toks, max_tokens, sampling, stop, cid, created, name) -> Iterator[dict]:
-        with self._run(toks, max_tokens, sampling, stop, True) as s:
+    def _chat_chunks(self, toks, max_tokens, sampling, stop, cid, created, name, n_top=None,
+                     fmt=None) -> Iterator[dict]:
+        with self._run(toks, max_tokens, sampling, stop, True, n_top) as s:
             yield chat_chunk(cid, created, name, {"role": "assistant"})
+            lp = []         # logprobs of tokens whose text is held back (a possible stop string)
             for c in s:
+                lp += c.logprobs or []
                 if c.finish_reason is not None:
                     yield chat_chunk(cid, created, name, {}, c.finish_reason)
                 elif c.text:
-                    yield chat_chunk(cid, created, name, {"content": c.text})
+                    d = chat_chunk(cid, created, name, {"content": c.text})
+                    if fmt is not None:
+                        d["choices"][0]["logprobs"], lp = fmt.chat(lp), []
+                    yield d

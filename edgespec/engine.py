@@ -23,6 +23,7 @@ or nothing (a plain one-token step) when no subtree beats plain decoding.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ from .errors import ConfigError, PromptTooLongError
 from .drafters.base import Drafter, StepResult
 from .kernels.tree import learn_step, plan_step, shadow_learn
 from .kernels.tree import warmup as _warmup_tree_kernels
+from .logprobs import check_top, token_logprobs
 from .tree import SOURCE_CARRY, DraftTree
 from .verify import SamplingConfig, VerifyConfig, relaxed_accepts, sample_token
 
@@ -119,11 +121,16 @@ class GenerationResult:
     verify: str = "exact"         # exact = lossless; relaxed / entropy change the output
     n_relaxed: int = 0            # tokens accepted by a relaxed rule (not the model's own choice)
     topk: list | None = None      # with record_topk: the model's top-k ids at each generated position
+    logprobs: list | None = None  # with logprobs=N: a logprobs.TokenLogprob per token of `tokens`
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
         if d["topk"] is None:
             del d["topk"]
+        if d["logprobs"] is None:
+            del d["logprobs"]
+        else:
+            d["logprobs"] = [dataclasses.asdict(e) for e in d["logprobs"]]
         return d
 
     def summary(self) -> str:
@@ -273,11 +280,14 @@ class Chunk:
                last token of a step is the model's own bonus token)
     spans:     `text` cut into runs of (text, from_draft): which characters
                arrived as accepted drafts
+    logprobs:  with run(logprobs=N): a logprobs.TokenLogprob per token of
+               `tokens` that lies before a stop string, else None
     """
     text: str
     tokens: list
     n_drafted: int = 0
     spans: list = field(default_factory=list)
+    logprobs: list | None = None
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -454,7 +464,7 @@ class Engine:
     # --------------------------------------------------------------------- run
     def run(self, prompt: np.ndarray, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
             stop: list[str] | None = None, reuse_prefix: bool = False, record_topk: int = 0,
-            cancel=None):
+            cancel=None, logprobs: int | None = None):
         """Generator: yields a Chunk after the first token and after every step;
         its return value (StopIteration.value) is the GenerationResult.  Closing
         the generator early (or an exception such as KeyboardInterrupt) leaves
@@ -464,10 +474,14 @@ class Engine:
         generated position in GenerationResult.topk (for the offline replay).
         cancel: a threading.Event or a callable, checked between prefill chunks
         and before every step; once set the answer ends with stop_reason
-        "cancelled" and the KV cache holds exactly what was committed."""
+        "cancelled" and the KV cache holds exactly what was committed.
+        logprobs: N in 0..20 also reports every generated token's
+        log-probability and the N likeliest tokens there (edgespec.logprobs),
+        in the chunks and in GenerationResult.logprobs."""
         is_cancelled = _cancel_check(cancel)
+        check_top(logprobs)
         st = self._start(prompt, max_tokens, sampling or SamplingConfig(), stop, reuse_prefix, record_topk,
-                         is_cancelled)
+                         is_cancelled, logprobs)
         be = self.backend
         try:
             yield from self._chunk(st, 0)
@@ -502,7 +516,7 @@ class Engine:
             raise ConfigError(f"--verify {vcfg.mode} applies to greedy decoding only (temperature 0)")
 
     def _start(self, prompt, max_tokens: int, sampling: SamplingConfig, stop, reuse_prefix: bool,
-               record_topk: int, is_cancelled) -> "_RunState":
+               record_topk: int, is_cancelled, logprobs: int | None = None) -> "_RunState":
         """Check the request, reuse the common prefix of the KV cache, prefill
         the rest and choose the first token."""
         be = self.backend
@@ -516,6 +530,8 @@ class Engine:
         st = _RunState(prompt=prompt, sampling=sampling, max_tokens=max_tokens, record_topk=record_topk,
                        out=_TextStream(be.vocab, stop or []), t_start=time.perf_counter())
         st.rng = np.random.default_rng(sampling.seed) if not sampling.greedy else None
+        if logprobs is not None:
+            st.n_logprobs, st.lp = logprobs, []
         st.topk_walk = bool(self._topk) and sampling.greedy
         if reuse_prefix and len(self.kv_tokens):
             m = min(len(self.kv_tokens), len(prompt) - 1)
@@ -565,6 +581,8 @@ class Engine:
         st.ctx[st.n] = first
         st.n += 1
         st.pending = first
+        if st.lp is not None:
+            st.lp.extend(token_logprobs(be.logits()[:1], [first], st.n_logprobs))
         self._commit(st, [first])
         return st
 
@@ -585,16 +603,22 @@ class Engine:
             st.stop_reason = "length"
         toks = toks[:cut]
         st.generated.extend(toks)
+        if st.lp is not None:       # the caller added one entry per token of toks before the cut
+            del st.lp[len(st.generated):]
         if st.out.push_many(toks, n_drafted):
             st.stop_reason = "stop"
 
     def _chunk(self, st: "_RunState", n_drafted: int):
         """Yield what a step added to the answer (nothing when it added nothing)."""
         text, spans = st.out.delta()
-        toks = st.generated[st.n_streamed:]
+        a = st.n_streamed
+        toks = st.generated[a:]
         st.n_streamed = len(st.generated)
+        lp = None
+        if st.lp is not None:       # none for tokens at or past a stop string
+            lp = st.lp[a:st.out.n_tokens_before_stop() if st.out.stopped_at >= 0 else len(st.lp)]
         if text or toks:
-            yield Chunk(text, toks, min(n_drafted, len(toks)), spans)
+            yield Chunk(text, toks, min(n_drafted, len(toks)), spans, lp)
 
     def _step(self, st: "_RunState") -> int:
         """One step: propose, gate, verify the batch, keep the accepted cells,
@@ -634,6 +658,8 @@ class Engine:
             st.n_carried += 1
         if k:
             self._learn(st, tree, nb, k, slot, carried)
+        if st.lp is not None:       # accepted[i] was chosen from row i
+            st.lp.extend(token_logprobs(logits, accepted, st.n_logprobs))
         # every accepted token enters the context (its KV cell may already be kept)
         na = len(accepted)
         st.ctx[st.n:st.n + na] = accepted
@@ -771,7 +797,7 @@ class Engine:
             generated = generated[:out.n_tokens_before_stop()]
         tail, spans = out.delta(final=True)
         if tail:
-            yield Chunk(tail, [], 0, spans)
+            yield Chunk(tail, [], 0, spans, [] if st.lp is not None else None)
         decode_s = time.perf_counter() - st.t_prefill
         n_gen = len(generated)
         return GenerationResult(
@@ -783,7 +809,8 @@ class Engine:
             n_draft_steps=st.n_draft_steps, n_draft_nodes=st.n_draft_nodes, n_draft_accepted=st.n_draft_accepted,
             n_carried=st.n_carried, decode_call_s=st.t_decode_calls, engine_s=decode_s - st.t_decode_calls,
             drafter=getattr(self.drafter, "name", "?"), verify=self.config.verify.mode, n_relaxed=st.n_relaxed,
-            topk=np.concatenate(st.topk_log)[:n_gen + 1].tolist() if st.topk_log else None)
+            topk=np.concatenate(st.topk_log)[:n_gen + 1].tolist() if st.topk_log else None,
+            logprobs=st.lp[:n_gen] if st.lp is not None else None)
 
 
 @dataclass(eq=False)
@@ -817,6 +844,8 @@ class _RunState:
     shadow: list = field(default_factory=list)   # proposals still being judged (Engine._shadow_record)
     rec_rows: np.ndarray = None
     rec_buf: np.ndarray = None
+    n_logprobs: int | None = None     # alternatives per token when logprobs are asked for
+    lp: list | None = None            # a TokenLogprob per token of `generated` (then)
 
 
 def _cancel_check(cancel):

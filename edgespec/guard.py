@@ -13,7 +13,8 @@ In this order, each answered with OpenAI-style error JSON:
    given with --cors ("*": any).  Cross-origin preflights (OPTIONS) of
    allowed origins are answered here, and their responses carry
    Access-Control-Allow-Origin.
-3. API key (401 invalid_api_key) on /v1/*, when the server has one:
+3. API key (401 invalid_api_key) on /v1/*, /props and /metrics, when the
+   server has one:
    `Authorization: Bearer KEY`, the scheme in any case, compared in constant
    time.
 4. Content-Type (415 unsupported_media_type): a POST must be
@@ -33,6 +34,9 @@ import socket
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARDS = ("0.0.0.0", "::", "")
+
+
+KEYED = ("/props", "/metrics")     # paths outside /v1/ that need the API key, as in llama-server
 
 
 def host_name(value: str) -> str:
@@ -115,7 +119,7 @@ class Guard:
         send = _with_cors(send, cors)
         if cors is not None and method == "OPTIONS" and "access-control-request-method" in h:
             return await _preflight(send, h)
-        if path.startswith("/v1/") and not self.access.key_ok(h.get("authorization")):
+        if (path.startswith("/v1/") or path in KEYED) and not self.access.key_ok(h.get("authorization")):
             return await _refuse(send, 401, "invalid or missing API key (Authorization: Bearer KEY)",
                                  "invalid_api_key")
         if method != "POST":

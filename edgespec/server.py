@@ -5,6 +5,8 @@ Starlette routes on uvicorn (the `serve` extra).  Endpoints:
     GET  /                      the chat page (edgespec/static/chat.html)
     GET  /health                {"status": "ok", "model": ..., "requests": {counters}}
     GET  /v1/models             the one model this server runs
+    GET  /props                 the model, context, drafter and request defaults (llama-server's /props)
+    GET  /metrics               Prometheus counters (edgespec/metrics.py)
     POST /v1/chat/completions   OpenAI chat completions, streamed as server-sent events or not
     POST /v1/completions        OpenAI (legacy) text completions, likewise
 
@@ -23,9 +25,14 @@ drafter); a stream has them on its last chunk.  Every streamed chunk that
 carries text also carries `edgespec.spans`: that text cut into runs
 [text, from_draft], from_draft true where the tokens arrived as accepted
 drafts.  `prediction: {"type": "content", "content": ...}` (OpenAI's Predicted
-Outputs) is drafted from, losslessly.  Mistakes get OpenAI-style error JSON
-({"error": {"message", "type", "param", "code"}}) with a 4xx status; an
-unexpected failure is a 500 whose details stay in the server's log.
+Outputs) is drafted from, losslessly.  `logprobs` (chat: `logprobs: true`
+with `top_logprobs` 0..20; completions: `logprobs` 0..20) are the model's
+own, from the logits verification computes.  A request without max_tokens
+runs to the end of its turn or a full context, unless the server was
+started with --max-tokens.  docs/api.md lists every request field.
+Mistakes get OpenAI-style error JSON ({"error": {"message", "type",
+"param", "code"}}) with a 4xx status; an unexpected failure is a 500 whose
+details stay in the server's log.
 
 Before any work a request passes edgespec.guard (Host, Origin, API key,
 Content-Type, body size), then the checks of its fields (every field is
@@ -60,6 +67,7 @@ from starlette.routing import Route
 from .compat import chat_chunk, chat_response, completion_response, new_id, usage
 from .errors import ConfigError, ModelClosedError, PromptTooLongError
 from .guard import Access, Guard, error_body
+from .logprobs import MAX_TOP_LOGPROBS, LogprobFormatter
 from .verify import SamplingConfig
 
 log = logging.getLogger("edgespec.server")
@@ -75,10 +83,10 @@ INT_MAX = 2**31 - 1        # the largest count, id or top_k a request may give
 # at one of its "off" values; any other field gets a 400 that names it.
 # Implementing a field is moving its name from _NEUTRAL to HONOURED.
 HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_k", "top_p",
-            "min_p", "seed", "stop", "stream", "stream_options", "prediction",
+            "min_p", "seed", "stop", "stream", "stream_options", "prediction", "logprobs", "top_logprobs",
             "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
 _NEUTRAL = {"frequency_penalty": (0,), "presence_penalty": (0,), "n": (1,), "best_of": (1,), "echo": (False,),
-            "suffix": (None, ""), "logit_bias": (None, {}), "logprobs": (None, False), "top_logprobs": (None, 0),
+            "suffix": (None, ""), "logit_bias": (None, {}),
             "response_format": (None, {"type": "text"}), "grammar": (None, ""), "json_schema": (None,),
             "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
             "function_call": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
@@ -261,6 +269,26 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives per token a request wants with its logprobs, or
+    None for no logprobs (chat: logprobs true/false and top_logprobs 0..20;
+    completions: logprobs 0..20)."""
+    lp, top = body.get("logprobs"), body.get("top_logprobs")
+    if not chat:
+        if top is not None:
+            raise RequestError(400, "top_logprobs is a chat field; completions take logprobs: N", "top_logprobs",
+                               "unsupported")
+        return None if lp is None or lp is False else _integer(body, "logprobs", 0, None, hi=MAX_TOP_LOGPROBS)
+    if lp is not None and not isinstance(lp, bool):
+        raise RequestError(400, "logprobs must be a boolean (the number of alternatives is top_logprobs)",
+                           "logprobs", "invalid_type")
+    if not lp:
+        if top is not None:
+            raise RequestError(400, "top_logprobs needs logprobs: true", "top_logprobs", "invalid_value")
+        return None
+    return _integer(body, "top_logprobs", 0, 0, hi=MAX_TOP_LOGPROBS)
+
+
 def _prediction(body: dict) -> str | None:
     p = body.get("prediction")
     if p is None:
@@ -289,7 +317,8 @@ class Server:
     """The ASGI app (self.app) over one loaded SpecModel.
 
     defaults: the request settings used where a request leaves them out
-    (max_tokens, temperature, top_k, top_p, min_p, seed, stop, drafter).
+    (max_tokens, temperature, top_k, top_p, min_p, seed, stop, drafter);
+    max_tokens None (the default) runs to the end of the turn or a full context.
     limits: what a request may ask for (Limits); access: who may ask
     (edgespec.guard.Access; by default loopback names, no CORS, api_key)."""
 
@@ -302,7 +331,7 @@ class Server:
         self.n_ctx, self.n_vocab = model.n_ctx, model.vocab.n_vocab
         self.limits = (limits or Limits()).resolve(self.n_ctx)
         self.max_piece = _max_piece_bytes(model.vocab)
-        self.defaults = {"max_tokens": 256, "temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
+        self.defaults = {"max_tokens": None, "temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
                          "seed": None, "stop": [], "drafter": None, **(defaults or {})}
         self.created = int(time.time())
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-model")
@@ -316,10 +345,13 @@ class Server:
         self._jobs_lock = threading.Lock()   # guards the next two
         self._waiting: dict[int, tuple] = {} # admitted requests not started: id -> (cancel, emit)
         self._running: threading.Event | None = None   # the cancel event of the running request
+        self.metrics = self._new_metrics()
         self.app = Starlette(routes=[
             Route("/", self.page, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/props", self.props, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
         ], lifespan=self._lifespan, exception_handlers={404: _http_error, 405: _http_error})
@@ -356,12 +388,66 @@ class Server:
             if key == "cancelled":
                 self.stats["last_cancelled_tokens"] = tokens
 
+    # ------------------------------------------------- props, metrics, logprobs
+    def _new_metrics(self):
+        """This server's Prometheus counters, or None without prometheus-client."""
+        try:
+            from .metrics import ServerMetrics
+            return ServerMetrics(lambda: max(0, self._pending - 1), lambda: min(1, self._pending))
+        except ImportError:
+            return None
+
+    def _counted(self, endpoint: str, response):
+        if self.metrics is not None:
+            self.metrics.request(endpoint, response.status_code)
+        return response
+
+    async def prometheus(self, request: Request):
+        """GET /metrics (behind the API key, as llama-server's: edgespec.guard.KEYED)."""
+        if self.metrics is None:
+            return RequestError(501, "/metrics needs prometheus-client: pip install 'edgespec[serve]'", None,
+                                "not_implemented", "server_error").response()
+        body, ctype = self.metrics.exposition()
+        return Response(body, media_type=ctype)
+
+    async def props(self, request: Request):
+        """GET /props: llama-server's fields that apply, plus edgespec's own
+        (behind the API key: edgespec.guard.KEYED)."""
+        m, d = self.model, self.defaults
+        n_predict = -1 if d["max_tokens"] is None else d["max_tokens"]
+        params = {"n_predict": n_predict, "max_tokens": n_predict, "temperature": d["temperature"],
+                  "top_k": d["top_k"], "top_p": d["top_p"], "min_p": d["min_p"],
+                  "seed": -1 if d["seed"] is None else d["seed"], "stop": list(d["stop"]), "n_probs": 0}
+        drafter = self._drafter_name()
+        from . import __version__
+        from .backend.llama import llama_cpp_version
+        return self._counted("/props", JSONResponse({
+            "default_generation_settings": {"id": 0, "n_ctx": m.n_ctx, "model": self.model_id,
+                                            "speculative": drafter != "none", "params": params},
+            "total_slots": 1, "model_path": m.model_path, "chat_template": m.vocab.chat_template() or "",
+            "modalities": {"vision": False, "audio": False},
+            "build_info": f"edgespec {__version__}, llama-cpp-python {llama_cpp_version()}",
+            "edgespec": {"drafter": drafter, "verify": m.config.verify.mode, "kernels": m.kernels,
+                         "max_nodes": m.config.max_nodes, "exact": m.exact, "max_queue": self.max_queue}}))
+
+    def _formatter(self, req: dict) -> LogprobFormatter:
+        """Offsets of a completion's text_offset count from the prompt text's start."""
+        base = 0
+        if not req["chat"]:
+            p = req["prompt"]
+            base = len(p) if isinstance(p, str) else len(self.model.detokenize(p))
+        return LogprobFormatter(self.model.vocab, base)
+
+    @staticmethod
+    def _logprobs(req: dict, fmt: LogprobFormatter, entries: list) -> dict:
+        return fmt.chat(entries) if req["chat"] else fmt.completion(entries)
+
     # ------------------------------------------------------------ endpoints
     async def chat_completions(self, request: Request):
-        return await self._handle(request, chat=True)
+        return self._counted("/v1/chat/completions", await self._handle(request, chat=True))
 
     async def completions(self, request: Request):
-        return await self._handle(request, chat=False)
+        return self._counted("/v1/completions", await self._handle(request, chat=False))
 
     async def _handle(self, request: Request, chat: bool):
         """Parse and check, admit, tokenize, queue, answer: the cheap refusals
@@ -439,7 +525,7 @@ class Server:
             raise RequestError(404, f"the model {_show(model)} does not exist; this server runs "
                                f"{self.model_id!a}", "model", "model_not_found")
         max_tokens = _integer(body, "max_completion_tokens", 1, None)
-        max_tokens = _integer(body, "max_tokens", 1, max_tokens or d["max_tokens"])
+        max_tokens = _integer(body, "max_tokens", 1, max_tokens or d["max_tokens"])    # None: see _tokens
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError(400, "stream must be a boolean", "stream", "invalid_type")
@@ -453,7 +539,8 @@ class Server:
                                   min_p=_number(body, "min_p", 0.0, 0.999, d["min_p"]), seed=_seed(body, d["seed"]))
         req = {"chat": chat, "stream": stream, "include_usage": bool(opts.get("include_usage")),
                "max_tokens": max_tokens, "stop": _stop(body, d["stop"], self.limits),
-               "sampling": sampling, "prediction": _prediction(body), "model": self.model_id}
+               "sampling": sampling, "prediction": _prediction(body), "model": self.model_id,
+               "logprobs": _logprobs(body, chat)}
         if chat:
             req["messages"] = _messages(body)
         else:
@@ -510,6 +597,8 @@ class Server:
                 toks = m.tokenize(req["prompt"], add_special=True, parse_special=True)
             else:
                 toks = np.asarray(req["prompt"], np.int32)
+            if req["max_tokens"] is None:        # until the end of the turn or a full context
+                req["max_tokens"] = max(1, m.n_ctx - len(toks))
             m.check_request(toks, req["max_tokens"], req["sampling"])
             pred = None
             if req["prediction"]:
@@ -580,7 +669,7 @@ class Server:
         extends = last is not None and len(toks) > len(last) and np.array_equal(toks[:len(last)], last)
         with self.model.stream(toks, max_tokens=req["max_tokens"], sampling=req["sampling"], stop=req["stop"],
                                drafter=self.defaults["drafter"], reuse_prefix=bool(extends), cancel=cancel,
-                               prediction=req["prediction"]) as s:
+                               prediction=req["prediction"], logprobs=req["logprobs"]) as s:
             self._last_prompt = toks
             emit(("started", None))
             for c in s:
@@ -588,6 +677,8 @@ class Server:
                 if c.result is not None:
                     r = c.result
                     self._count("cancelled" if r.stop_reason == "cancelled" else "completed", r.n_generated)
+                    if self.metrics is not None:
+                        self.metrics.observe(r)
 
     def begin_shutdown(self) -> None:
         """On the event loop when the server stops: admit nothing more, answer
@@ -634,6 +725,8 @@ class Server:
             d = chat_response(cid, created, req["model"], r.text, r.stop_reason, n_prompt, r.n_generated)
         else:
             d = completion_response(cid, created, req["model"], r.text, r.stop_reason, n_prompt, r.n_generated)
+        if req["logprobs"] is not None:
+            d["choices"][0]["logprobs"] = self._logprobs(req, self._formatter(req), r.logprobs)
         d["timings"] = timings(r, self._drafter_name())
         return JSONResponse(d)
 
@@ -647,6 +740,7 @@ class Server:
             return f"data: {json.dumps(d, ensure_ascii=False)}\n\n"
 
         n_tok = n_drafted = 0           # of chunks whose text is still held back (a possible stop string)
+        lp, fmt = [], self._formatter(req) if req["logprobs"] is not None else None
         try:
             if chat:
                 yield event(chat_chunk(cid, created, name, {"role": "assistant", "content": ""}))
@@ -658,10 +752,13 @@ class Server:
                     break
                 if c.result is None:
                     n_tok, n_drafted = n_tok + len(c.tokens), n_drafted + c.n_drafted
+                    lp += c.logprobs or []
                     if not c.text:
                         continue
                     d = (chat_chunk(cid, created, name, {"content": c.text}) if chat
                          else completion_response(cid, created, name, c.text, None))
+                    if fmt is not None:
+                        d["choices"][0]["logprobs"], lp = self._logprobs(req, fmt, lp), []
                     d["edgespec"] = {"spans": [[t, bool(f)] for t, f in c.spans], "tokens": n_tok,
                                      "drafted": n_drafted}
                     n_tok = n_drafted = 0
@@ -670,6 +767,8 @@ class Server:
                 r = c.result
                 d = (chat_chunk(cid, created, name, {}, r.stop_reason) if chat
                      else completion_response(cid, created, name, "", r.stop_reason))
+                if fmt is not None and lp:
+                    d["choices"][0]["logprobs"] = self._logprobs(req, fmt, lp)
                 d["usage"] = usage(len(req["tokens"]), r.n_generated)
                 d["timings"] = timings(r, self._drafter_name())
                 yield event(d)

@@ -119,7 +119,8 @@ MALFORMED = [     # body, status, code, param
     ({"messages": MSG, "stop": "x" * 65}, 400, "invalid_value", "stop"),                     # --max-stop-chars 64
     ({"messages": MSG, "no_such_field": 1}, 400, "unknown_field", "no_such_field"),
     ({"messages": MSG, "prompt": "Hi"}, 400, "unknown_field", "prompt"),
-    ({"messages": MSG, "logprobs": True}, 400, "unsupported", "logprobs"),
+    ({"messages": MSG, "logprobs": True, "top_logprobs": 21}, 400, "invalid_value", "top_logprobs"),
+    ({"messages": MSG, "logprobs": "yes"}, 400, "invalid_type", "logprobs"),
     ({"messages": MSG, "response_format": {"type": "json_object"}}, 400, "unsupported", "response_format"),
     ({"messages": MSG, "tools": [{"type": "function"}]}, 400, "unsupported", "tools"),
     ({"messages": MSG, "n": 2}, 400, "unsupported", "n"),

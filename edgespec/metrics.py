@@ -1,0 +1,68 @@
+"""`edgespec serve`'s /metrics: Prometheus counters of one server.
+
+Each Server has a registry of its own (not prometheus_client's global one), so
+several servers in one process count apart.  Counters (exposed with the
+`_total` suffix):
+
+    edgespec_requests{endpoint, status}       HTTP requests answered
+    edgespec_generations{stop_reason}         generations ended: stop, length, cancelled
+    edgespec_prompt_tokens                    prompt tokens of ended generations
+    edgespec_prompt_tokens_cached             ... of them reused from the KV cache
+    edgespec_generated_tokens                 tokens generated
+    edgespec_draft_tokens                     draft tokens verified (proposed by the
+                                              drafter and kept by the cost gate)
+    edgespec_draft_tokens_accepted            draft tokens accepted
+    edgespec_steps                            verification steps (decodes after the prefill)
+    edgespec_prefill_seconds                  time in prefill
+    edgespec_decode_seconds                   time in decoding (drafting and verification)
+
+Gauges: edgespec_queue_depth (requests waiting), edgespec_requests_running.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+
+class ServerMetrics:
+    """The counters of one server; observe() takes a finished GenerationResult."""
+
+    def __init__(self, queue_depth: Callable[[], float], running: Callable[[], float]):
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("edgespec_requests", "HTTP requests answered, by endpoint and status",
+                                ["endpoint", "status"], registry=r)
+        self.generations = Counter("edgespec_generations", "Generations ended, by stop reason", ["stop_reason"],
+                                   registry=r)
+        self.prompt_tokens = Counter("edgespec_prompt_tokens", "Prompt tokens of ended generations", registry=r)
+        self.prompt_cached = Counter("edgespec_prompt_tokens_cached",
+                                     "Prompt tokens reused from the KV cache instead of decoded", registry=r)
+        self.generated = Counter("edgespec_generated_tokens", "Tokens generated", registry=r)
+        self.drafted = Counter("edgespec_draft_tokens", "Draft tokens verified (proposed and kept by the cost gate)",
+                               registry=r)
+        self.accepted = Counter("edgespec_draft_tokens_accepted", "Draft tokens accepted", registry=r)
+        self.steps = Counter("edgespec_steps", "Verification steps (decodes after the prefill)", registry=r)
+        self.prefill_s = Counter("edgespec_prefill_seconds", "Seconds spent in prefill", registry=r)
+        self.decode_s = Counter("edgespec_decode_seconds", "Seconds spent decoding (drafting and verification)",
+                                registry=r)
+        Gauge("edgespec_queue_depth", "Requests waiting for the model", registry=r).set_function(queue_depth)
+        Gauge("edgespec_requests_running", "Requests running on the model", registry=r).set_function(running)
+
+    def request(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+
+    def observe(self, r) -> None:
+        """Count a finished generation (an engine GenerationResult)."""
+        self.generations.labels(r.stop_reason).inc()
+        self.prompt_tokens.inc(r.n_prompt_tokens)
+        self.prompt_cached.inc(r.n_reused_tokens)
+        self.generated.inc(r.n_generated)
+        self.drafted.inc(r.n_draft_nodes)
+        self.accepted.inc(r.n_draft_accepted)
+        self.steps.inc(r.n_steps)
+        self.prefill_s.inc(max(0.0, r.prefill_s))
+        self.decode_s.inc(max(0.0, r.decode_s))
+
+    def exposition(self) -> tuple[bytes, str]:
+        """(body, content type) of the text format."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
