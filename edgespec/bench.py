@@ -47,11 +47,14 @@ Results file (JSON lines)
           version, date, host and CPU, the measured cost curve, the settings
   then:   {"kind": "result", ...}   one line per (prompt, method); see
           RESULT_FIELDS.  For llama-cpp-python methods `tokens` is the
-          re-tokenized text and n_steps / mean_accepted are null.
+          re-tokenized text and n_steps / mean_accepted are null; for
+          llama-server methods `tokens` are the server's ids and
+          `server_timings` its own timing figures.
 
 Timing: prefill_s runs from the request to the first generated token (edgespec)
 or the first streamed content chunk (llama-cpp-python); decode_s from there to
-the end.  Decode speed is (n_generated - 1) / decode_s.
+the end; llama-server's come from its own timings (prompt_ms, predicted_ms).
+Decode speed is (n_generated - 1) / decode_s.
 """
 from __future__ import annotations
 
@@ -908,7 +911,8 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
     passes (with bench --repeat): the lowest and highest speedup of a single
         pass, each pass on its own.
     identical: runs whose output equals `none`'s in the same pass (tokens for
-        edgespec methods, text for llama-cpp-python methods), as k/n.
+        edgespec and llama-server methods, text for llama-cpp-python methods),
+        as k/n.
     engine ms/step: edgespec's own time per step outside llama_decode
         (drafting, gate, verification, bookkeeping), averaged over prompts;
     decode ms/step: time inside llama_decode per step, averaged over prompts.

@@ -265,3 +265,22 @@ def test_llama_server_gives_nones_tokens(server_binary, tmp_path):
     copy = next(r for r in res if r["method"] == "llama-server-ngram-simple" and r["question_id"] == 1)
     assert copy["server_timings"].get("draft_n_accepted", 0) > 0      # the repeat was drafted
     assert "llama-server: version:" in B.format_report(rows, head)
+
+
+@pytest.mark.model
+def test_default_method_runs_generates_defaults(tmp_path):
+    """On a model loaded as `edgespec generate` loads it, `default` runs
+    generate's drafter on an engine of its own (beside `suffix`, the same
+    drafter), gives none's tokens, and the header and report name what it
+    resolved to."""
+    from edgespec import SpecModel
+    prompts = [B.BenchPrompt(1, "qa", "Name three primary colors.")]
+    with SpecModel(drafter="none") as m:
+        head, rows = B.run_bench(m, prompts, ["none", "suffix", "default"], max_tokens=24)
+    d = head["default"]
+    assert d["drafter"] == "suffix" and d["kernels"] == "exact" and d["n_ctx"] == 4096
+    res = {r["method"]: r for r in rows if r["kind"] == "result"}
+    assert res["default"]["tokens"] == res["none"]["tokens"] and res["default"]["identical_to_none"]
+    assert res["default"]["drafter"] == "suffix"
+    assert {r["method"] for r in rows if r["kind"] == "calibration"} == {"suffix", "default"}
+    assert "default = `edgespec generate` with no options: drafter suffix" in B.format_report(rows, head)
