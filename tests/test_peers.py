@@ -240,18 +240,15 @@ def server_binary():
         pytest.skip(f"no llama-server to test against: {e}")
 
 
-@pytest.mark.model
-def test_llama_server_gives_nones_tokens(server_binary, tmp_path):
+def test_llama_server_gives_nones_tokens(server_binary, model, tmp_path):
     """llama-server plain and with ngram-simple, on the same chat-templated
     prompt tokens: the same greedy answers as edgespec's `none`, timings from
     the server, the header naming the binary."""
-    from edgespec import SpecModel
     prompts = [B.BenchPrompt(1, "copy", "Repeat exactly: the quick brown fox jumps over the lazy dog. "
                                         "the quick brown fox jumps over the lazy dog."),
                B.BenchPrompt(2, "qa", "What is the capital of France?")]
-    with SpecModel(drafter="none", n_ctx=1024, calibrate=False) as m:
-        head, rows = B.run_bench(m, prompts, ["none", "llama-server", "llama-server-ngram-simple"],
-                                 max_tokens=32, out_path=str(tmp_path / "r.jsonl"))
+    head, rows = B.run_bench(model, prompts, ["none", "llama-server", "llama-server-ngram-simple"],
+                             max_tokens=32, out_path=str(tmp_path / "r.jsonl"))
     srv = head["llama_server"]
     assert srv["binary"]["path"] == server_binary.path and srv["binary"]["version"].startswith("version:")
     assert srv["methods"]["llama-server-ngram-simple"]["spec_args"][:2] == ["--spec-type", "ngram-simple"]
@@ -284,3 +281,14 @@ def test_default_method_runs_generates_defaults(tmp_path):
     assert res["default"]["drafter"] == "suffix"
     assert {r["method"] for r in rows if r["kind"] == "calibration"} == {"suffix", "default"}
     assert "default = `edgespec generate` with no options: drafter suffix" in B.format_report(rows, head)
+
+
+def test_prompt_lookup_at_the_cpu_draft_length(model):
+    """llama-cpp-python-pld-cpu runs LlamaPromptLookupDecoding(num_pred_tokens=2)
+    in its own process, at the threads its @tN suffix asks for."""
+    prompts = [B.BenchPrompt(1, "copy", "Repeat exactly: one two three four five six seven eight.")]
+    head, rows = B.run_bench(model, prompts, ["none", "llama-cpp-python-pld-cpu@t1"], max_tokens=12)
+    peer = head["llama_cpp_python"]["llama-cpp-python-pld-cpu@t1"]
+    assert peer["draft"] == "LlamaPromptLookupDecoding(num_pred_tokens=2)" and peer["n_threads"] == 1
+    r = next(r for r in rows if r["method"] == "llama-cpp-python-pld-cpu@t1")
+    assert r["text"] and r["n_generated"] >= 1 and isinstance(r["identical_to_none"], bool)
