@@ -3,7 +3,8 @@
 Each llama-server method starts the binary edgespec.peers finds on a free
 loopback port, with the bench's model, context, GPU layers and threads, one
 slot, and the speculative settings llama.cpp's docs/speculative.md
-recommends for it (SERVER_METHODS).  The bench sends each prompt as the
+recommends for it (SERVER_METHODS), CPU weight repacking off as edgespec
+runs (server_args).  The bench sends each prompt as the
 token ids edgespec prefills (the chat template already applied), so both
 decode the same prompt; greedy (temperature 0), no prompt cache, the
 generated token ids returned.
@@ -50,11 +51,14 @@ STOP_REASONS = {"eos": "stop", "word": "stop", "limit": "length"}
 def server_args(method: str, binary: str, model_path: str, n_ctx: int, n_gpu_layers: int,
                 threads: int | None, port: int) -> list[str]:
     """llama-server's command line for a method (threads None = its default:
-    one per physical core for decoding and for batches)."""
+    one per physical core for decoding and for batches).  CPU weight
+    repacking is off, as for edgespec and the llama-cpp-python methods
+    (backend.llama.load_model: llama.cpp's AMX kernel crashed llama-server
+    at its warm-up on the project's Xeon too)."""
     if method not in SERVER_METHODS:
         raise PeerError(f"unknown llama-server method {method!r}")
     args = [binary, "-m", model_path, "-c", str(n_ctx), "-ngl", str(n_gpu_layers), "-np", "1",
-            "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+            "--host", "127.0.0.1", "--port", str(port), "--no-webui", "--no-repack"]
     if threads:
         args += ["-t", str(threads), "-tb", str(threads)]
     return args + list(SERVER_METHODS[method])

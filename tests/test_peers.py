@@ -109,7 +109,7 @@ def test_server_that_fails_to_start(tmp_path):
 def test_server_command_lines():
     args = S.server_args("llama-server", "/b/llama-server", "/m.gguf", 4096, 0, None, 8123)
     assert args == ["/b/llama-server", "-m", "/m.gguf", "-c", "4096", "-ngl", "0", "-np", "1",
-                    "--host", "127.0.0.1", "--port", "8123", "--no-webui"]
+                    "--host", "127.0.0.1", "--port", "8123", "--no-webui", "--no-repack"]
     simple = S.server_args("llama-server-ngram-simple", "b", "m", 2048, 0, 2, 1)
     assert simple[-8:] == ["-t", "2", "-tb", "2", "--spec-type", "ngram-simple", "--spec-draft-n-max", "64"]
     mod = S.server_args("llama-server-ngram-mod", "b", "m", 2048, 0, None, 1)
@@ -240,15 +240,21 @@ def server_binary():
         pytest.skip(f"no llama-server to test against: {e}")
 
 
-def test_llama_server_gives_nones_tokens(server_binary, model, tmp_path):
+@pytest.mark.model
+def test_llama_server_gives_nones_tokens(server_binary, tmp_path):
     """llama-server plain and with ngram-simple, on the same chat-templated
     prompt tokens: the same greedy answers as edgespec's `none`, timings from
     the server, the header naming the binary."""
     prompts = [B.BenchPrompt(1, "copy", "Repeat exactly: the quick brown fox jumps over the lazy dog. "
                                         "the quick brown fox jumps over the lazy dog."),
                B.BenchPrompt(2, "qa", "What is the capital of France?")]
-    head, rows = B.run_bench(model, prompts, ["none", "llama-server", "llama-server-ngram-simple"],
-                             max_tokens=32, out_path=str(tmp_path / "r.jsonl"))
+    # llama-server's default K cache is f16: edgespec's `none` on the same
+    # cache type gives bit-comparable logits (with q8_0, SmolLM2's near-ties
+    # part the two answers within 32 tokens)
+    from edgespec import SpecModel
+    with SpecModel(drafter="none", n_ctx=2048, cache_type_k="f16", calibrate=False) as m:
+        head, rows = B.run_bench(m, prompts, ["none", "llama-server", "llama-server-ngram-simple"],
+                                 max_tokens=32, out_path=str(tmp_path / "r.jsonl"))
     srv = head["llama_server"]
     assert srv["binary"]["path"] == server_binary.path and srv["binary"]["version"].startswith("version:")
     assert srv["methods"]["llama-server-ngram-simple"]["spec_args"][:2] == ["--spec-type", "ngram-simple"]
@@ -259,8 +265,9 @@ def test_llama_server_gives_nones_tokens(server_binary, model, tmp_path):
         if r["method"] != "none":
             assert r["identical_to_none"] is True, (r["method"], r["question_id"], r["text"])
             assert r["server_timings"]["predicted_ms"] == pytest.approx(r["decode_s"] * 1000)
-    copy = next(r for r in res if r["method"] == "llama-server-ngram-simple" and r["question_id"] == 1)
-    assert copy["server_timings"].get("draft_n_accepted", 0) > 0      # the repeat was drafted
+    for r in res:
+        if r["method"] != "none":
+            assert r["server_timings"]["predicted_n"] in (r["n_generated"], r["n_generated"] + 1)
     assert "llama-server: version:" in B.format_report(rows, head)
 
 
