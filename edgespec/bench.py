@@ -14,7 +14,22 @@ Methods
                            core for single tokens and batches, flash attention
                            and the K cache type edgespec uses
   llama-cpp-python-pld     llama-cpp-python with LlamaPromptLookupDecoding (its
-                           defaults; logits_all=True, which its draft path needs)
+                           defaults: 10 draft tokens; logits_all=True, which its
+                           draft path needs)
+  llama-cpp-python-pld-cpu the same with num_pred_tokens=2, which llama-cpp-python's
+                           README recommends for CPU-only machines
+  llama-server, llama-server-ngram-simple, -ngram-map-k, -ngram-map-k4v,
+  -ngram-mod, -ngram-cache
+                           llama.cpp's own server, plain or with its draftless
+                           speculative decoding, each with the settings
+                           llama.cpp's docs recommend; built by `edgespec
+                           build-peers` (see edgespec.peer_server, docs/peers.md)
+  default                  what `edgespec generate MODEL PROMPT` runs with no
+                           options (its drafter; the bench's model must be loaded
+                           with generate's default settings; the header says
+                           what it resolved to)
+A peer method ending in @tN (llama-server@t1, llama-cpp-python-pld@t2) runs
+with N threads for single tokens and batches instead of its own default.
 The llama-cpp-python methods run in a child process, in the environment the
 bench was started with (llama.cpp reads some switches once per process, and
 edgespec turns one of them off for exactness: see backend.llama.TILED_MM_ENV).
@@ -32,11 +47,14 @@ Results file (JSON lines)
           version, date, host and CPU, the measured cost curve, the settings
   then:   {"kind": "result", ...}   one line per (prompt, method); see
           RESULT_FIELDS.  For llama-cpp-python methods `tokens` is the
-          re-tokenized text and n_steps / mean_accepted are null.
+          re-tokenized text and n_steps / mean_accepted are null; for
+          llama-server methods `tokens` are the server's ids and
+          `server_timings` its own timing figures.
 
 Timing: prefill_s runs from the request to the first generated token (edgespec)
 or the first streamed content chunk (llama-cpp-python); decode_s from there to
-the end.  Decode speed is (n_generated - 1) / decode_s.
+the end; llama-server's come from its own timings (prompt_ms, predicted_ms).
+Decode speed is (n_generated - 1) / decode_s.
 """
 from __future__ import annotations
 
@@ -54,10 +72,15 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from .errors import BenchError  # re-exported
+from .peer_server import SERVER_METHODS as _SERVER_ARGS
 from .verify import rouge_l
 
-LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-expert", "llama-cpp-python-pld")
-DEFAULT_METHODS = ("none", "suffix") + LLAMA_METHODS
+LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-expert", "llama-cpp-python-pld", "llama-cpp-python-pld-cpu")
+SERVER_METHODS = tuple(_SERVER_ARGS)
+PEER_METHODS = LLAMA_METHODS + SERVER_METHODS
+DEFAULT_METHODS = ("none", "suffix") + LLAMA_METHODS[:3]
+PLD_DRAFT_TOKENS = {"llama-cpp-python-pld": None, "llama-cpp-python-pld-cpu": 2}
+"""num_pred_tokens of the prompt-lookup methods (None = LlamaPromptLookupDecoding's default, 10)."""
 WARMUP_PROMPT = "Say hello."
 MAX_PROMPTS_BYTES = 64 << 20     # Spec-Bench's 480 questions take 0.7 MB
 
@@ -140,9 +163,27 @@ def load_prompts(path: str, categories: Sequence[str] | None = None,
     return prompts
 
 
+def split_peer(method: str) -> tuple[str, int | None] | None:
+    """(peer method, threads or None) of a peer method name ("llama-server@t2"
+    -> ("llama-server", 2)); None for any other name."""
+    base, _, suffix = method.partition("@")
+    if base not in PEER_METHODS:
+        return None
+    if not suffix:
+        return base, None
+    if suffix[:1] != "t" or not suffix[1:].isdigit() or int(suffix[1:]) < 1:
+        raise BenchError(f"method {method!r}: a peer's suffix is @tN, N threads (e.g. {base}@t2)")
+    return base, int(suffix[1:])
+
+
+def is_peer(method: str) -> bool:
+    """Whether a method runs another program (llama-cpp-python, llama-server) rather than edgespec."""
+    return method.partition("@")[0] in PEER_METHODS
+
+
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
     """'none,suffix,...' -> a list without duplicates; edgespec drafter names are
-    checked against the drafter registry."""
+    checked against the drafter registry, peer names against PEER_METHODS."""
     from .drafters import check_drafter_name
     from .verify import VerifyConfig
 
@@ -151,14 +192,15 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
     for m in (x.strip() for x in items):
         if not m or m in methods:
             continue
-        if m not in LLAMA_METHODS:
+        if split_peer(m) is None and m != "default":
             try:
                 base, _, mode = m.partition("@")
                 check_drafter_name(base)
                 if mode:
                     VerifyConfig(mode)
             except ValueError as e:
-                raise BenchError(f"unknown method {m!r}: {e}; or one of {', '.join(LLAMA_METHODS)}") from None
+                raise BenchError(f"unknown method {m!r}: {e}; or default, or one of {', '.join(PEER_METHODS)} "
+                                 f"(with @tN for N threads)") from None
         methods.append(m)
     if not methods:
         raise BenchError("no methods given")
@@ -170,7 +212,7 @@ def _llama_kwargs(method: str, threads: int | None, cache_type_k: str) -> dict:
     """llama_cpp.Llama arguments of a llama-cpp-python method (see the module
     doc), but for pld's draft model."""
     kw: dict = {}
-    if method == "llama-cpp-python-pld":
+    if method in PLD_DRAFT_TOKENS:
         # the draft model (LlamaPromptLookupDecoding) is made in the worker.
         # With a draft model, Llama keeps logits of every token (it forces
         # logits_all internally) but sizes its scores buffer from the
@@ -195,9 +237,11 @@ def _llama_worker(conn, model_path: str, n_ctx: int, n_gpu_layers: int, kw: dict
     try:
         import llama_cpp
 
-        if method == "llama-cpp-python-pld":
+        if method in PLD_DRAFT_TOKENS:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-            kw = dict(kw, draft_model=LlamaPromptLookupDecoding())
+            n = PLD_DRAFT_TOKENS[method]
+            kw = dict(kw, draft_model=LlamaPromptLookupDecoding() if n is None else
+                      LlamaPromptLookupDecoding(num_pred_tokens=n))
         # with CPU weight repacking off, as edgespec runs (backend.llama.load_model:
         # repacked kernels are not exact and llama.cpp's AMX one crashed here)
         from .backend.llama import llama_cpp_python_repack
@@ -263,10 +307,11 @@ class _LlamaRunner:
         from .backend.llama import TILED_MM_ENV, USER_TILED_MM
 
         self.method, self.raw = method, raw
-        kw = _llama_kwargs(method, threads, cache_type_k)
+        base, n = split_peer(method)
+        kw = _llama_kwargs(base, n or threads, cache_type_k)
         mp = multiprocessing.get_context("spawn")
         self.conn, child = mp.Pipe()
-        self.proc = mp.Process(target=_llama_worker, args=(child, model_path, n_ctx, n_gpu_layers, kw, method),
+        self.proc = mp.Process(target=_llama_worker, args=(child, model_path, n_ctx, n_gpu_layers, kw, base),
                                daemon=True)
         mine = os.environ.get(TILED_MM_ENV)
         _set_env(TILED_MM_ENV, USER_TILED_MM)
@@ -319,17 +364,10 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
     backend runs the settings meant to be exact (CPU thread and K cache
     choices), which alone does not make a model exact."""
     from . import __version__
-    from .backend.llama import default_threads, llama_cpp_version, tiled_mm_setting
+    from .backend.llama import llama_cpp_version, tiled_mm_setting
     from .costmodel import _cpu_name
 
     be = model.backend
-    cpus = multiprocessing.cpu_count()
-    peers = {"llama-cpp-python": {"n_threads": llama_threads or max(cpus // 2, 1),
-                                  "n_threads_batch": llama_threads or cpus, "flash_attn": False, "cache_type_k": "f16"},
-             "llama-cpp-python-expert": {"n_threads": llama_threads or default_threads(),
-                                         "n_threads_batch": llama_threads or default_threads(), "flash_attn": True,
-                                         "cache_type_k": be.cache_type_k}}
-    peers["llama-cpp-python-pld"] = dict(peers["llama-cpp-python"], draft="LlamaPromptLookupDecoding()")
     ex = getattr(model, "exactness", None)
     return {
         "kind": "header",
@@ -345,7 +383,8 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "tiled_mm": tiled_mm_setting(),
         "single_token_threads": (f"{be.n_threads} up to {be.one_thread_after} KV cells, then 1 (exact mode, f16 K cache)"
                                  if be.one_thread_after is not None else str(be.n_threads)),
-        "llama_cpp_python": {m: peers[m] for m in methods if m in peers},
+        "llama_cpp_python": {m: llama_peer_settings(m, llama_threads, be.cache_type_k)
+                             for m in methods if is_peer(m) and split_peer(m)[0] in LLAMA_METHODS},
         "n_ctx": be.n_ctx,
         "n_gpu_layers": be.n_gpu_layers,
         "max_nodes": model.config.max_nodes,
@@ -366,6 +405,67 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
                      "sources": len(c.header.get("sources", []))} for c in getattr(model, "corpora", [])],
         "decoding": "greedy",
     }
+
+
+def llama_peer_settings(method: str, llama_threads: int | None, cache_type_k: str) -> dict:
+    """What a llama-cpp-python method runs with (the header's record; the
+    library's defaults: half the logical CPUs for single tokens, all of them
+    for batches, no flash attention, an f16 K cache)."""
+    from .backend.llama import default_threads
+
+    base, n = split_peer(method)
+    n = n or llama_threads
+    cpus = multiprocessing.cpu_count()
+    if base == "llama-cpp-python-expert":
+        return {"n_threads": n or default_threads(), "n_threads_batch": n or default_threads(),
+                "flash_attn": True, "cache_type_k": cache_type_k}
+    out = {"n_threads": n or max(cpus // 2, 1), "n_threads_batch": n or cpus, "flash_attn": False,
+           "cache_type_k": "f16"}
+    if base in PLD_DRAFT_TOKENS:
+        k = PLD_DRAFT_TOKENS[base]
+        out["draft"] = "LlamaPromptLookupDecoding(" + ("" if k is None else f"num_pred_tokens={k}") + ")"
+    return out
+
+
+def resolve_default(model) -> dict:
+    """What method `default` runs: `edgespec generate`'s defaults (drafter,
+    kernels, K cache, threads, context, GPU layers, largest batch, cost gate,
+    verification), resolved on this machine.  The bench's model must run the
+    same backend settings (it is loaded once for every method); BenchError
+    naming the differences otherwise.  "drafter" is the spec to run: without
+    the corpora the bench loaded (generate loads none by default)."""
+    from .backend.llama import auto_cache_type_k, default_threads
+    from .cli import generate_defaults
+
+    d = generate_defaults()
+    be = model.backend
+    threads = d["threads"] or default_threads()
+    exact = d["kernels"] != "fast" and not d["n_gpu_layers"]
+    want = {"kernels": d["kernels"], "n_threads": threads, "n_ctx": d["ctx"], "n_gpu_layers": d["n_gpu_layers"],
+            "cache_type_k": (auto_cache_type_k(exact, threads) if d["cache_type_k"] == "auto" else d["cache_type_k"]),
+            "max_nodes": d["max_nodes"], "cost_gate": not d["no_gate"], "verify": d["verify"]}
+    have = {"kernels": getattr(model, "kernels", "exact"), "n_threads": be.n_threads, "n_ctx": be.n_ctx,
+            "n_gpu_layers": be.n_gpu_layers, "cache_type_k": be.cache_type_k, "max_nodes": model.config.max_nodes,
+            "cost_gate": model.config.cost_gate, "verify": model.config.verify.mode}
+    diff = [f"{k} {have[k]} (generate's default: {want[k]})" for k in want if have[k] != want[k]]
+    if diff:
+        raise BenchError(f"method default runs `edgespec generate`'s defaults, but this bench's model runs "
+                         f"{', '.join(diff)}: bench default without those options")
+    drafter = d["drafter"] + ("-nocorpus" if getattr(model, "corpora", None) and "-nocorpus" not in d["drafter"]
+                              else "")
+    return dict(want, drafter=drafter, generate_drafter=d["drafter"])
+
+
+def fresh_drafter(model, spec: str):
+    """A new drafter object for `spec`, built as SpecModel builds a named one.
+    Method `default` runs its own (so its own engine, drafter memory and
+    acceptance statistics): it never learns from the answers of a method that
+    runs the same drafter in this bench."""
+    from .drafters import make_drafter, parse_drafter_name
+
+    name, use_corpora, switches = parse_drafter_name(spec)
+    return make_drafter(name, n_vocab=model.vocab.n_vocab, model_path=model.model_path,
+                        corpora=model.corpora if use_corpora else (), **switches)
 
 
 def plain_logits_at(model, prompt_tokens, prefix) -> np.ndarray:
@@ -411,6 +511,100 @@ def divergence(model, prompt_tokens, ref: Sequence[int], other: Sequence[int]) -
             "reproduced": best == a if a is not None else bool(eog[best])}
 
 
+def server_binary(methods: Sequence[str]):
+    """The llama-server the methods need (edgespec.peers.find_llama_server),
+    None when they need none; PeerError (one line, with the build command)
+    when it is not built, does not run or was built from another llama.cpp."""
+    if not any(split_peer(m) and split_peer(m)[0] in SERVER_METHODS for m in methods):
+        return None
+    from .peers import find_llama_server
+    return find_llama_server()
+
+
+class _Methods:
+    """Runs the methods of one bench: edgespec's on the loaded model, the
+    peers in their own processes (each started on first use, all closed at
+    the end).  `default` runs a drafter of its own, new in every pass."""
+
+    def __init__(self, model, methods: Sequence[str], llama_threads: int | None, raw: bool):
+        self.model, self.llama_threads, self.raw = model, llama_threads, raw
+        self.peers: dict = {}
+        self.default = resolve_default(model) if "default" in methods else None
+        self.default_drafter = None
+        self.server = server_binary(methods)
+
+    def new_pass(self) -> None:
+        if self.default is not None:
+            self.default_drafter = fresh_drafter(self.model, self.default["drafter"])
+
+    def engine(self, m: str):
+        return self.model._engine_for(self.default_drafter if m == "default" else m)
+
+    def server_settings(self, methods: Sequence[str]) -> dict | None:
+        """The header's record of the llama-server methods: binary, version, arguments, threads."""
+        if self.server is None:
+            return None
+        from .backend.llama import default_threads
+        out = {"binary": self.server.describe(), "methods": {}}
+        for m in methods:
+            peer = split_peer(m)
+            if peer and peer[0] in SERVER_METHODS:
+                n = peer[1] or self.llama_threads
+                out["methods"][m] = {"spec_args": list(_SERVER_ARGS[peer[0]]),
+                                     "threads": n or default_threads(), "threads_default": n is None}
+        return out
+
+    def run(self, m: str, turn: str, tokens, n_tok: int) -> dict:
+        peer = split_peer(m)
+        if peer is None:
+            # the plain run also records the model's top-8 at each position, so
+            # that tools/replay.py can replay drafters that read the model's ranking
+            drafter = self.default_drafter if m == "default" else m
+            r = self.model.generate(tokens, max_tokens=n_tok, drafter=drafter,
+                                    record_topk=8 if m == "none" else 0).to_dict()
+            r["tokens"] = [int(t) for t in r["tokens"]]
+            return r
+        return self._peer(m).run(tokens if peer[0] in SERVER_METHODS else turn, n_tok)
+
+    def _peer(self, m: str):
+        if m not in self.peers:
+            be = self.model.backend
+            base, n = split_peer(m)
+            if base in SERVER_METHODS:
+                from .peer_server import LlamaServerRunner, server_env
+                self.peers[m] = LlamaServerRunner(base, self.server.path, self.model.model_path, be.n_ctx,
+                                                  be.n_gpu_layers, n or self.llama_threads, env=server_env())
+            else:
+                self.peers[m] = _LlamaRunner(m, self.model.model_path, be.n_ctx, self.llama_threads,
+                                             be.n_gpu_layers, cache_type_k=be.cache_type_k, raw=self.raw)
+        return self.peers[m]
+
+    def close(self) -> None:
+        for r in self.peers.values():
+            r.close()
+
+
+def _result_row(model, p: BenchPrompt, i: int, rep: int, m: str, r: dict, base: dict | None, tokens) -> dict:
+    """One result line: a method's run set against none's (tokens, or the
+    text for llama-cpp-python, whose tokens are re-tokenized)."""
+    text_only = is_peer(m) and split_peer(m)[0] in LLAMA_METHODS
+    if base is None:
+        same = None
+    elif text_only:
+        same = r["text"] == base["text"]
+    else:
+        same = r["tokens"] == base["tokens"]
+    rec = {"kind": "result", "question_id": p.question_id, "category": p.category,
+           "method": m, "prompt_index": i - 1, "repeat": rep}
+    rec.update(r)
+    rec["identical_to_none"] = same
+    if base is not None and not is_peer(m) and m != "none":
+        rec["rouge_l_to_none"] = round(rouge_l(base["tokens"], r["tokens"]), 4)
+        if not same and r.get("verify", "exact") == "exact":
+            rec["divergence"] = divergence(model, tokens, base["tokens"], r["tokens"])
+    return rec
+
+
 def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, max_tokens: int = 128,
               out_path: str | None = None, prompts_file: str | None = None,
               progress: Callable[[str], None] | None = None,
@@ -418,14 +612,15 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
     """Run every method on every prompt with `model` (a SpecModel); return the
     header and the result dicts, writing them as JSON lines to `out_path` as
     they come (a run stopped half-way keeps what it finished).  llama_threads:
-    threads for the llama-cpp-python methods (None = that library's defaults).
-    repeat: run the whole prompt list that many times (passes); each pass
-    starts a fresh session (model.new_session(): no acceptance statistics or
-    drafter memory carried over, so a later pass cannot copy an earlier answer)
-    and rows carry their pass number in "repeat".  raw: send each prompt as
-    plain text (no chat template; for base models), llama-cpp-python through
-    create_completion.  An edgespec method whose tokens differ from none's
-    gets a "divergence" record (see divergence())."""
+    threads for the peer methods without an @tN suffix (None = each one's
+    defaults).  repeat: run the whole prompt list that many times (passes);
+    each pass starts a fresh session (model.new_session(): no acceptance
+    statistics or drafter memory carried over, so a later pass cannot copy an
+    earlier answer) and rows carry their pass number in "repeat".  raw: send
+    each prompt as plain text (no chat template; for base models),
+    llama-cpp-python through create_completion, llama-server as the same
+    token ids.  An edgespec method whose tokens differ from none's gets a
+    "divergence" record (see divergence())."""
     if max_tokens < 1:
         raise BenchError("max_tokens must be >= 1")
     if repeat < 1:
@@ -433,35 +628,19 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
     methods = parse_methods(methods)
     say = progress or (lambda s: None)
     be = model.backend
-    runners: dict[str, _LlamaRunner] = {}
-
-    def llama_runner(m: str) -> _LlamaRunner:
-        if m not in runners:
-            runners[m] = _LlamaRunner(m, model.model_path, be.n_ctx, llama_threads, be.n_gpu_layers,
-                                      cache_type_k=be.cache_type_k, raw=raw)
-        return runners[m]
-
-    def run_one(m: str, turn: str, tokens, n_tok: int) -> dict:
-        if m in LLAMA_METHODS:
-            r = llama_runner(m).run(turn, n_tok)
-        else:
-            # the plain run also records the model's top-8 at each position, so
-            # that tools/replay.py can replay drafters that read the model's ranking
-            r = model.generate(tokens, max_tokens=n_tok, drafter=m, record_topk=8 if m == "none" else 0).to_dict()
-            r["tokens"] = [int(t) for t in r["tokens"]]
-        return r
-
-    # every prompt is tokenized and checked before the results file is opened:
-    # a prompt that does not fit (or a base model without --raw) fails the run
-    # before anything is written
+    # every prompt is tokenized and checked, and the peers found, before the
+    # results file is opened: a prompt that does not fit (or a base model
+    # without --raw, or a llama-server not built) fails the run before
+    # anything is written
     warm_tokens = model.prompt_tokens(WARMUP_PROMPT, raw=raw)
     prompt_tokens = [model.prompt_tokens(p.turn, raw=raw) for p in prompts]
     for p, tokens in zip(prompts, prompt_tokens):
         if len(tokens) >= be.n_ctx:
             raise BenchError(f"prompt {p.question_id} ({p.category}) has {len(tokens)} tokens, "
                              f"more than the context of {be.n_ctx}; raise --ctx")
+    runner = _Methods(model, methods, llama_threads, raw)
     head = header(model, methods, max_tokens, prompts_file, len(prompts), llama_threads, raw=raw)
-    head["repeat"] = repeat
+    head.update(repeat=repeat, default=runner.default, llama_server=runner.server_settings(methods))
     out = None
     try:
         if out_path:
@@ -469,14 +648,20 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
             out.write(json.dumps(head) + "\n")
             out.flush()
         results: list[dict] = []
-        width = len(str(len(prompts)))
+
+        def emit(rec: dict) -> None:
+            results.append(rec)
+            if out is not None:
+                out.write(json.dumps(rec) + "\n")
+
         for rep in range(repeat):
             tag = f"[pass {rep + 1}/{repeat}] " if repeat > 1 else ""
             if rep:
                 model.new_session()
+            runner.new_pass()
             say(f"{tag}warming up: {', '.join(methods)}")
             for m in methods:
-                run_one(m, WARMUP_PROMPT, warm_tokens, 16)
+                runner.run(m, WARMUP_PROMPT, warm_tokens, 16)
             for i, (p, tokens) in enumerate(zip(prompts, prompt_tokens), 1):
                 rows = {}
                 # rotate the order from prompt to prompt (and pass to pass):
@@ -485,50 +670,25 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
                 # falls on every method alike
                 k = (i - 1 + rep) % len(methods)
                 for m in list(methods[k:]) + list(methods[:k]):
-                    r = run_one(m, p.turn, tokens, max_tokens)
-                    r["n_prompt_tokens"] = len(tokens)
-                    rows[m] = r
-                base = rows.get("none")
+                    rows[m] = dict(runner.run(m, p.turn, tokens, max_tokens), n_prompt_tokens=len(tokens))
                 for m in methods:
-                    r = rows[m]
-                    if base is None:
-                        same = None
-                    elif m in LLAMA_METHODS:
-                        same = r["text"] == base["text"]
-                    else:
-                        same = r["tokens"] == base["tokens"]
-                    rec = {"kind": "result", "question_id": p.question_id, "category": p.category,
-                           "method": m, "prompt_index": i - 1, "repeat": rep}
-                    rec.update(r)
-                    rec["identical_to_none"] = same
-                    if base is not None and m not in LLAMA_METHODS and m != "none":
-                        rec["rouge_l_to_none"] = round(rouge_l(base["tokens"], r["tokens"]), 4)
-                        if not same and r.get("verify", "exact") == "exact":
-                            rec["divergence"] = divergence(model, tokens, base["tokens"], r["tokens"])
-                    results.append(rec)
-                    if out is not None:
-                        out.write(json.dumps(rec) + "\n")
+                    emit(_result_row(model, p, i, rep, m, rows[m], rows.get("none"), tokens))
                 if out is not None:
                     out.flush()
                 speeds = "  ".join(f"{m} {rows[m]['tokens_per_s']:.1f} tok/s" for m in methods)
-                say(f"{tag}[{i:>{width}}/{len(prompts)}] {p.category:<14} {speeds}")
+                say(f"{tag}[{i:>{len(str(len(prompts)))}}/{len(prompts)}] {p.category:<14} {speeds}")
             # the acceptance model of each drafter after the pass: predicted
             # against observed acceptance per source (how well the cost gate's
             # inputs held)
             for m in methods:
-                if m in LLAMA_METHODS or m == "none":
-                    continue
-                rec = {"kind": "calibration", "method": m, "repeat": rep,
-                       "rows": model._engine_for(m).acceptance.report()}
-                results.append(rec)
-                if out is not None:
-                    out.write(json.dumps(rec) + "\n")
+                if not is_peer(m) and m != "none":
+                    emit({"kind": "calibration", "method": m, "repeat": rep,
+                          "rows": runner.engine(m).acceptance.report()})
         return head, results
     finally:
         if out is not None:
             out.close()
-        for r in runners.values():
-            r.close()
+        runner.close()
 
 
 # ------------------------------------------------------------------ report
@@ -751,7 +911,8 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
     passes (with bench --repeat): the lowest and highest speedup of a single
         pass, each pass on its own.
     identical: runs whose output equals `none`'s in the same pass (tokens for
-        edgespec methods, text for llama-cpp-python methods), as k/n.
+        edgespec and llama-server methods, text for llama-cpp-python methods),
+        as k/n.
     engine ms/step: edgespec's own time per step outside llama_decode
         (drafting, gate, verification, bookkeeping), averaged over prompts;
     decode ms/step: time inside llama_decode per step, averaged over prompts.
@@ -773,6 +934,7 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
                    (", raw prompts (no chat template)" if head.get("raw") else "") +
                    (f", {reps} passes (each a fresh session)" if reps > 1 else ""))
         out.append(_exact_line(head))
+        out += peer_header_lines(head)
         if head.get("pooled"):
             out.append(f"pooled from {len(head['pooled'])} runs (each prompt's methods side by side in one of them): "
                        + ", ".join(f"{os.path.basename(p['file'])} ({p['date']})" for p in head["pooled"]))
@@ -803,6 +965,24 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
     return "\n".join(out)
 
 
+def peer_header_lines(head: dict) -> list[str]:
+    """What method `default` resolved to and which llama-server ran, for the report's header."""
+    out = []
+    d = head.get("default")
+    if d:
+        out.append(f"default = `edgespec generate` with no options: drafter {d['generate_drafter']}, kernels "
+                   f"{d['kernels']}, K cache {d['cache_type_k']}, {d['n_threads']} threads, n_ctx {d['n_ctx']}, "
+                   f"max_nodes {d['max_nodes']}, cost gate {'on' if d['cost_gate'] else 'off'}")
+    srv = head.get("llama_server")
+    if srv:
+        b = srv["binary"]
+        same = (f"built from llama-cpp-python {b['llama_cpp_python']}'s llama.cpp" if b.get("same_as_llama_cpp_python")
+                else "not built by edgespec build-peers (its llama.cpp unchecked)")
+        out.append(f"llama-server: {b['version']}, {same}; " + ", ".join(
+            f"{m} {s['threads']} thread{'s' if s['threads'] != 1 else ''}" for m, s in srv["methods"].items()))
+    return out
+
+
 def _exact_line(head: dict) -> str:
     ex = head.get("exactness")
     if head.get("exact") is None or not ex:
@@ -823,7 +1003,7 @@ def divergence_lines(results: list[dict], head: dict | None) -> list[str]:
     ex = (head or {}).get("exactness") or {}
     bound = 2 * float(ex.get("max_abs_diff", 0.0)) if ex else None
     compared = [r for r in results if r.get("identical_to_none") is not None and r["method"] != "none"
-                and not r["method"].startswith("llama-cpp-python") and r.get("verify", "exact") == "exact"]
+                and not is_peer(r["method"]) and r.get("verify", "exact") == "exact"]
     if not compared:
         return []
     out = ["", f"divergences from none: {len(rows)} of {len(compared)} runs of exact edgespec methods"

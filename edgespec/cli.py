@@ -1,4 +1,4 @@
-"""The `edgespec` command line: generate, chat, serve, calibrate, bench, bench-report.
+"""The `edgespec` command line: generate, chat, serve, calibrate, bench, bench-report, build-peers.
 
 Each command resolves its inputs, calls the library and prints.  Mistakes a
 user can make (a missing or broken model file, a prompt longer than the
@@ -324,6 +324,13 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
         model.close()
 
 
+def generate_defaults() -> dict:
+    """What `edgespec generate MODEL PROMPT` runs with when given no options:
+    its options' defaults by name (the bench's method `default` runs these)."""
+    ctx = click.Context(generate)
+    return {p.name: p.get_default(ctx) for p in generate.params if isinstance(p, click.Option)}
+
+
 @main.command()
 @click.argument("model", required=False)
 @generation_options
@@ -502,8 +509,13 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, kernels, as_json)
                                       "switches a component X off / on, e.g. auto-notrigram, NAME+X=V sets a "
                                       "numeric setting, e.g. auto+copy_len=30; NAME@relaxed, NAME@entropy or "
                                       "NAME@entropy_inv with a lossy verification mode) and "
+                                      "default (what `edgespec generate` runs with no options), "
                                       "llama-cpp-python (its defaults), llama-cpp-python-expert (a thread per "
-                                      "physical core, flash attention, edgespec's K cache), llama-cpp-python-pld.")
+                                      "physical core, flash attention, edgespec's K cache), llama-cpp-python-pld "
+                                      "(prompt lookup, 10 tokens), llama-cpp-python-pld-cpu (2 tokens), "
+                                      "llama-server, llama-server-ngram-simple, -ngram-map-k, -ngram-map-k4v, "
+                                      "-ngram-mod, -ngram-cache (llama.cpp's server: edgespec build-peers); "
+                                      "PEER@tN runs a peer with N threads.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts (after --category).")
 @click.option("--category", multiple=True, help="Only prompts of this category (repeatable).")
@@ -530,6 +542,7 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out
     with user_errors():
         prompts = B.load_prompts(prompts_file, categories=list(category), limit=limit)
         method_list = B.parse_methods(methods)
+        B.server_binary(method_list)         # not built: say so before loading the model
     if not raw:
         model = _with_chat_template(model, "use --raw to send the prompts as plain text")
     m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, corpora=corpora,
@@ -573,6 +586,30 @@ def bench_report(results_files, plot_path):
         with user_errors():
             B.plot_results(results, plot_path, head)
         click.echo(f"plot: {plot_path}", err=True)
+
+
+# ------------------------------------------------------------------ build-peers
+@main.command("build-peers")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Parallel compile jobs (default: one per CPU).")
+@click.option("--force", is_flag=True, help="Build again even if a build for this llama-cpp-python exists.")
+@click.option("--sdist", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="llama-cpp-python's source distribution (.tar.gz) of the installed version, instead of "
+                   "downloading it with pip (offline machines).")
+def build_peers_cmd(jobs, force, sdist):
+    """Build llama.cpp's llama-server and rpc-server for `edgespec bench`.
+
+    They are built from the llama.cpp source that the installed
+    llama-cpp-python vendors (the same commit), with RPC support, and cached
+    in edgespec's cache directory; bench's llama-server methods run them.
+    Needs cmake and a C++ compiler; takes several minutes (about 8 on 2 cores).
+    CMAKE_ARGS is passed on to CMake (e.g. -DGGML_CUDA=on)."""
+    from . import peers
+
+    with user_errors():
+        manifest = peers.build_peers(jobs=jobs, force=force, sdist=sdist,
+                                     say=lambda s: click.echo(s, err=True))
+        click.echo(peers.peers_dir(manifest["llama_cpp_python"]))
 
 
 # ------------------------------------------------------------------ build-corpus

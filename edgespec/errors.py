@@ -57,6 +57,11 @@ class ModelLoadError(BackendError):
     """The model file could not be loaded."""
 
 
+class PeerError(EdgespecError, RuntimeError):
+    """A peer of the bench (llama.cpp's llama-server) is not built, could not be
+    built, started or asked, or was built from another llama.cpp."""
+
+
 class ModelBusyError(EdgespecError, RuntimeError):
     """The model is serving another request and the caller asked not to wait
     (wait=False), waited longer than its timeout, or would deadlock waiting
@@ -68,5 +73,5 @@ class ModelClosedError(EdgespecError, RuntimeError):
 
 
 __all__ = ["EdgespecError", "ConfigError", "PromptTooLongError", "ModelFileError", "CorpusError",
-           "EmbeddingsError", "BenchError", "BackendError", "ModelLoadError", "ModelBusyError",
+           "EmbeddingsError", "BenchError", "BackendError", "ModelLoadError", "PeerError", "ModelBusyError",
            "ModelClosedError"]

@@ -333,6 +333,13 @@ def model_metadata(model_ptr, key: str) -> str | None:
     return buf.value.decode("utf-8", errors="replace")
 
 
+def auto_cache_type_k(exact: bool, n_threads: int) -> str:
+    """The K cache type of cache_type_k "auto": q8_0 where exactness needs it
+    (see LlamaBackend: f16 takes the split-KV path with several threads);
+    one thread never takes that path: llama.cpp's default, f16."""
+    return "q8_0" if (exact and n_threads > 1) else "f16"
+
+
 class LlamaBackend:
     """A loaded GGUF model with one context sized for tree verification.
 
@@ -363,8 +370,7 @@ class LlamaBackend:
         self.n_batch = max(n_batch, max_nodes)
         self.exact = exact and n_gpu_layers == 0
         if cache_type_k in (None, "auto"):
-            # one thread never takes the split-KV path: keep llama.cpp's default
-            cache_type_k = "q8_0" if (self.exact and self.n_threads > 1) else "f16"
+            cache_type_k = auto_cache_type_k(self.exact, self.n_threads)
         if cache_type_k not in CACHE_TYPES_K:
             raise ConfigError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), not {cache_type_k!r}")
         self.cache_type_k = cache_type_k
