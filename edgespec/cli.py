@@ -20,15 +20,22 @@ from .drafters import NAMES as DRAFTERS
 from .drafters import parse_drafter_name
 
 # ------------------------------------------------------------------ helpers
-# --verbose / --quiet / --log-file, given to the group or to a command
-LOG = {"verbose": False, "quiet": False, "log_file": None}
+def log_settings(ctx=None) -> dict:
+    """--verbose / --quiet / --log-file of this invocation (given to the group
+    or to the command; kept in the root context, so each run starts afresh)."""
+    ctx = ctx or click.get_current_context(silent=True)
+    if ctx is None:
+        return {"verbose": False, "quiet": False, "log_file": None}
+    return ctx.find_root().meta.setdefault("edgespec.log", {"verbose": False, "quiet": False, "log_file": None})
 
 
 def _set_log(ctx, param, value):
     if value and not ctx.resilient_parsing:
-        LOG[param.name] = value
-        if param.name == "quiet":
-            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"     # huggingface_hub reads it when imported
+        log_settings(ctx)[param.name] = value
+        if param.name == "quiet" and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ:
+            # huggingface_hub reads it when it is imported (after this, when a model is resolved)
+            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+            ctx.find_root().call_on_close(lambda: os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None))
     return value
 
 
@@ -101,7 +108,7 @@ def _calibration_note(intro: str | None = "measuring the verify cost c(T) and ch
     is going on, then (on a terminal) counts the measurement rounds."""
     said = []
     tty = sys.stderr is not None and sys.stderr.isatty()
-    if LOG["quiet"]:
+    if log_settings()["quiet"]:
         return None
 
     def cb(done, total):
@@ -135,16 +142,20 @@ def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=Non
     from .api import SpecModel
     from .backend.llama import log_to_file
 
-    if LOG["log_file"]:
+    log = log_settings()
+    if log["log_file"]:
         try:
-            log_to_file(LOG["log_file"])
+            log_to_file(log["log_file"])
         except OSError as e:
-            raise click.ClickException(f"cannot write the log file {LOG['log_file']}: {e.strerror or e}") from None
+            raise click.ClickException(f"cannot write the log file {log['log_file']}: {e.strerror or e}") from None
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:
+            ctx.find_root().call_on_close(lambda: log_to_file(None))
     with user_errors():
         return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                          max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
                          progress=_calibration_note(), corpora=corpora, verify=verify,
-                         cache_type_k=cache_type_k, kernels=kernels, verbose=LOG["verbose"])
+                         cache_type_k=cache_type_k, kernels=kernels, verbose=log["verbose"])
 
 
 def corpus_option(f):
