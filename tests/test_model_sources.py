@@ -271,3 +271,32 @@ def test_hf_missing_repo_file_and_401(hf, monkeypatch):
         resolve_model("hf://me/tiny-GGUF:Q2_K")
     with pytest.raises(ModelFileError, match="needs a token: set HF_TOKEN|not found .*HF_TOKEN"):
         resolve_model(f"hf://{PRIVATE}:Q4_K_M")
+
+
+def test_hf_pretrained_picks_one_file_by_glob(hf):
+    path = M.hf_pretrained("me/tiny-GGUF", "*Q8_0.gguf")
+    assert os.path.basename(path) == "tiny-Q8_0.gguf"
+    with pytest.raises(ModelFileError, match=r"2 files match '\*.gguf'"):
+        M.hf_pretrained("me/tiny-GGUF", "*.gguf")
+    with pytest.raises(ModelFileError, match="no file matching '\\*Q2_K\\*' .* tiny-Q4_K_M.gguf"):
+        M.hf_pretrained("me/tiny-GGUF", "*Q2_K*")
+
+
+def test_llama_from_pretrained_loads_the_downloaded_model(hf, model, model_path):
+    """edgespec.Llama.from_pretrained as llama-cpp-python's: the real SmolLM2
+    served by the loopback hub, downloaded into the cache and loaded; greedy
+    text equal to the session model's."""
+    import edgespec
+    with open(model_path, "rb") as f:
+        REPO["me/smol-GGUF"] = {"SmolLM2-135M-Instruct.Q4_1.gguf": f.read()}
+    try:
+        llm = edgespec.Llama.from_pretrained("me/smol-GGUF", "*Q4_1.gguf", n_ctx=model.n_ctx, verbose=False)
+    finally:
+        del REPO["me/smol-GGUF"]
+    try:
+        assert llm.model_path.startswith(str(hf / "models--me--smol-GGUF" / "snapshots"))
+        prompt = "The capital of France is"
+        out = llm(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"]
+        assert out == model.generate(prompt, max_tokens=8, raw=True).text
+    finally:
+        llm.close()
