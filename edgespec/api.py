@@ -25,6 +25,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .backend.grammar import Grammar
 from .backend.llama import EXACT_MAX_BATCH, LlamaBackend, tiled_mm_setting
 from .background import BackgroundTask, Pacer
 from .chattokens import chat_tokens
@@ -35,6 +36,7 @@ from .engine import Chunk, Engine, EngineConfig, GenerationResult, _cancel_check
 from .errors import ConfigError, ModelBusyError, ModelClosedError
 from .logprobs import check_top
 from .models import resolve_model
+from .structured import constraint_gbnf
 from .verify import SamplingConfig, VerifyConfig
 
 Messages = Sequence[dict]
@@ -587,7 +589,8 @@ class SpecModel:
 
     # ------------------------------------------------------------ generate
     def _start(self, prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter, record_topk,
-               cancel, prediction, stop_event: threading.Event, logprobs: int | None = None):
+               cancel, prediction, stop_event: threading.Event, logprobs: int | None = None,
+               constraint: tuple = (None, None)):
         """With the model held: the engine generator of one request and what to
         do when it ends."""
         user_cancel = _cancel_check(cancel)
@@ -605,22 +608,30 @@ class SpecModel:
         engine = self._engine_for(drafter if drafter is not None else self._drafter, prediction=pred is not None)
         engine.check_request(len(toks), max_tokens, sampling)
         check_top(logprobs)
+        gbnf = constraint_gbnf(*constraint)
+        grammar = Grammar(self.vocab, gbnf) if gbnf is not None else None
+        if grammar is not None and not engine.config.verify.exact:
+            grammar.close()
+            raise ConfigError(f"--verify {engine.config.verify.mode} cannot be combined with a grammar")
         if pred is not None:
             engine.drafter.set_prediction(pred)
         gen = engine.run(toks, max_tokens=max_tokens, sampling=sampling, stop=list(stop or []),
                          reuse_prefix=reuse_prefix, record_topk=record_topk, cancel=is_cancelled,
-                         logprobs=logprobs)
+                         logprobs=logprobs, grammar=grammar)
 
         def on_end():
             if pred is not None:
                 engine.drafter.set_prediction(None)
+            if grammar is not None:
+                grammar.close()
         return gen, on_end
 
     def generate(self, prompt, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
                  stop: Sequence[str] | None = None, raw: bool = False, drafter=None,
                  reuse_prefix: bool = False, on_text=None, on_chunk=None, record_topk: int = 0,
                  cancel=None, prediction=None, wait: bool = True,
-                 timeout: float | None = None, logprobs: int | None = None) -> GenerationResult:
+                 timeout: float | None = None, logprobs: int | None = None,
+                 grammar: str | None = None, json_schema=None) -> GenerationResult:
         """Generate a completion; returns a GenerationResult (text, tokens, timings).
 
         prompt: a string (one user message in the chat template unless raw), a
@@ -639,11 +650,17 @@ class SpecModel:
         logprobs: N in 0..20 also returns every generated token's
             log-probability under the model (before temperature and the other
             samplers) and the N likeliest tokens there: result.logprobs, a list
-            of edgespec.logprobs.TokenLogprob (token, logprob, top)."""
+            of edgespec.logprobs.TokenLogprob (token, logprob, top).
+        grammar: a GBNF grammar (llama.cpp's format) the answer must follow;
+        json_schema: a JSON schema (dict or JSON text; True or {} for any JSON
+            object) it must follow instead, through llama.cpp's converter.
+            Every committed token, accepted drafts included, is the model's
+            choice among the tokens the grammar admits there."""
         stop_event = threading.Event()
         with self._request(wait, timeout):
             gen, on_end = self._start(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter,
-                                      record_topk, cancel, prediction, stop_event, logprobs)
+                                      record_topk, cancel, prediction, stop_event, logprobs,
+                                      (grammar, json_schema))
             try:
                 return drain(gen, on_text, on_chunk)
             finally:
@@ -653,7 +670,8 @@ class SpecModel:
     def stream(self, prompt, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
                stop: Sequence[str] | None = None, raw: bool = False, drafter=None,
                reuse_prefix: bool = False, record_topk: int = 0, cancel=None, prediction=None,
-               wait: bool = True, timeout: float | None = None, logprobs: int | None = None) -> Stream:
+               wait: bool = True, timeout: float | None = None, logprobs: int | None = None,
+               grammar: str | None = None, json_schema=None) -> Stream:
         """generate() as an iterator of StreamChunks: text, token ids and which of
         them were accepted drafts after every step (with logprobs=N, their
         log-probabilities: chunk.logprobs); the last chunk has finish_reason
@@ -669,7 +687,8 @@ class SpecModel:
             self._pacer.enter()
             entered = True
             gen, on_end = self._start(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter,
-                                      record_topk, cancel, prediction, stop_event, logprobs)
+                                      record_topk, cancel, prediction, stop_event, logprobs,
+                                      (grammar, json_schema))
 
             def end() -> None:
                 try:
@@ -695,13 +714,15 @@ class SpecModel:
     def chat(self, messages: Messages, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
              stop: Sequence[str] | None = None, drafter=None, reuse_prefix: bool = True, on_text=None,
              on_chunk=None, cancel=None, prediction=None, wait: bool = True,
-             timeout: float | None = None, logprobs: int | None = None) -> GenerationResult:
+             timeout: float | None = None, logprobs: int | None = None,
+             grammar: str | None = None, json_schema=None) -> GenerationResult:
         """One chat turn over the whole message list, reusing the KV cache of the
         earlier turns (the common token prefix is not decoded again).  A list that
         does not fit the context raises PromptTooLongError; fit_messages() trims one."""
         return self.generate(list(messages), max_tokens=max_tokens, sampling=sampling, stop=stop,
                              drafter=drafter, reuse_prefix=reuse_prefix, on_text=on_text, on_chunk=on_chunk,
-                             cancel=cancel, prediction=prediction, wait=wait, timeout=timeout, logprobs=logprobs)
+                             cancel=cancel, prediction=prediction, wait=wait, timeout=timeout, logprobs=logprobs,
+                             grammar=grammar, json_schema=json_schema)
 
     def fit_messages(self, messages: Messages, reserve: int = 0) -> tuple[list, int]:
         """The conversation trimmed to fit the context with `reserve` tokens left

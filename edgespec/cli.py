@@ -258,6 +258,9 @@ def stats_lines(result, model) -> list[str]:
     lines.append(f"drafter: {r.drafter}, cost gate: {'on' if model.config.cost_gate else 'off'}; "
                  f"steps: {r.n_steps}, steps with drafts: {r.n_draft_steps}, draft nodes verified: "
                  f"{r.n_draft_nodes}, accepted: {r.n_draft_accepted}{rate}, carried: {r.n_carried}")
+    if r.constrained:
+        lines.append(f"constrained by a grammar: every token chosen among those it admits; "
+                     f"steps that drafted forced text: {r.n_forced}")
     if r.n_steps:
         lines.append(f"time per step: llama_decode {r.decode_call_s / r.n_steps * 1000:.2f} ms, "
                      f"engine {r.engine_s / r.n_steps * 1000:.2f} ms")
@@ -399,8 +402,13 @@ def models_cmd(as_json):
 @click.option("--raw", is_flag=True, help="Send PROMPT as is (no chat template).")
 @click.option("--stats", is_flag=True, help="After the text, print speed, step and acceptance statistics to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the text and every statistic.")
+@click.option("--grammar", "grammar_file", type=click.Path(dir_okay=False), default=None,
+              help="A GBNF grammar file (llama.cpp's format) the answer must follow.")
+@click.option("--json-schema", "schema_file", type=click.Path(dir_okay=False), default=None,
+              help="A JSON schema file the answer must follow (a JSON value); '{}' in the file: any JSON object.")
 def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate,
-             stop, verify, ctx, n_gpu_layers, threads, cache_type_k, kernels, corpora, raw, stats, as_json):
+             stop, verify, ctx, n_gpu_layers, threads, cache_type_k, kernels, corpora, raw, stats, as_json,
+             grammar_file, schema_file):
     """Generate an answer to PROMPT (`-` reads it from stdin).
 
     The prompt is wrapped as one user message in the model's chat template
@@ -422,6 +430,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
     if not prompt.strip():
         raise click.UsageError("the prompt is empty")
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
+    constraint = _constraint(grammar_file, schema_file)
     if not raw:
         model_path = _with_chat_template(model_path, "use --raw to send the prompt as plain text")
     model = load_model(model_path, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
@@ -433,7 +442,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
     try:
         with user_errors():
             result = model.generate(prompt, max_tokens=max_tokens, sampling=sampling, stop=list(stop), raw=raw,
-                                    on_text=None if as_json else _echo_stream)
+                                    on_text=None if as_json else _echo_stream, **constraint)
         if as_json:
             d = result.to_dict()
             d["model"] = model.model_path
@@ -452,6 +461,33 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
                 click.echo(line, err=True)
     finally:
         model.close()
+
+
+def _constraint(grammar_file: str | None, schema_file: str | None) -> dict:
+    """generate's grammar= / json_schema= from --grammar / --json-schema files,
+    checked before the model loads."""
+    from .backend.grammar import MAX_GRAMMAR_BYTES
+    if grammar_file and schema_file:
+        raise click.UsageError("give --grammar or --json-schema, not both")
+    path = grammar_file or schema_file
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_GRAMMAR_BYTES + 1)
+        text = data.decode("utf-8")
+    except OSError as e:
+        raise click.ClickException(f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise click.ClickException(f"{path} is not UTF-8 text (byte {e.start})") from None
+    if len(data) > MAX_GRAMMAR_BYTES:
+        raise click.ClickException(f"{path} is over {MAX_GRAMMAR_BYTES} bytes")
+    if grammar_file:
+        return {"grammar": text}
+    try:
+        return {"json_schema": json.loads(text)}
+    except ValueError as e:
+        raise click.ClickException(f"{path} is not JSON: {e}") from None
 
 
 def generate_defaults() -> dict:

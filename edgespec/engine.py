@@ -36,7 +36,7 @@ from .drafters.base import Drafter, StepResult
 from .kernels.tree import learn_step, plan_step, shadow_learn
 from .kernels.tree import warmup as _warmup_tree_kernels
 from .logprobs import check_top, token_logprobs
-from .tree import SOURCE_CARRY, DraftTree
+from .tree import SOURCE_CARRY, SOURCE_GRAMMAR, DraftTree
 from .verify import SamplingConfig, VerifyConfig, relaxed_accepts, sample_token
 
 SHADOW_KEEP = 16      # proposals judged at once: deeper than any draft the engine verifies
@@ -77,6 +77,9 @@ class EngineConfig:
     shadow: the acceptance model also learns from the proposed nodes the gate
         did not verify, judged against the tokens committed afterwards (see
         kernels.tree.shadow_learn); False learns from verified nodes only.
+    forced_drafts: under a request's grammar, draft the text it forces next
+        (keys, brackets, quotes) as a chain scored forced_prob; the gate's
+        acceptance statistics for it start from that score.
     gate_overhead: None (default) lets the gate count the engine's own time per
         step as measured (a moving average, in plain-step units); a number fixes
         it, so that two runs of the same drafter on the same outputs (a real
@@ -88,6 +91,8 @@ class EngineConfig:
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     gate_overhead: float | None = None
     shadow: bool = True
+    forced_drafts: bool = True
+    forced_prob: float = 0.9
 
     def __post_init__(self):
         if not (1 <= self.max_nodes <= 256):
@@ -120,6 +125,8 @@ class GenerationResult:
     drafter: str = "none"
     verify: str = "exact"         # exact = lossless; relaxed / entropy change the output
     n_relaxed: int = 0            # tokens accepted by a relaxed rule (not the model's own choice)
+    constrained: bool = False     # a grammar or JSON schema constrained the answer
+    n_forced: int = 0             # steps that drafted text the grammar forced
     topk: list | None = None      # with record_topk: the model's top-k ids at each generated position
     logprobs: list | None = None  # with logprobs=N: a logprobs.TokenLogprob per token of `tokens`
 
@@ -312,8 +319,9 @@ def _child(bparent: list, btok: list, slot: int, tok: int) -> int:
     return -1
 
 
-def _merge_chain(tree: DraftTree, chain: np.ndarray, prob: float) -> DraftTree:
-    """Insert a chain below the root into a proposal, sharing existing nodes."""
+def _merge_chain(tree: DraftTree, chain: np.ndarray, prob: float, source: int = SOURCE_CARRY) -> DraftTree:
+    """Insert a chain below the root into a proposal, sharing existing nodes
+    (which then count as `source`, with at least `prob`)."""
     toks, pars = list(tree.tokens), list(tree.parents)
     probs, src = list(tree.probs), list(tree.source)
     cur = -1
@@ -325,9 +333,9 @@ def _merge_chain(tree: DraftTree, chain: np.ndarray, prob: float) -> DraftTree:
                 break
         if nxt >= 0:
             probs[nxt] = max(probs[nxt], prob)
-            src[nxt] = SOURCE_CARRY
+            src[nxt] = source
         else:
-            toks.append(t); pars.append(cur); probs.append(prob); src.append(SOURCE_CARRY)
+            toks.append(t); pars.append(cur); probs.append(prob); src.append(source)
             nxt = len(toks) - 1
         cur = nxt
     return DraftTree(np.array(toks, np.int32), np.array(pars, np.int32),
@@ -464,7 +472,7 @@ class Engine:
     # --------------------------------------------------------------------- run
     def run(self, prompt: np.ndarray, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
             stop: list[str] | None = None, reuse_prefix: bool = False, record_topk: int = 0,
-            cancel=None, logprobs: int | None = None):
+            cancel=None, logprobs: int | None = None, grammar=None):
         """Generator: yields a Chunk after the first token and after every step;
         its return value (StopIteration.value) is the GenerationResult.  Closing
         the generator early (or an exception such as KeyboardInterrupt) leaves
@@ -477,11 +485,16 @@ class Engine:
         "cancelled" and the KV cache holds exactly what was committed.
         logprobs: N in 0..20 also reports every generated token's
         log-probability and the N likeliest tokens there (edgespec.logprobs),
-        in the chunks and in GenerationResult.logprobs."""
+        in the chunks and in GenerationResult.logprobs.
+        grammar: a backend Grammar (edgespec.backend.grammar) the answer must
+        follow: every committed token is the model's choice among the tokens
+        it admits, drafts included; its state advances with the answer."""
         is_cancelled = _cancel_check(cancel)
         check_top(logprobs)
+        if grammar is not None and not self.config.verify.exact:
+            raise ConfigError(f"--verify {self.config.verify.mode} cannot be combined with a grammar")
         st = self._start(prompt, max_tokens, sampling or SamplingConfig(), stop, reuse_prefix, record_topk,
-                         is_cancelled, logprobs)
+                         is_cancelled, logprobs, grammar)
         be = self.backend
         try:
             yield from self._chunk(st, 0)
@@ -516,7 +529,7 @@ class Engine:
             raise ConfigError(f"--verify {vcfg.mode} applies to greedy decoding only (temperature 0)")
 
     def _start(self, prompt, max_tokens: int, sampling: SamplingConfig, stop, reuse_prefix: bool,
-               record_topk: int, is_cancelled, logprobs: int | None = None) -> "_RunState":
+               record_topk: int, is_cancelled, logprobs: int | None = None, grammar=None) -> "_RunState":
         """Check the request, reuse the common prefix of the KV cache, prefill
         the rest and choose the first token."""
         be = self.backend
@@ -532,7 +545,8 @@ class Engine:
         st.rng = np.random.default_rng(sampling.seed) if not sampling.greedy else None
         if logprobs is not None:
             st.n_logprobs, st.lp = logprobs, []
-        st.topk_walk = bool(self._topk) and sampling.greedy
+        st.grammar = grammar
+        st.topk_walk = bool(self._topk) and sampling.greedy and grammar is None
         if reuse_prefix and len(self.kv_tokens):
             m = min(len(self.kv_tokens), len(prompt) - 1)
             neq = np.nonzero(self.kv_tokens[:m] != prompt[:m])[0]
@@ -570,7 +584,10 @@ class Engine:
             self.drafter.observe_prefill(st.n_common, pre[0], pre[1])
         if hid is not None:
             self.drafter.observe_prefill_hidden(st.n_common, hid)
-        first = sample_token(be.logits()[0], sampling, st.rng.random() if st.rng is not None else 0.0)
+        if grammar is not None:
+            first = self._pick(st, be.logits(), 0)
+        else:
+            first = sample_token(be.logits()[0], sampling, st.rng.random() if st.rng is not None else 0.0)
         if record_topk:
             from .kernels.topk import topk_rows
             st.rec_rows = np.arange(self.config.max_nodes + 1, dtype=np.int64)
@@ -630,6 +647,10 @@ class Engine:
         if len(st.carry):
             tree = _merge_chain(tree, st.carry, self.config.carry_prob)
             st.carry = np.zeros(0, np.int32)
+        if st.grammar is not None and budget > 1:
+            forced = self._forced(st)
+            if len(forced):
+                tree = _merge_chain(tree, forced[:budget - 1], self.config.forced_prob, SOURCE_GRAMMAR)
         k, nl = self._choose(tree, budget)
         if self.config.shadow and len(tree) and budget > 1:
             self._shadow_record(st, tree, k)
@@ -688,18 +709,8 @@ class Engine:
         relax = not self.config.verify.exact
         cap = self.config.verify.max_relaxed or (1 << 30)      # ReSpec's Phi: relaxed tokens per step
         n_relaxed = 0
-        sampling = st.sampling
         while True:
-            if st.topk_walk:
-                # the drafter wants this committed slot's ranking anyway: its
-                # first entry is the argmax (ties: lowest id, as argmax), so
-                # the row is read once (right after a decode it is not in cache)
-                self._topk_rows(logits, self._rows[slot:], 1, self._topk, self._tk[slot:], self._tv[slot:])
-                tok = int(self._tk[slot, 0])
-            elif st.rng is None:
-                tok = int(logits[slot].argmax())   # = sample_token(..., greedy), without the call
-            else:
-                tok = sample_token(logits[slot], sampling, st.rng.random())
+            tok = self._pick(st, logits, slot)
             accepted.append(tok)
             c = _child(bpl, btl, slot, tok)
             if c < 0 and relax and k and n_relaxed < cap:
@@ -724,6 +735,43 @@ class Engine:
                     carried.append(c2)
                     s2 = c2
             slot = c
+
+    def _forced(self, st: "_RunState") -> np.ndarray:
+        """Tokens for the text the grammar forces after the committed answer
+        (jump-forward decoding, drafted: verification still decides), or none
+        when nothing is forced or its tokens do not spell it back."""
+        if not self.config.forced_drafts:
+            return _EMPTY_I32
+        text = st.grammar.forced_text(st.out.text)
+        if not text:
+            return _EMPTY_I32
+        vocab = self.backend.vocab
+        toks = vocab.tokenize(text, add_special=False)
+        if vocab.detokenize(toks) != text:
+            return _EMPTY_I32
+        st.n_forced += 1
+        return toks
+
+    def _pick(self, st: "_RunState", logits, slot: int) -> int:
+        """The model's token at batch row `slot`: its argmax (greedy) or a draw,
+        under the request's grammar when it has one (which then advances)."""
+        g = st.grammar
+        if g is not None:
+            if st.rng is None:
+                tok = g.argmax(logits[slot])
+            else:
+                tok = sample_token(g.mask(logits[slot]), st.sampling, st.rng.random())
+            g.accept(tok)
+            return tok
+        if st.topk_walk:
+            # the drafter wants this committed slot's ranking anyway: its
+            # first entry is the argmax (ties: lowest id, as argmax), so
+            # the row is read once (right after a decode it is not in cache)
+            self._topk_rows(logits, self._rows[slot:], 1, self._topk, self._tk[slot:], self._tv[slot:])
+            return int(self._tk[slot, 0])
+        if st.rng is None:
+            return int(logits[slot].argmax())   # = sample_token(..., greedy), without the call
+        return sample_token(logits[slot], st.sampling, st.rng.random())
 
     def _shadow_record(self, st: "_RunState", tree: DraftTree, k: int) -> None:
         """Keep this step's whole proposal (copies: a drafter may reuse its
@@ -809,6 +857,7 @@ class Engine:
             n_draft_steps=st.n_draft_steps, n_draft_nodes=st.n_draft_nodes, n_draft_accepted=st.n_draft_accepted,
             n_carried=st.n_carried, decode_call_s=st.t_decode_calls, engine_s=decode_s - st.t_decode_calls,
             drafter=getattr(self.drafter, "name", "?"), verify=self.config.verify.mode, n_relaxed=st.n_relaxed,
+            constrained=st.grammar is not None, n_forced=st.n_forced,
             topk=np.concatenate(st.topk_log)[:n_gen + 1].tolist() if st.topk_log else None,
             logprobs=st.lp[:n_gen] if st.lp is not None else None)
 
@@ -840,10 +889,12 @@ class _RunState:
     n_draft_accepted: int = 0
     n_carried: int = 0
     n_relaxed: int = 0
+    n_forced: int = 0                 # steps that drafted grammar-forced text
     topk_log: list = field(default_factory=list)
     shadow: list = field(default_factory=list)   # proposals still being judged (Engine._shadow_record)
     rec_rows: np.ndarray = None
     rec_buf: np.ndarray = None
+    grammar: object = None            # a backend Grammar the answer follows (Engine.run)
     n_logprobs: int | None = None     # alternatives per token when logprobs are asked for
     lp: list | None = None            # a TokenLogprob per token of `generated` (then)
 

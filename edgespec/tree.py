@@ -33,8 +33,10 @@ SOURCE_BRANCH = 5    # the model's own alternatives beside a retrieved continuat
 SOURCE_SEMANTIC = 6  # continuation of an embedding-similar anchor (AdaPLD fallback)
 SOURCE_PROMPT = 7    # a context match copied from the prompt (marked so only with auto+aasd)
 SOURCE_ALIGN = 8     # AASD alignment sampling: the model's choice where the prompt disagreed
-N_SOURCES = 9
-SOURCE_NAMES = ("context", "corpus", "trigram", "adjacency", "carry", "branch", "semantic", "prompt", "align")
+SOURCE_GRAMMAR = 9   # text a request's grammar forces next (the engine adds it; no drafter does)
+N_SOURCES = 10
+SOURCE_NAMES = ("context", "corpus", "trigram", "adjacency", "carry", "branch", "semantic", "prompt", "align",
+                "grammar")
 
 
 @dataclass

@@ -1,0 +1,231 @@
+"""Grammar-constrained generation through llama.cpp's own grammar engine.
+
+A `Grammar` wraps llama.cpp's grammar sampler (GBNF) over one vocabulary and
+tracks the tokens committed so far.  The engine asks it, at every position it
+verifies, which token the model chooses under the constraint:
+
+* greedy: the model's argmax if the grammar admits it (one one-token check),
+  else the argmax of the row with every token the grammar rejects set to -inf;
+* sampling: a draw from the masked row.
+
+Both are the choice of llama.cpp's own grammar-constrained sampling (which
+checks the unconstrained pick first and masks the whole row only when the
+grammar rejects it), so a draft token is committed only where it is the model's
+choice under the grammar.  JSON schemas become GBNF through the converter
+llama-cpp-python ships (a port of llama.cpp's json-schema-to-grammar).
+
+llama.cpp aborts the process when a token the grammar rejects is accepted, so
+`accept` is only ever given tokens this object chose or admitted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import threading
+
+import numpy as np
+
+import llama_cpp as L
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+from ..errors import ConfigError
+
+# llama_token_data {id, logit, p}: laid out as numpy records so a whole row is
+# handed to llama.cpp without a Python loop
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
+MAX_GRAMMAR_BYTES = 1 << 20
+
+_init_lock = threading.Lock()     # fd 2 is redirected around a parse (process-wide)
+
+
+def gbnf_for(grammar: str | None = None, json_schema=None) -> str | None:
+    """The GBNF text for a request: `grammar` as given, or the grammar of
+    `json_schema` (a dict, its JSON text, or True / {} for any JSON object);
+    None when neither is given.  ConfigError for both, or a schema the
+    converter cannot handle."""
+    if grammar is not None and json_schema is not None:
+        raise ConfigError("give a grammar or a JSON schema, not both")
+    if grammar is not None:
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise ConfigError("grammar must be a non-empty GBNF text")
+        if len(grammar.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
+            raise ConfigError(f"the grammar is over {MAX_GRAMMAR_BYTES} bytes")
+        return grammar
+    if json_schema is None:
+        return None
+    if json_schema is True or json_schema == {}:
+        return JSON_GBNF
+    if isinstance(json_schema, str):
+        try:
+            json_schema = json.loads(json_schema)
+        except ValueError as e:
+            raise ConfigError(f"the JSON schema is not valid JSON: {e}") from None
+    if not isinstance(json_schema, dict):
+        raise ConfigError("a JSON schema must be a JSON object")
+    try:
+        gbnf = json_schema_to_gbnf(json.dumps(json_schema))
+    except RecursionError:
+        raise ConfigError("the JSON schema nests too deeply") from None
+    except Exception as e:  # the converter raises bare Exceptions, KeyErrors, ...
+        raise ConfigError(f"the JSON schema cannot be turned into a grammar: {e}") from None
+    # the converter in llama-cpp-python admits raw control characters inside
+    # strings, which JSON forbids (llama.cpp's own converter excludes them)
+    return re.sub(r'^char ::= \[\^"\\\\\]', lambda m: r'char ::= [^"\\\x7F\x00-\x1F]', gbnf, flags=re.M)
+
+
+def _init_sampler(vocab_ptr, gbnf: bytes, root: bytes):
+    """llama_sampler_init_grammar, with what llama.cpp's parser prints to
+    stderr captured (it does not go through the log callback): (sampler or
+    None, the parser's message)."""
+    with _init_lock, tempfile.TemporaryFile() as err:
+        saved = os.dup(2)
+        try:
+            os.dup2(err.fileno(), 2)
+            smpl = L.llama_sampler_init_grammar(vocab_ptr, gbnf, root)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        text = err.read(4096).decode("utf-8", "replace")
+    return smpl, text
+
+
+class Grammar:
+    """One request's grammar state over one vocabulary (not thread-safe: one
+    request owns it)."""
+
+    def __init__(self, vocab, gbnf: str, root: str = "root"):
+        self._vocab = vocab
+        smpl, msg = _init_sampler(vocab.ptr, gbnf.encode("utf-8", "surrogatepass"), root.encode("utf-8"))
+        if not smpl:
+            lines = [s.strip() for s in msg.splitlines() if "error" in s.lower() or "failed" in s.lower()]
+            why = "; ".join(lines[:2]) or "llama.cpp rejected it"
+            raise ConfigError(f"the grammar cannot be used: {why}")
+        self._smpl = smpl
+        n = vocab.n_vocab
+        self.n_vocab = n
+        self._all = np.zeros(n, TOKEN_DATA)
+        self._all["id"] = np.arange(n, dtype=np.int32)
+        self._one = np.zeros(1, TOKEN_DATA)
+        self._arr_all = L.llama_token_data_array(self._all.ctypes.data_as(L.llama_token_data_p), n, -1, False)
+        self._arr_one = L.llama_token_data_array(self._one.ctypes.data_as(L.llama_token_data_p), 1, -1, False)
+        self.n_accepted = 0
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar admits `token` next."""
+        self._one[0] = (token, 0.0, 0.0)
+        self._arr_one.size = 1
+        L.llama_sampler_apply(self._smpl, self._arr_one)
+        return bool(np.isfinite(self._one["logit"][0]))
+
+    def mask(self, row: np.ndarray) -> np.ndarray:
+        """A float32 copy of a logits row with -inf at every token the grammar
+        rejects next."""
+        self._all["logit"] = row[:self.n_vocab]
+        self._arr_all.size = self.n_vocab
+        self._arr_all.sorted = False
+        L.llama_sampler_apply(self._smpl, self._arr_all)
+        return self._all["logit"].copy()
+
+    def allowed(self) -> np.ndarray:
+        """The ids of every token the grammar admits next."""
+        self._all["logit"] = 0.0
+        self._arr_all.size = self.n_vocab
+        L.llama_sampler_apply(self._smpl, self._arr_all)
+        return np.flatnonzero(np.isfinite(self._all["logit"])).astype(np.int32)
+
+    def argmax(self, row: np.ndarray) -> int:
+        """The greedy choice under the grammar."""
+        tok = int(row.argmax())
+        if self.allows(tok):
+            return tok
+        masked = self.mask(row)
+        if not np.isfinite(masked).any():
+            raise ConfigError("the grammar admits no token here")
+        return int(masked.argmax())
+
+    def forced_text(self, history: str = "", max_chars: int = 48) -> str:
+        """The text the grammar forces next, one character at a time, as far as
+        it is forced: where the only choices are a space or one other
+        character (JSON grammars' optional spaces), the answer's own habit
+        after the same character decides (`history`: the answer so far; a
+        space when it has none).  A cheap guess made from the one-character
+        tokens (an apply over about a hundred candidates per character), to be
+        drafted and verified, never committed as is."""
+        ids, chars = _char_tokens(self._vocab)
+        if not len(ids):
+            return ""
+        cand = np.zeros(len(ids), TOKEN_DATA)
+        arr = L.llama_token_data_array(cand.ctypes.data_as(L.llama_token_data_p), len(ids), -1, False)
+        clone = L.llama_sampler_clone(self._smpl)
+        out: list[str] = []
+        try:
+            prev = history[-1:] if history else ""
+            for _ in range(max_chars):
+                cand["id"] = ids
+                cand["logit"] = 0.0
+                arr.size = len(ids)
+                L.llama_sampler_apply(clone, arr)
+                ok = np.flatnonzero(np.isfinite(cand["logit"]))
+                pick = _forced_choice([chars[i] for i in ok], prev, history + "".join(out))
+                if pick is None:
+                    break
+                out.append(pick)
+                L.llama_sampler_accept(clone, int(ids[chars.index(pick)]))
+                prev = pick
+        finally:
+            L.llama_sampler_free(clone)
+        return "".join(out)
+
+    def accept(self, token: int) -> None:
+        """Advance past `token`, which must be one the grammar admits."""
+        L.llama_sampler_accept(self._smpl, int(token))
+        self.n_accepted += 1
+
+    def close(self) -> None:
+        if self._smpl:
+            L.llama_sampler_free(self._smpl)
+            self._smpl = None
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+FORCED_CHARS = "".join(chr(c) for c in range(32, 127)) + "\n\t"
+
+
+def _char_tokens(vocab) -> tuple[np.ndarray, list]:
+    """The vocabulary's one-character tokens of FORCED_CHARS (id array, their
+    characters), computed once per vocabulary."""
+    got = getattr(vocab, "_grammar_chars", None)
+    if got is None:
+        ids, chars = [], []
+        for ch in FORCED_CHARS:
+            t = vocab.tokenize(ch, add_special=False)
+            if len(t) == 1 and vocab.piece(int(t[0])) == ch.encode():
+                ids.append(int(t[0]))
+                chars.append(ch)
+        got = vocab._grammar_chars = (np.array(ids, np.int32), chars)
+    return got
+
+
+def _forced_choice(allowed: list, prev: str, history: str) -> str | None:
+    """The next forced character among the one-character tokens the grammar
+    admits: the only one; or, between a space and one other character, the
+    one the answer used after `prev` more often (a space on a tie); None
+    where the choice is open."""
+    if len(allowed) == 1:
+        return allowed[0]
+    if len(allowed) == 2 and " " in allowed:
+        other = allowed[0] if allowed[1] == " " else allowed[1]
+        if not prev:
+            return " "
+        spaced = history.count(prev + " ")
+        tight = history.count(prev) - spaced - (1 if history.endswith(prev) else 0)
+        return " " if spaced >= tight else other
+    return None
