@@ -24,8 +24,21 @@ choices[].logprobs.content) without its logits_all=True: they come from
 the logits verification computes anyway.  Unlike llama-cpp-python,
 logprobs=True without top_logprobs gives the tokens' own log-probabilities
 (OpenAI's meaning), and token bytes are filled in.  Parameters edgespec does
-not implement (grammar, repetition penalties, mirostat, tools, ...) raise
+not implement (repetition penalties, mirostat, functions, ...) raise
 ConfigError when given a value other than their neutral default.
+
+Structured output: create_completion(grammar=...) and
+create_chat_completion(grammar=... or response_format=...) constrain the
+answer (grammar: a llama_cpp.LlamaGrammar or GBNF text; response_format:
+{"type": "json_object"} for any JSON object, {"type": "json_object",
+"schema": {...}} as llama-cpp-python, or OpenAI's {"type": "json_schema",
+"json_schema": {"schema": {...}}}); one of the two at a time, where
+llama-cpp-python lets response_format win silently.  A schema the converter
+cannot take is a ConfigError, not llama-cpp-python's silent fallback to any
+JSON.  create_chat_completion(tools=..., tool_choice=...) renders the tools
+with the GGUF's template and answers calls in OpenAI's shape
+(message.tool_calls, finish_reason "tool_calls"; edgespec.tools), for
+templates that write Qwen2.5's <tool_call> blocks.
 
 The response builders here (completion_response, chat_response, ...) are
 also what `edgespec serve` answers with.
@@ -37,9 +50,11 @@ import uuid
 import warnings
 from typing import Iterator
 
+from . import tools as tooling
 from .api import SpecModel
 from .errors import ConfigError
 from .logprobs import LogprobFormatter, check_top
+from .structured import grammar_text, response_format_schema, schema_gbnf
 from .verify import SamplingConfig
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF    # llama_cpp.LLAMA_DEFAULT_SEED
@@ -59,9 +74,8 @@ _TYPE_K = {1: "f16", 8: "q8_0"}     # ggml type ids of the K cache types edgespe
 # sampling parameters edgespec does not implement, with their neutral values
 _NEUTRAL = {"suffix": None, "typical_p": 1.0, "frequency_penalty": 0.0,
             "presence_penalty": 0.0, "repeat_penalty": 1.0, "tfs_z": 1.0, "mirostat_mode": 0,
-            "stopping_criteria": None, "logits_processor": None, "grammar": None, "logit_bias": None,
-            "functions": None, "function_call": None, "tools": None, "tool_choice": None,
-            "response_format": None}
+            "stopping_criteria": None, "logits_processor": None, "logit_bias": None,
+            "functions": None, "function_call": None}
 
 
 def _refuse_unsupported(**given) -> None:
@@ -201,11 +215,13 @@ class Llama:
         room = self._model.n_ctx - n_prompt
         return room if (max_tokens is None or max_tokens <= 0) else min(int(max_tokens), max(room, 1))
 
-    def _run(self, toks, max_tokens, sampling, stop, stream: bool, logprobs: int | None = None):
-        """The finished GenerationResult, or (stream) a Stream of the request."""
+    def _run(self, toks, max_tokens, sampling, stop, stream: bool, logprobs: int | None = None,
+             grammar: str | None = None):
+        """The finished GenerationResult, or (stream) a Stream of the request
+        (grammar: GBNF text the answer follows)."""
         stop = [stop] if isinstance(stop, str) else list(stop or [])
         kw = dict(max_tokens=self._max_tokens(max_tokens, len(toks)), sampling=sampling, stop=stop,
-                  reuse_prefix=True, logprobs=logprobs)
+                  reuse_prefix=True, logprobs=logprobs, grammar=grammar)
         return self._model.stream(toks, **kw) if stream else self._model.generate(toks, **kw)
 
     def create_completion(self, prompt, suffix=None, max_tokens: int | None = 16, temperature: float = 0.8,
@@ -220,7 +236,8 @@ class Llama:
         with stream=True an iterator of its chunks (the last one has
         finish_reason).  echo=True puts the prompt before the answer.
         logprobs=N (0..20): each token's log-probability and the N likeliest
-        tokens there (not with echo: the prompt's own are not computed)."""
+        tokens there (not with echo: the prompt's own are not computed).
+        grammar: a llama_cpp.LlamaGrammar or GBNF text the answer follows."""
         check_top(logprobs)
         if echo and logprobs is not None:
             raise ConfigError("edgespec.Llama does not support logprobs with echo=True (the prompt's "
@@ -229,7 +246,8 @@ class Llama:
                             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                             repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
                             stopping_criteria=stopping_criteria, logits_processor=logits_processor,
-                            grammar=grammar, logit_bias=logit_bias)
+                            logit_bias=logit_bias)
+        gbnf = grammar_text(grammar)
         if isinstance(prompt, str):
             toks = self._model.tokenize(prompt, add_special=True, parse_special=True) if prompt else \
                 self._model.tokenize("", add_special=True)
@@ -242,8 +260,9 @@ class Llama:
         head = prompt_text if echo else ""
         fmt = LogprobFormatter(self._model.vocab, len(prompt_text)) if logprobs is not None else None
         if stream:
-            return self._completion_chunks(toks, max_tokens, sampling, stop, cid, created, name, head, logprobs, fmt)
-        r = self._run(toks, max_tokens, sampling, stop, False, logprobs)
+            return self._completion_chunks(toks, max_tokens, sampling, stop, cid, created, name, head, logprobs, fmt,
+                                           gbnf)
+        r = self._run(toks, max_tokens, sampling, stop, False, logprobs, gbnf)
         d = completion_response(cid, created, name, head + r.text, r.stop_reason, len(toks), r.n_generated)
         if fmt is not None:
             d["choices"][0]["logprobs"] = fmt.completion(r.logprobs)
@@ -252,8 +271,8 @@ class Llama:
     __call__ = create_completion
 
     def _completion_chunks(self, toks, max_tokens, sampling, stop, cid, created, name, head, logprobs=None,
-                           fmt=None) -> Iterator[dict]:
-        with self._run(toks, max_tokens, sampling, stop, True, logprobs) as s:
+                           fmt=None, gbnf=None) -> Iterator[dict]:
+        with self._run(toks, max_tokens, sampling, stop, True, logprobs, gbnf) as s:
             if head:
                 yield completion_response(cid, created, name, head, None)
             lp = []         # logprobs of tokens whose text is held back (a possible stop string)
@@ -279,29 +298,72 @@ class Llama:
         """Answer a chat (rendered with the GGUF's template): a chat.completion
         dict, or with stream=True an iterator of chat.completion.chunk dicts
         (the first has delta {"role": "assistant"}, the last finish_reason).
-        logprobs=True (top_logprobs=N, 0..20): choices[].logprobs.content."""
-        _refuse_unsupported(functions=functions, function_call=function_call, tools=tools,
-                            tool_choice=tool_choice, typical_p=typical_p, response_format=response_format,
+        logprobs=True (top_logprobs=N, 0..20): choices[].logprobs.content.
+        response_format / grammar: the answer's format (the module doc);
+        tools / tool_choice: OpenAI's, answered in message.tool_calls
+        (edgespec.tools); with stream=True and tools the answer is gathered
+        and sent as one content or tool_calls chunk."""
+        _refuse_unsupported(functions=functions, function_call=function_call, typical_p=typical_p,
                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                             repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
-                            logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias)
+                            logits_processor=logits_processor, logit_bias=logit_bias)
         n_top = (top_logprobs or 0) if logprobs else None       # top_logprobs alone asks for nothing
         check_top(n_top)
-        toks = self._model.prompt_tokens(list(messages))
+        treq, gbnf = self._chat_constraint(response_format, grammar, tools, tool_choice)
+        # an assistant's tool_calls as the template wants them (arguments as objects)
+        messages = [tooling.history_message(m, i) if isinstance(m, dict) and m.get("tool_calls") else m
+                    for i, m in enumerate(messages)]
+        toks = (tooling.prompt_tokens(self._model, messages, treq.tools) if treq is not None
+                else self._model.prompt_tokens(messages))
         sampling = self._sampling(temperature, top_k, top_p, min_p, seed)
         cid, created, name = new_id("chatcmpl"), int(time.time()), model or self.model_path
         fmt = LogprobFormatter(self._model.vocab) if n_top is not None else None
+        run = (toks, max_tokens, sampling, stop)
+        if stream and treq is not None:
+            return self._chat_tool_chunks(run, cid, created, name, n_top, fmt, gbnf, treq)
         if stream:
-            return self._chat_chunks(toks, max_tokens, sampling, stop, cid, created, name, n_top, fmt)
-        r = self._run(toks, max_tokens, sampling, stop, False, n_top)
+            return self._chat_chunks(*run, cid, created, name, n_top, fmt, gbnf)
+        r = self._run(*run, False, n_top, gbnf)
         d = chat_response(cid, created, name, r.text, r.stop_reason, len(toks), r.n_generated)
+        if treq is not None:
+            msg, finish = tooling.answer(r.text, r.stop_reason, treq)
+            d["choices"][0].update(message=msg, finish_reason=finish)
         if fmt is not None:
             d["choices"][0]["logprobs"] = fmt.chat(r.logprobs)
         return d
 
+    def _chat_constraint(self, response_format, grammar, tools, tool_choice):
+        """(tools request or None, GBNF or None) of a chat call: response_format
+        or grammar, or tools (whose "required" / named choice is a grammar)."""
+        schema = response_format_schema(response_format)
+        text = grammar_text(grammar)
+        if schema is not None and text is not None:
+            raise ConfigError("give response_format or grammar, not both")
+        treq = tooling.tool_request(tools, tool_choice, self._model.vocab.chat_template())
+        if treq is None:
+            return None, (schema_gbnf(schema, "response_format") if schema is not None else text)
+        if schema is not None or text is not None:
+            raise ConfigError("tools cannot be combined with response_format or grammar (tool_choice=\"none\" "
+                              "leaves the tools out)")
+        return treq, (tooling.call_grammar(treq) if treq.mode != "auto" else None)
+
+    def _chat_tool_chunks(self, run, cid, created, name, n_top, fmt, gbnf, treq) -> Iterator[dict]:
+        """A tools answer as chunks: generated whole first (a call is known
+        only once its block has closed), then its deltas and the last chunk
+        (with the logprobs)."""
+        r = self._run(*run, False, n_top, gbnf)
+        yield chat_chunk(cid, created, name, {"role": "assistant"})
+        msg, finish = tooling.answer(r.text, r.stop_reason, treq)
+        for delta in tooling.deltas(msg):
+            yield chat_chunk(cid, created, name, delta)
+        last = chat_chunk(cid, created, name, {}, finish)
+        if fmt is not None:
+            last["choices"][0]["logprobs"] = fmt.chat(r.logprobs)
+        yield last
+
     def _chat_chunks(self, toks, max_tokens, sampling, stop, cid, created, name, n_top=None,
-                     fmt=None) -> Iterator[dict]:
-        with self._run(toks, max_tokens, sampling, stop, True, n_top) as s:
+                     fmt=None, gbnf=None) -> Iterator[dict]:
+        with self._run(toks, max_tokens, sampling, stop, True, n_top, gbnf) as s:
             yield chat_chunk(cid, created, name, {"role": "assistant"})
             lp = []         # logprobs of tokens whose text is held back (a possible stop string)
             for c in s:

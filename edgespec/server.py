@@ -27,9 +27,14 @@ carries text also carries `edgespec.spans`: that text cut into runs
 drafts.  `prediction: {"type": "content", "content": ...}` (OpenAI's Predicted
 Outputs) is drafted from, losslessly.  `logprobs` (chat: `logprobs: true`
 with `top_logprobs` 0..20; completions: `logprobs` 0..20) are the model's
-own, from the logits verification computes.  A request without max_tokens
-runs to the end of its turn or a full context, unless the server was
-started with --max-tokens.  docs/api.md lists every request field.
+own, from the logits verification computes.  `response_format`,
+`json_schema` and `grammar` constrain the answer to a grammar (converted
+and bounded beside the event loop, compiled by the SpecModel on the model
+thread: edgespec.structured); chat's `tools` / `tool_choice` render tools
+with the model's template and answer `tool_calls` (edgespec.tools).  A
+request without max_tokens runs to the end of its turn or a full context,
+unless the server was started with --max-tokens.  docs/api.md lists every
+request field.
 Mistakes get OpenAI-style error JSON ({"error": {"message", "type",
 "param", "code"}}) with a 4xx status; an unexpected failure is a 500 whose
 details stay in the server's log.
@@ -48,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -64,10 +70,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from . import tools as tooling
+from .backend.grammar import MAX_GRAMMAR_BYTES
 from .compat import chat_chunk, chat_response, completion_response, new_id, usage
 from .errors import ConfigError, ModelClosedError, PromptTooLongError
 from .guard import Access, Guard, error_body
 from .logprobs import MAX_TOP_LOGPROBS, LogprobFormatter
+from .structured import ConstraintError, grammar_text, response_format_schema, schema_gbnf
 from .verify import SamplingConfig
 
 log = logging.getLogger("edgespec.server")
@@ -81,18 +90,20 @@ INT_MAX = 2**31 - 1        # the largest count, id or top_k a request may give
 # last six are accepted and change nothing: edgespec stores, meters and
 # routes nothing); a field of _NEUTRAL is not implemented and accepted only
 # at one of its "off" values; any other field gets a 400 that names it.
-# Implementing a field is moving its name from _NEUTRAL to HONOURED.
+# Implementing a field is moving its name from _NEUTRAL to HONOURED.  tools
+# and tool_choice are honoured by chat only: on /v1/completions (no chat
+# template to render them) they are accepted only off.
 HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_k", "top_p",
             "min_p", "seed", "stop", "stream", "stream_options", "prediction", "logprobs", "top_logprobs",
+            "response_format", "grammar", "json_schema", "tools", "tool_choice",
             "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
 _NEUTRAL = {"frequency_penalty": (0,), "presence_penalty": (0,), "n": (1,), "best_of": (1,), "echo": (False,),
             "suffix": (None, ""), "logit_bias": (None, {}),
-            "response_format": (None, {"type": "text"}), "grammar": (None, ""), "json_schema": (None,),
             "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
             "function_call": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
             "modalities": (None, ["text"]), "audio": (None,), "reasoning_effort": (None,), "verbosity": (None,),
             "web_search_options": (None,)}
-_ONLY = {"messages": True, "prompt": False}       # fields of one endpoint only (chat: True)
+_ONLY = {"messages": True, "prompt": False, "tools": True, "tool_choice": True}   # one endpoint's only (chat: True)
 
 
 @dataclasses.dataclass
@@ -265,8 +276,62 @@ def _messages(body: dict) -> list[dict]:
         if content is None and m["role"] == "assistant":
             content = ""
         role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _text(content, f"messages[{i}].content")})
+        out.append({"role": role, "content": _text(content, f"messages[{i}].content"), **_tool_fields(m, i)})
     return out
+
+
+def _tool_fields(m: dict, i: int) -> dict:
+    """A message's fields for tools (an assistant's tool_calls, a tool
+    message's tool_call_id and name), as the template gets them."""
+    try:
+        h = tooling.history_message(m, i)
+    except tooling.ToolError as e:
+        raise RequestError(400, str(e), e.param, e.code) from None
+    return {k: v for k, v in h.items() if k not in ("role", "content")}
+
+
+def _constraint(body: dict) -> tuple[str, object] | None:
+    """The one grammar a request asks for: (field, GBNF text or JSON schema;
+    True for any JSON object), or None.  Only types and sizes are checked
+    here; converting and bounding run beside the event loop (_grammar)."""
+    given = []
+    try:
+        schema = response_format_schema(body.get("response_format"))
+    except ConstraintError as e:
+        raise RequestError(400, str(e), e.param, e.code) from None
+    if schema is not None:
+        given.append(("response_format", schema))
+    js = body.get("json_schema")
+    if js is not None:
+        if not isinstance(js, dict):
+            raise RequestError(400, "json_schema must be a JSON schema object", "json_schema", "invalid_type")
+        given.append(("json_schema", js or True))
+    g = body.get("grammar")
+    if g is not None and g != "":
+        if not isinstance(g, str):
+            raise RequestError(400, "grammar must be GBNF text (a string)", "grammar", "invalid_type")
+        if _utf8_len(g, "grammar") > MAX_GRAMMAR_BYTES:
+            raise RequestError(400, f"the grammar has more than {MAX_GRAMMAR_BYTES} bytes", "grammar",
+                               "invalid_value")
+        given.append(("grammar", g))
+    if len(given) > 1:
+        (a, _), (b, _) = given[:2]
+        raise RequestError(400, f"give one of response_format, json_schema and grammar, not both {a} and {b}", b,
+                           "invalid_value")
+    return given[0] if given else None
+
+
+def _grammar(req: dict) -> str | None:
+    """The GBNF of a request's constraint (a tool call's, for tool_choice
+    "required" or a named function), bounded; ConstraintError or ToolError
+    name the field at fault."""
+    tools = req["tools"]
+    if tools is not None and tools.mode != "auto":
+        return tooling.call_grammar(tools)
+    if req["constraint"] is None:
+        return None
+    field, value = req["constraint"]
+    return grammar_text(value, field) if field == "grammar" else schema_gbnf(value, field)
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:
@@ -366,6 +431,10 @@ class Server:
         """Cancel what runs and close the model (what still waits then fails with 500)."""
         self.model.close()
         self._worker.shutdown(wait=True)
+
+    @functools.cached_property
+    def chat_template(self) -> str | None:
+        return self.model.vocab.chat_template()
 
     # ---------------------------------------------------------------- small
     async def page(self, request: Request):
@@ -495,7 +564,8 @@ class Server:
                 return RequestError(499, "cancelled", None, "cancelled").response()
             if req["stream"]:
                 # the status is sent once the model has started: an error before that gets its own
-                return StreamingResponse(self._sse(req, queue, cancel), media_type="text/event-stream",
+                events = (self._sse_tools if req["tools"] is not None else self._sse)(req, queue, cancel)
+                return StreamingResponse(events, media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             return await self._collect(req, queue)
         finally:
@@ -540,12 +610,28 @@ class Server:
         req = {"chat": chat, "stream": stream, "include_usage": bool(opts.get("include_usage")),
                "max_tokens": max_tokens, "stop": _stop(body, d["stop"], self.limits),
                "sampling": sampling, "prediction": _prediction(body), "model": self.model_id,
-               "logprobs": _logprobs(body, chat)}
+               "logprobs": _logprobs(body, chat), "constraint": _constraint(body), "tools": None}
         if chat:
             req["messages"] = _messages(body)
+            req["tools"] = self._tools(body, req["constraint"])
         else:
             req["prompt"] = self._prompt(body.get("prompt"))
+        # the field to name when llama.cpp refuses the grammar (on the model thread)
+        req["grammar_param"] = "tools" if req["tools"] is not None else (req["constraint"] or (None,))[0]
         return req
+
+    def _tools(self, body: dict, constraint) -> tooling.ToolRequest | None:
+        """The request's tools, when it may call one (see edgespec.tools)."""
+        try:
+            template = self.chat_template if body.get("tools") else None     # read only when there are tools
+            tools = tooling.tool_request(body.get("tools"), body.get("tool_choice"), template)
+        except tooling.ToolError as e:
+            raise RequestError(400, str(e), e.param, e.code) from None
+        if tools is not None and constraint is not None:
+            raise RequestError(400, f"tools cannot be combined with {constraint[0]} (the answer is either a "
+                               'tool call or follows the format; tool_choice "none" leaves the tools out)',
+                               constraint[0], "invalid_value")
+        return tools
 
     def _prompt(self, p):
         """/v1/completions' prompt: a string, token ids, or a list of one of those."""
@@ -574,8 +660,10 @@ class Server:
                                f"(at most {self.max_piece} bytes each): it cannot fit {what} tokens", name,
                                "context_length_exceeded")
 
-    def _render(self, messages: list) -> str:
+    def _render(self, messages: list, tools: list | None = None) -> str:
         try:
+            if tools:
+                return tooling.render_prompt(self.model, messages, tools)
             return self.model.apply_chat_template(messages)
         except ConfigError:
             raise
@@ -588,8 +676,12 @@ class Server:
         context and the limits (runs beside the model thread)."""
         m = self.model
         where = "messages" if req["chat"] else "prompt"
+        tools = req["tools"].tools if req["tools"] is not None else None
         try:
-            if req["chat"]:
+            if req["chat"] and tools:
+                self._fits(self._render(req["messages"], tools), self.n_ctx, where)
+                toks = tooling.prompt_tokens(m, req["messages"], tools)
+            elif req["chat"]:
                 self._fits(self._render(req["messages"]), self.n_ctx, where)
                 toks = m.prompt_tokens(req["messages"])
             elif isinstance(req["prompt"], str):
@@ -608,6 +700,9 @@ class Server:
                 if len(pred) > limit:
                     raise RequestError(400, f"the prediction has {len(pred)} tokens, more than {limit} "
                                        "(--max-prediction-tokens)", "prediction", "invalid_value")
+            req["gbnf"] = _grammar(req)
+        except (ConstraintError, tooling.ToolError) as e:
+            raise RequestError(400, str(e)[:300], e.param, e.code) from None
         except PromptTooLongError as e:
             raise RequestError(400, str(e), where, "context_length_exceeded") from None
         except ModelClosedError:
@@ -651,8 +746,9 @@ class Server:
             self._last_prompt = None
             if isinstance(e, ModelClosedError):
                 err = _shutting_down()
-            elif isinstance(e, ConfigError):
-                err = RequestError(400, str(e)[:300], None, "invalid_value")
+            elif isinstance(e, ConfigError):     # llama.cpp refused the grammar, or the like
+                param = req["grammar_param"] if str(e).startswith("the grammar") else None
+                err = RequestError(400, str(e)[:300], param, "invalid_value")
             else:                        # llama.cpp failed, or a bug: the details go to the log
                 self._count("failed")
                 err = _internal("a generation")
@@ -669,7 +765,7 @@ class Server:
         extends = last is not None and len(toks) > len(last) and np.array_equal(toks[:len(last)], last)
         with self.model.stream(toks, max_tokens=req["max_tokens"], sampling=req["sampling"], stop=req["stop"],
                                drafter=self.defaults["drafter"], reuse_prefix=bool(extends), cancel=cancel,
-                               prediction=req["prediction"], logprobs=req["logprobs"]) as s:
+                               prediction=req["prediction"], logprobs=req["logprobs"], grammar=req["gbnf"]) as s:
             self._last_prompt = toks
             emit(("started", None))
             for c in s:
@@ -723,6 +819,9 @@ class Server:
         n_prompt = len(req["tokens"])
         if req["chat"]:
             d = chat_response(cid, created, req["model"], r.text, r.stop_reason, n_prompt, r.n_generated)
+            if req["tools"] is not None:
+                msg, finish = tooling.answer(r.text, r.stop_reason, req["tools"])
+                d["choices"][0].update(message=msg, finish_reason=finish)
         else:
             d = completion_response(cid, created, req["model"], r.text, r.stop_reason, n_prompt, r.n_generated)
         if req["logprobs"] is not None:
@@ -735,20 +834,16 @@ class Server:
         generator (the client left) cancels the generation."""
         chat, name = req["chat"], req["model"]
         cid, created = new_id("chatcmpl" if chat else "cmpl"), int(time.time())
-
-        def event(d: dict) -> str:
-            return f"data: {json.dumps(d, ensure_ascii=False)}\n\n"
-
         n_tok = n_drafted = 0           # of chunks whose text is still held back (a possible stop string)
         lp, fmt = [], self._formatter(req) if req["logprobs"] is not None else None
         try:
             if chat:
-                yield event(chat_chunk(cid, created, name, {"role": "assistant", "content": ""}))
+                yield _event(chat_chunk(cid, created, name, {"role": "assistant", "content": ""}))
             while True:
                 kind, c = await queue.get()
                 if kind != "chunk":
                     if kind == "error":
-                        yield event({"error": {"message": c.message, "type": c.etype, "code": c.code}})
+                        yield _error_event(c)
                     break
                 if c.result is None:
                     n_tok, n_drafted = n_tok + len(c.tokens), n_drafted + c.n_drafted
@@ -762,26 +857,68 @@ class Server:
                     d["edgespec"] = {"spans": [[t, bool(f)] for t, f in c.spans], "tokens": n_tok,
                                      "drafted": n_drafted}
                     n_tok = n_drafted = 0
-                    yield event(d)
+                    yield _event(d)
                     continue
-                r = c.result
-                d = (chat_chunk(cid, created, name, {}, r.stop_reason) if chat
-                     else completion_response(cid, created, name, "", r.stop_reason))
-                if fmt is not None and lp:
-                    d["choices"][0]["logprobs"] = self._logprobs(req, fmt, lp)
-                d["usage"] = usage(len(req["tokens"]), r.n_generated)
-                d["timings"] = timings(r, self._drafter_name())
-                yield event(d)
-                if req["include_usage"]:
-                    u = (chat_chunk(cid, created, name, {}) if chat
-                         else completion_response(cid, created, name, "", None))
-                    u["choices"] = []
-                    u["usage"] = d["usage"]
-                    yield event(u)
+                for e in self._tail(req, cid, created, c.result, c.result.stop_reason, lp, fmt):
+                    yield e
                 break
             yield "data: [DONE]\n\n"
         finally:
             cancel.set()          # a no-op once the answer is complete
+
+    def _tail(self, req: dict, cid: str, created: int, r, finish: str, lp: list, fmt) -> list[str]:
+        """A stream's last events: the chunk with finish_reason, usage and
+        timings (and the logprobs still held back), then the usage chunk
+        if asked for."""
+        chat, name = req["chat"], req["model"]
+        d = (chat_chunk(cid, created, name, {}, finish) if chat
+             else completion_response(cid, created, name, "", finish))
+        if fmt is not None and lp:
+            d["choices"][0]["logprobs"] = self._logprobs(req, fmt, lp)
+        d["usage"] = usage(len(req["tokens"]), r.n_generated)
+        d["timings"] = timings(r, self._drafter_name())
+        events = [_event(d)]
+        if req["include_usage"]:
+            u = (chat_chunk(cid, created, name, {}) if chat
+                 else completion_response(cid, created, name, "", None))
+            u["choices"] = []
+            u["usage"] = d["usage"]
+            events.append(_event(u))
+        return events
+
+    async def _sse_tools(self, req: dict, queue: asyncio.Queue, cancel: threading.Event):
+        """The events of a streamed answer to a request with tools: the answer
+        is gathered first (a call is known only once its block has closed),
+        then sent as its content and tool_calls deltas and the last events
+        (its logprobs on the last chunk)."""
+        name, cid, created = req["model"], new_id("chatcmpl"), int(time.time())
+        fmt = self._formatter(req) if req["logprobs"] is not None else None
+        try:
+            yield _event(chat_chunk(cid, created, name, {"role": "assistant", "content": ""}))
+            while True:
+                kind, c = await queue.get()
+                if kind == "error":
+                    yield _error_event(c)
+                if kind != "chunk" or c.result is not None:
+                    break
+            if kind == "chunk":
+                r = c.result
+                msg, finish = tooling.answer(r.text, r.stop_reason, req["tools"])
+                for delta in tooling.deltas(msg):
+                    yield _event(chat_chunk(cid, created, name, delta))
+                for e in self._tail(req, cid, created, r, finish, r.logprobs or [], fmt):
+                    yield e
+            yield "data: [DONE]\n\n"
+        finally:
+            cancel.set()          # a no-op once the answer is complete
+
+
+def _event(d: dict) -> str:
+    return f"data: {json.dumps(d, ensure_ascii=False)}\n\n"
+
+
+def _error_event(e: RequestError) -> str:
+    return _event({"error": {"message": e.message, "type": e.etype, "code": e.code}})
 
 
 def _uvicorn_server(config, app: Server):

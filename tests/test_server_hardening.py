@@ -121,7 +121,7 @@ MALFORMED = [     # body, status, code, param
     ({"messages": MSG, "prompt": "Hi"}, 400, "unknown_field", "prompt"),
     ({"messages": MSG, "logprobs": True, "top_logprobs": 21}, 400, "invalid_value", "top_logprobs"),
     ({"messages": MSG, "logprobs": "yes"}, 400, "invalid_type", "logprobs"),
-    ({"messages": MSG, "response_format": {"type": "json_object"}}, 400, "unsupported", "response_format"),
+    ({"messages": MSG, "response_format": {"type": "xml"}}, 400, "invalid_value", "response_format"),
     ({"messages": MSG, "tools": [{"type": "function"}]}, 400, "unsupported", "tools"),
     ({"messages": MSG, "n": 2}, 400, "unsupported", "n"),
     ({"messages": MSG, "stream_options": {"include_usage": "yes"}}, 400, "invalid_type", "stream_options"),
