@@ -121,6 +121,30 @@ def test_every_drafter_identical_to_none(zoo, drafter):
     assert drafted > 0
 
 
+INVOICE = {"type": "object", "required": ["vendor", "invoice_no", "total", "lines"],
+           "properties": {"vendor": {"type": "string"}, "invoice_no": {"type": "string"}, "total": {"type": "number"},
+                          "lines": {"type": "array", "items": {"type": "object", "required": ["item", "qty"],
+                                    "properties": {"item": {"type": "string"}, "qty": {"type": "integer"}}}}}}
+INVOICE_TEXT = ("Invoice INV-2291 from Northwind Traders: 4 x USB-C cable, 2 x desk lamp, 1 x monitor arm. "
+                "Total due: 187.40 EUR.")
+
+
+@identity
+def test_json_schema_answers_identical_to_constrained_none(zoo):
+    """Under a JSON schema, suffix and auto (the gate off, grammar-forced text
+    drafted too) commit exactly what constrained plain decoding commits."""
+    name, m = zoo
+    text = ("Extract the invoice as JSON: " + INVOICE_TEXT if MODELS[name].chat
+            else INVOICE_TEXT + "\nThe same invoice as JSON:\n")
+    toks = tokens_of(name, m, text)
+    ref = m.generate(toks, max_tokens=MAX_TOKENS + 24, drafter="none", json_schema=INVOICE)
+    assert ref.constrained and ref.text.lstrip().startswith("{")
+    for drafter in ("suffix", "auto"):
+        r = m.generate(toks, max_tokens=MAX_TOKENS + 24, drafter=drafter, json_schema=INVOICE)
+        assert r.tokens == ref.tokens, (name, drafter, r.text, ref.text)
+        assert r.n_forced > 0 and r.n_draft_accepted > 0
+
+
 @identity
 @pytest.mark.parametrize("shape", ["fan", "max"])
 def test_forced_trees_off_the_first_path(zoo, shape):
