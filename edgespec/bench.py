@@ -42,6 +42,15 @@ the method's token.  The report sets each gap against the exactness
 self-check's largest |logit difference|: a gap wider than twice that is no
 near-tie and points at a bug.
 
+Constraints: a prompt line may carry `json_schema` (a JSON schema object) or
+`grammar` (GBNF text) that its answer must follow.  Every method then runs
+under the same grammar (the GBNF edgespec derives, see Constraint): edgespec's
+through SpecModel.generate(json_schema=, grammar=), llama-cpp-python's with
+grammar=LlamaGrammar, llama-server's in the request's grammar field.  Each
+row of such a prompt records whether its answer follows the constraint
+("valid", checked apart from the grammar: see json_answer_error and
+grammar_answer_error), and the report counts them per method.
+
 Results file (JSON lines)
   line 1: {"kind": "header", ...}   model path, threads, context, llama_cpp
           version, date, host and CPU, the measured cost curve, the settings
@@ -95,6 +104,14 @@ class BenchPrompt:
     question_id: object
     category: str
     turn: str          # the first turn, sent as one user message
+    # what the answer must follow, at most one of the two (the line's
+    # `json_schema` or `grammar`): every method that can runs constrained
+    json_schema: dict | None = None
+    grammar: str | None = None      # GBNF text (llama.cpp's format)
+
+    @property
+    def constrained(self) -> bool:
+        return self.json_schema is not None or self.grammar is not None
 
 
 def _json_objects(path: str, lines):
@@ -116,11 +133,15 @@ def _json_objects(path: str, lines):
 
 def load_prompts(path: str, categories: Sequence[str] | None = None,
                  limit: int | None = None) -> list[BenchPrompt]:
-    """Read a JSON-lines prompts file (fields question_id, category, turns).
+    """Read a JSON-lines prompts file (fields question_id, category, turns,
+    and optionally json_schema or grammar: what the answer must follow).
 
     Every non-blank line must be a JSON object with a non-empty list of string
-    `turns`; anything else is a BenchError naming the line.  `categories`
-    keeps only those categories; `limit` then keeps the first N.
+    `turns`; anything else is a BenchError naming the line, and so is a line
+    with both `json_schema` and `grammar`, a `json_schema` that is not a JSON
+    object or uses a keyword the bench cannot check answers against (see
+    SCHEMA_CHECKED), or a constraint that does not become a grammar.
+    `categories` keeps only those categories; `limit` then keeps the first N.
     """
     if not os.path.isfile(path):
         raise BenchError(f"prompts file not found: {path}")
@@ -145,7 +166,8 @@ def load_prompts(path: str, categories: Sequence[str] | None = None,
         except UnicodeEncodeError:
             raise BenchError(f"{path}:{lineno}: an unpaired surrogate escape (\\ud800-\\udfff) in the first "
                              "turn or the category, which is not text") from None
-        prompts.append(BenchPrompt(rec.get("question_id", lineno), category, turns[0]))
+        schema, grammar = _prompt_constraint(path, lineno, rec)
+        prompts.append(BenchPrompt(rec.get("question_id", lineno), category, turns[0], schema, grammar))
     if not prompts:
         raise BenchError(f"no prompts in {path}")
     if categories:
@@ -161,6 +183,358 @@ def load_prompts(path: str, categories: Sequence[str] | None = None,
             raise BenchError("--limit must be >= 1")
         prompts = prompts[:limit]
     return prompts
+
+
+def _prompt_constraint(path: str, lineno: int, rec: dict) -> tuple[dict | None, str | None]:
+    """A prompt line's (json_schema, grammar), each None when absent.
+    BenchError naming the line for both at once, a schema that is not a JSON
+    object or that the answer check cannot check in full, a grammar that is
+    not text, or either one that does not become GBNF."""
+    schema, grammar = rec.get("json_schema"), rec.get("grammar")
+    if schema is None and grammar is None:
+        return None, None
+    where = f"{path}:{lineno}"
+    if schema is not None and grammar is not None:
+        raise BenchError(f"{where}: give `json_schema` or `grammar`, not both")
+    problem = _schema_problem(schema) if schema is not None else _grammar_problem(grammar)
+    if problem:
+        raise BenchError(f"{where}: {problem}")
+    from .backend.grammar import gbnf_for
+    from .errors import ConfigError
+    try:
+        gbnf_for(grammar=grammar, json_schema=schema)
+    except ConfigError as e:
+        raise BenchError(f"{where}: {e}") from None
+    return schema, grammar
+
+
+def _schema_problem(schema) -> str | None:
+    """Why a prompt's json_schema cannot be used: not a JSON object, or parts
+    the answer check would not check."""
+    if not isinstance(schema, dict):
+        return f"`json_schema` must be a JSON object (a JSON schema), not {_json_type(schema)}"
+    bad = unchecked_keywords(schema)
+    if bad:
+        return (f"`json_schema` has {', '.join(bad[:3])}, which the bench's answer check does not check "
+                f"(it knows {', '.join(SCHEMA_CHECKED)}; annotations such as title, description and format "
+                f"are ignored)")
+    return None
+
+
+def _grammar_problem(grammar) -> str | None:
+    if not isinstance(grammar, str) or not grammar.strip():
+        return "`grammar` must be a non-empty GBNF text"
+    return None
+
+
+# ------------------------------------------------------------------ answer checks
+# The bench checks constrained answers itself, apart from the grammar that
+# produced them: a JSON schema with a small validator of the keywords below
+# (JSON Schema's meaning of each; those the prompt sets use, and no new
+# dependency), a GBNF grammar by running the answer through llama.cpp's
+# grammar engine.  An answer cut off by max_tokens is invalid.
+SCHEMA_CHECKED = ("type", "enum", "const", "properties", "required", "additionalProperties", "items",
+                  "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum", "maximum",
+                  "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf", "allOf")
+SCHEMA_ANNOTATIONS = ("title", "description", "$schema", "$id", "$comment", "default", "examples", "format")
+"""Keywords that constrain nothing the check looks at (JSON Schema treats `format` as an annotation too)."""
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf")
+
+
+def _json_type(value) -> str:
+    """JSON's name for a parsed value's type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "integer" if isinstance(value, int) else "number"
+    return {dict: "object", list: "array", str: "string"}.get(type(value), type(value).__name__)
+
+
+def unchecked_keywords(schema, path: str = "$") -> list[str]:
+    """What in a schema the answer check cannot check: keywords outside
+    SCHEMA_CHECKED and SCHEMA_ANNOTATIONS, and subschemas of the wrong
+    shape, each as "'KEYWORD' at PATH"; empty when it checks all of it."""
+    if isinstance(schema, bool):
+        return []
+    if not isinstance(schema, dict):
+        return [f"a {_json_type(schema)} where a schema belongs at {path}"]
+    out = [f"{k!r} at {path}" for k in schema if k not in SCHEMA_CHECKED and k not in SCHEMA_ANNOTATIONS]
+    out += _shape_problems(schema, path)
+    props = schema.get("properties", {})
+    if not isinstance(props, dict):
+        return out + [f"'properties' that is not an object at {path}"]
+    for k, sub in props.items():
+        out += unchecked_keywords(sub, f"{path}.{k}")
+    for k in ("items", "additionalProperties"):
+        if k in schema:
+            out += unchecked_keywords(schema[k], f"{path}.{k}")
+    for k in _SUBSCHEMA_LISTS:
+        subs = schema.get(k, [])
+        if not isinstance(subs, list):
+            out.append(f"{k!r} that is not a list at {path}")
+            continue
+        for i, sub in enumerate(subs):
+            out += unchecked_keywords(sub, f"{path}.{k}[{i}]")
+    return out
+
+
+_COUNTS = ("minItems", "maxItems", "minLength", "maxLength")
+_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _shape_problems(schema: dict, path: str) -> list[str]:
+    """The checked keywords of one schema level whose values have a shape the
+    check cannot read (a count that is no whole number, draft 4's boolean
+    exclusiveMinimum, ...)."""
+    def bad(key, ok):
+        return key in schema and not ok(schema[key])
+
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    def names(x):
+        return isinstance(x, list) and all(isinstance(n, str) for n in x)
+
+    out = [f"{k!r} that is not a whole number at {path}" for k in _COUNTS
+           if bad(k, lambda x: number(x) and float(x).is_integer())]
+    out += [f"{k!r} that is not a number at {path}" for k in _BOUND_KEYS if bad(k, number)]
+    if bad("type", lambda x: isinstance(x, str) or names(x)):
+        out.append(f"'type' that is not a name or a list of names at {path}")
+    if bad("required", names):
+        out.append(f"'required' that is not a list of names at {path}")
+    if bad("enum", lambda x: isinstance(x, list)):
+        out.append(f"'enum' that is not a list at {path}")
+    if bad("pattern", lambda x: isinstance(x, str)):
+        out.append(f"'pattern' that is not text at {path}")
+    return out
+
+
+def _is_type(value, kind: str) -> bool:
+    """Whether a parsed JSON value is of a JSON Schema type (1.0 is an integer, true is no number)."""
+    if kind == "integer":
+        return (isinstance(value, int) and not isinstance(value, bool)) or \
+            (isinstance(value, float) and value.is_integer())
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return _json_type(value) == kind
+
+
+def _same(a, b) -> bool:
+    """JSON equality (enum, const): 1 == 1.0, but true is not 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _short(value) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def schema_error(value, schema, path: str = "$") -> str | None:
+    """The first way a parsed JSON value breaks a schema (the SCHEMA_CHECKED
+    keywords, with JSON Schema's meaning), as "PATH: what"; None when it
+    follows it."""
+    if schema is True or schema == {}:
+        return None
+    if schema is False:
+        return f"{path}: no value is allowed here"
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+        if not any(_is_type(value, k) for k in kinds):
+            return f"{path}: expected {' or '.join(kinds)}, got {_json_type(value)}"
+    if "enum" in schema and not any(_same(value, e) for e in schema["enum"]):
+        return f"{path}: {_short(value)} is not one of {_short(schema['enum'])}"
+    if "const" in schema and not _same(value, schema["const"]):
+        return f"{path}: {_short(value)} is not {_short(schema['const'])}"
+    if isinstance(value, dict):
+        err = _object_error(value, schema, path)
+    elif isinstance(value, list):
+        err = _array_error(value, schema, path)
+    else:
+        err = _scalar_error(value, schema, path)
+    return err or _subschemas_error(value, schema, path)
+
+
+def _object_error(value: dict, schema: dict, path: str) -> str | None:
+    props = schema.get("properties", {})
+    for k in schema.get("required", ()):
+        if k not in value:
+            return f"{path}: missing required key {k!r}"
+    extra = schema.get("additionalProperties", True)     # JSON Schema's default: any other key is allowed
+    for k, v in value.items():
+        sub = props.get(k, extra)
+        if sub is False:
+            return f"{path}: key {k!r} is not allowed"
+        err = schema_error(v, sub, f"{path}.{k}")
+        if err:
+            return err
+    return None
+
+
+def _array_error(value: list, schema: dict, path: str) -> str | None:
+    if "minItems" in schema and len(value) < schema["minItems"]:
+        return f"{path}: {len(value)} items, fewer than minItems {schema['minItems']}"
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        return f"{path}: {len(value)} items, more than maxItems {schema['maxItems']}"
+    for i, v in enumerate(value):
+        err = schema_error(v, schema.get("items", True), f"{path}[{i}]")
+        if err:
+            return err
+    return None
+
+
+_BOUNDS = (("minimum", lambda v, b: v >= b), ("maximum", lambda v, b: v <= b),
+           ("exclusiveMinimum", lambda v, b: v > b), ("exclusiveMaximum", lambda v, b: v < b))
+
+
+def _scalar_error(value, schema: dict, path: str) -> str | None:
+    import re
+
+    if isinstance(value, str):
+        if "minLength" in schema and len(value) < schema["minLength"]:
+            return f"{path}: {len(value)} characters, fewer than minLength {schema['minLength']}"
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            return f"{path}: {len(value)} characters, more than maxLength {schema['maxLength']}"
+        if "pattern" in schema:
+            try:
+                hit = re.search(schema["pattern"], value)
+            except (re.error, TypeError) as e:
+                return f"{path}: the pattern {_short(schema['pattern'])} cannot be checked ({e})"
+            if not hit:
+                return f"{path}: {_short(value)} does not match the pattern {_short(schema['pattern'])}"
+    elif _is_type(value, "number"):
+        for key, ok in _BOUNDS:
+            bound = schema.get(key)
+            # a number bound only (draft 4's boolean exclusiveMinimum is no bound)
+            if isinstance(bound, (int, float)) and not isinstance(bound, bool) and not ok(value, bound):
+                return f"{path}: {_short(value)} breaks {key} {bound}"
+    return None
+
+
+def _subschemas_error(value, schema: dict, path: str) -> str | None:
+    for i, sub in enumerate(schema.get("allOf", ())):
+        err = schema_error(value, sub, path)
+        if err:
+            return f"{err} (allOf[{i}])"
+    if "anyOf" in schema and not any(schema_error(value, s, path) is None for s in schema["anyOf"]):
+        return f"{path}: follows none of anyOf's {len(schema['anyOf'])} schemas"
+    if "oneOf" in schema:
+        n = sum(schema_error(value, s, path) is None for s in schema["oneOf"])
+        if n != 1:
+            return f"{path}: follows {n} of oneOf's schemas, not exactly one"
+    return None
+
+
+def json_answer_error(text: str, schema: dict) -> str | None:
+    """Why an answer is not valid against a JSON schema: not JSON, or the
+    first place it breaks the schema; None when it is valid."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        return f"not JSON: {e}"
+    except RecursionError:
+        return "not JSON: nested too deeply"
+    return schema_error(value, schema)
+
+
+def grammar_answer_error(vocab, gbnf: str, text: str) -> str | None:
+    """Why an answer is not one a GBNF grammar accepts whole, checked by
+    llama.cpp's grammar engine over the answer's tokens (any tokenization of
+    the same text gives the same verdict: the grammar reads characters):
+    the first token it rejects, or an answer that stops before the grammar
+    allows it to end; None when it accepts it."""
+    from .backend.grammar import Grammar
+
+    g = Grammar(vocab, gbnf)
+    try:
+        tokens = vocab.tokenize(text, add_special=False, parse_special=False) if text else []
+        done = ""
+        for t in (int(x) for x in tokens):
+            # allows() before accept(): llama.cpp aborts on accepting a rejected token
+            if not g.allows(t):
+                return f"the grammar rejects {vocab.token_text(t)!r} after {_short(done)}"
+            g.accept(t)
+            done += vocab.token_text(t)
+        eog = _eog_token(vocab)
+        if eog is not None and not g.allows(eog):
+            return "the answer stops before the grammar's end"
+        return None
+    finally:
+        g.close()
+
+
+def _eog_token(vocab) -> int | None:
+    """An end-of-generation token (the grammar admits one only where it may end)."""
+    eos = vocab.eos_token()
+    if eos >= 0 and vocab.is_eog(eos):
+        return eos
+    ids = np.flatnonzero(vocab.eog_mask())
+    return int(ids[0]) if len(ids) else None
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What one prompt's answers must follow: the line's json_schema or
+    grammar, and the GBNF that either amounts to (edgespec.backend.grammar.gbnf_for,
+    through the converter llama-cpp-python ships): edgespec gets the
+    schema or grammar as given, the peers this GBNF, so every method decodes
+    under the same grammar."""
+    json_schema: dict | None
+    grammar: str | None
+    gbnf: str
+
+    def answer_error(self, vocab, text: str) -> str | None:
+        """Why an answer is invalid (see json_answer_error, grammar_answer_error); None when valid."""
+        if self.json_schema is not None:
+            return json_answer_error(text, self.json_schema)
+        return grammar_answer_error(vocab, self.gbnf, text)
+
+
+def prompt_constraint(vocab, p: BenchPrompt) -> Constraint | None:
+    """A prompt's Constraint (None when it has none), its GBNF checked by
+    llama.cpp's grammar parser over the model's vocabulary: BenchError naming
+    the prompt when the parser rejects it."""
+    if not p.constrained:
+        return None
+    from .backend.grammar import Grammar, gbnf_for
+    from .errors import ConfigError
+    if p.json_schema is not None and p.grammar is not None:
+        raise BenchError(f"prompt {p.question_id} ({p.category}): give a JSON schema or a grammar, not both")
+    problem = _schema_problem(p.json_schema) if p.json_schema is not None else _grammar_problem(p.grammar)
+    if problem:
+        raise BenchError(f"prompt {p.question_id} ({p.category}): {problem}")
+    try:
+        gbnf = gbnf_for(grammar=p.grammar, json_schema=p.json_schema)
+        Grammar(vocab, gbnf).close()
+    except ConfigError as e:
+        raise BenchError(f"prompt {p.question_id} ({p.category}): {e}") from None
+    return Constraint(p.json_schema, p.grammar, gbnf)
+
+
+WARMUP_SCHEMA = {"type": "object", "properties": {"greeting": {"type": "string"}}, "required": ["greeting"]}
+"""The constraint of the warm-up's second request when the prompts are constrained
+(each method's grammar path runs once before the timed prompts)."""
+
+
+def constraint_summary(prompts: Sequence[BenchPrompt]) -> dict | None:
+    """The header's record of the prompts' constraints; None when there are none."""
+    n_schema = sum(p.json_schema is not None for p in prompts)
+    n_grammar = sum(p.grammar is not None for p in prompts)
+    if not n_schema and not n_grammar:
+        return None
+    return {"json_schema": n_schema, "grammar": n_grammar, "n_prompts": len(prompts),
+            "peers_get": "the GBNF edgespec derives (llama-cpp-python: grammar=LlamaGrammar; llama-server: "
+                         "the request's grammar field)"}
 
 
 def split_peer(method: str) -> tuple[str, int | None] | None:
@@ -233,7 +607,7 @@ def _llama_kwargs(method: str, threads: int | None, cache_type_k: str) -> dict:
 
 def _llama_worker(conn, model_path: str, n_ctx: int, n_gpu_layers: int, kw: dict, method: str) -> None:
     """The child process of a llama-cpp-python method: load, then answer
-    ("run", turn, max_tokens, raw) requests with result dicts until "exit"."""
+    ("run", turn, max_tokens, raw, gbnf) requests with result dicts until "exit"."""
     try:
         import llama_cpp
 
@@ -265,17 +639,22 @@ def _llama_worker(conn, model_path: str, n_ctx: int, n_gpu_layers: int, kw: dict
     llm.close()
 
 
-def _llama_run(llm, turn: str, max_tokens: int, raw: bool) -> dict:
-    """One streamed, timed request to a llama_cpp.Llama (in the worker)."""
+def _llama_run(llm, turn: str, max_tokens: int, raw: bool, gbnf: str | None = None) -> dict:
+    """One streamed, timed request to a llama_cpp.Llama (in the worker);
+    gbnf: the grammar the answer must follow (already checked by llama.cpp's
+    parser in the bench: llama-cpp-python does not check what it hands on)."""
+    import llama_cpp
+
     pieces: list[str] = []
     stop_reason = None
+    kw = {} if gbnf is None else {"grammar": llama_cpp.LlamaGrammar.from_string(gbnf, verbose=False)}
     t0 = time.perf_counter()
     t_first = None
     if raw:
-        stream = llm.create_completion(turn, max_tokens=max_tokens, temperature=0.0, stream=True)
+        stream = llm.create_completion(turn, max_tokens=max_tokens, temperature=0.0, stream=True, **kw)
     else:
         stream = llm.create_chat_completion(messages=[{"role": "user", "content": turn}],
-                                            max_tokens=max_tokens, temperature=0.0, stream=True)
+                                            max_tokens=max_tokens, temperature=0.0, stream=True, **kw)
     for chunk in stream:
         choice = chunk["choices"][0]
         content = choice.get("text") if raw else choice.get("delta", {}).get("content")
@@ -333,8 +712,8 @@ class _LlamaRunner:
             raise BenchError(f"{self.method}: {value}")
         return value
 
-    def run(self, turn: str, max_tokens: int) -> dict:
-        self.conn.send(("run", turn, max_tokens, self.raw))
+    def run(self, turn: str, max_tokens: int, gbnf: str | None = None) -> dict:
+        self.conn.send(("run", turn, max_tokens, self.raw, gbnf))
         return self._reply()
 
     def close(self) -> None:
@@ -487,19 +866,24 @@ def plain_logits_at(model, prompt_tokens, prefix) -> np.ndarray:
         be.reset()
 
 
-def divergence(model, prompt_tokens, ref: Sequence[int], other: Sequence[int]) -> dict | None:
+def divergence(model, prompt_tokens, ref: Sequence[int], other: Sequence[int], gbnf: str | None = None) -> dict | None:
     """Where `other` first leaves `ref` (none's greedy tokens), and how close
     plain decoding was to choosing other's token there: None when they are
     equal, else {"index", "none_token", "token" (None = the answer ended
     there), "gap": none's top logit minus the logit of other's choice (the
     best end-of-generation token's when other ended), "top2_gap", and
-    "reproduced": whether the re-decoded argmax is none's token}."""
+    "reproduced": whether the re-decoded argmax is none's token}.  With a
+    grammar (gbnf) the logits are those of the tokens it admits there, as
+    the constrained run chose among them: a gap is None where the grammar
+    rejects other's choice, top2_gap None where it admits one token only."""
     ref, other = list(ref), list(other)
     if ref == other:
         return None
     n = min(len(ref), len(other))
     i = next((k for k in range(n) if ref[k] != other[k]), n)
     lg = plain_logits_at(model, prompt_tokens, ref[:i])
+    if gbnf is not None:
+        lg = _grammar_row(model.vocab, gbnf, ref[:i], lg)
     eog = model.backend.vocab.eog_mask()
     a = ref[i] if i < len(ref) else None
     b = other[i] if i < len(other) else None
@@ -507,8 +891,29 @@ def divergence(model, prompt_tokens, ref: Sequence[int], other: Sequence[int]) -
     b_logit = float(lg[b]) if b is not None else float(lg[eog].max())
     second = float(np.partition(lg, -2)[-2])
     best = int(lg.argmax())
-    return {"index": i, "none_token": a, "token": b, "gap": top - b_logit, "top2_gap": top - second,
+    return {"index": i, "none_token": a, "token": b, "gap": _finite(top - b_logit), "top2_gap": _finite(top - second),
             "reproduced": best == a if a is not None else bool(eog[best])}
+
+
+def _finite(x: float) -> float | None:
+    return x if np.isfinite(x) else None
+
+
+def _grammar_row(vocab, gbnf: str, prefix: Sequence[int], row: np.ndarray) -> np.ndarray:
+    """A logits row with -inf at the tokens the grammar rejects after
+    `prefix` (none's answer so far); the row unchanged when the grammar
+    rejects a token of the prefix itself (then it says nothing here)."""
+    from .backend.grammar import Grammar
+
+    g = Grammar(vocab, gbnf)
+    try:
+        for t in prefix:
+            if not g.allows(int(t)):
+                return row
+            g.accept(int(t))
+        return g.mask(row.astype(np.float32)).astype(np.float64)
+    finally:
+        g.close()
 
 
 def server_binary(methods: Sequence[str]):
@@ -554,17 +959,23 @@ class _Methods:
                                      "threads": n or default_threads(), "threads_default": n is None}
         return out
 
-    def run(self, m: str, turn: str, tokens, n_tok: int) -> dict:
+    def run(self, m: str, turn: str, tokens, n_tok: int, c: Constraint | None = None) -> dict:
+        """One request of method m; c: what the answer must follow (edgespec
+        gets the schema or grammar as given, the peers its GBNF)."""
         peer = split_peer(m)
+        gbnf = None if c is None else c.gbnf
         if peer is None:
             # the plain run also records the model's top-8 at each position, so
             # that tools/replay.py can replay drafters that read the model's ranking
             drafter = self.default_drafter if m == "default" else m
+            kw = {} if c is None else {"json_schema": c.json_schema, "grammar": c.grammar}
             r = self.model.generate(tokens, max_tokens=n_tok, drafter=drafter,
-                                    record_topk=8 if m == "none" else 0).to_dict()
+                                    record_topk=8 if m == "none" else 0, **kw).to_dict()
             r["tokens"] = [int(t) for t in r["tokens"]]
             return r
-        return self._peer(m).run(tokens if peer[0] in SERVER_METHODS else turn, n_tok)
+        if peer[0] in SERVER_METHODS:
+            return self._peer(m).run(tokens, n_tok, grammar=gbnf)
+        return self._peer(m).run(turn, n_tok, gbnf)
 
     def _peer(self, m: str):
         if m not in self.peers:
@@ -584,9 +995,12 @@ class _Methods:
             r.close()
 
 
-def _result_row(model, p: BenchPrompt, i: int, rep: int, m: str, r: dict, base: dict | None, tokens) -> dict:
+def _result_row(model, p: BenchPrompt, i: int, rep: int, m: str, r: dict, base: dict | None, tokens,
+                c: Constraint | None = None) -> dict:
     """One result line: a method's run set against none's (tokens, or the
-    text for llama-cpp-python, whose tokens are re-tokenized)."""
+    text for llama-cpp-python, whose tokens are re-tokenized); with a
+    constraint, whether the answer follows it ("valid", and "invalid_reason"
+    when it does not)."""
     text_only = is_peer(m) and split_peer(m)[0] in LLAMA_METHODS
     if base is None:
         same = None
@@ -598,11 +1012,28 @@ def _result_row(model, p: BenchPrompt, i: int, rep: int, m: str, r: dict, base: 
            "method": m, "prompt_index": i - 1, "repeat": rep}
     rec.update(r)
     rec["identical_to_none"] = same
+    if c is not None:
+        why = c.answer_error(model.vocab, r["text"])
+        rec["valid"] = why is None
+        if why is not None:
+            rec["invalid_reason"] = why
     if base is not None and not is_peer(m) and m != "none":
         rec["rouge_l_to_none"] = round(rouge_l(base["tokens"], r["tokens"]), 4)
         if not same and r.get("verify", "exact") == "exact":
-            rec["divergence"] = divergence(model, tokens, base["tokens"], r["tokens"])
+            rec["divergence"] = divergence(model, tokens, base["tokens"], r["tokens"],
+                                           gbnf=None if c is None else c.gbnf)
     return rec
+
+
+def _warm_up(model, runner: _Methods, methods: Sequence[str], tokens, constrained: bool) -> None:
+    """Each method's untimed first request(s) on the warm-up prompt; with
+    constrained prompts a second one under WARMUP_SCHEMA, so that what a
+    method does once for grammars is not timed on the first prompt."""
+    c = prompt_constraint(model.vocab, BenchPrompt(0, "warm-up", WARMUP_PROMPT, WARMUP_SCHEMA)) if constrained else None
+    for m in methods:
+        runner.run(m, WARMUP_PROMPT, tokens, 16)
+        if c is not None:
+            runner.run(m, WARMUP_PROMPT, tokens, 16, c)
 
 
 def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, max_tokens: int = 128,
@@ -620,7 +1051,10 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
     each prompt as plain text (no chat template; for base models),
     llama-cpp-python through create_completion, llama-server as the same
     token ids.  An edgespec method whose tokens differ from none's gets a
-    "divergence" record (see divergence())."""
+    "divergence" record (see divergence()).  A prompt with a json_schema or
+    grammar runs constrained in every method (see Constraint), its rows
+    recording whether the answer follows it ("valid"); the header's
+    "constrained" counts such prompts."""
     if max_tokens < 1:
         raise BenchError("max_tokens must be >= 1")
     if repeat < 1:
@@ -638,9 +1072,11 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
         if len(tokens) >= be.n_ctx:
             raise BenchError(f"prompt {p.question_id} ({p.category}) has {len(tokens)} tokens, "
                              f"more than the context of {be.n_ctx}; raise --ctx")
+    constraints = [prompt_constraint(model.vocab, p) for p in prompts]
     runner = _Methods(model, methods, llama_threads, raw)
     head = header(model, methods, max_tokens, prompts_file, len(prompts), llama_threads, raw=raw)
-    head.update(repeat=repeat, default=runner.default, llama_server=runner.server_settings(methods))
+    head.update(repeat=repeat, default=runner.default, llama_server=runner.server_settings(methods),
+                constrained=constraint_summary(prompts))
     out = None
     try:
         if out_path:
@@ -660,9 +1096,8 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
                 model.new_session()
             runner.new_pass()
             say(f"{tag}warming up: {', '.join(methods)}")
-            for m in methods:
-                runner.run(m, WARMUP_PROMPT, warm_tokens, 16)
-            for i, (p, tokens) in enumerate(zip(prompts, prompt_tokens), 1):
+            _warm_up(model, runner, methods, warm_tokens, constrained=any(constraints))
+            for i, (p, tokens, c) in enumerate(zip(prompts, prompt_tokens, constraints), 1):
                 rows = {}
                 # rotate the order from prompt to prompt (and pass to pass):
                 # whatever running first or second after another method costs
@@ -670,9 +1105,9 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
                 # falls on every method alike
                 k = (i - 1 + rep) % len(methods)
                 for m in list(methods[k:]) + list(methods[:k]):
-                    rows[m] = dict(runner.run(m, p.turn, tokens, max_tokens), n_prompt_tokens=len(tokens))
+                    rows[m] = dict(runner.run(m, p.turn, tokens, max_tokens, c), n_prompt_tokens=len(tokens))
                 for m in methods:
-                    emit(_result_row(model, p, i, rep, m, rows[m], rows.get("none"), tokens))
+                    emit(_result_row(model, p, i, rep, m, rows[m], rows.get("none"), tokens, c))
                 if out is not None:
                     out.flush()
                 speeds = "  ".join(f"{m} {rows[m]['tokens_per_s']:.1f} tok/s" for m in methods)
@@ -800,6 +1235,9 @@ def method_stats(rows: list[dict]) -> dict:
         st["n_compared"] = len(cmp)
     rl = [r["rouge_l_to_none"] for r in rows if r.get("rouge_l_to_none") is not None]
     st["rouge_l"] = sum(rl) / len(rl) if rl else None
+    checked = [r["valid"] for r in rows if r.get("valid") is not None]   # constrained prompts' answers
+    st["valid"] = sum(1 for x in checked if x) if checked else None
+    st["n_checked"] = len(checked)
     return st
 
 
@@ -866,8 +1304,9 @@ def _table(title: str, rows: list[dict], methods: list[str]) -> list[str]:
     n_passes = len({r.get("repeat", 0) for r in rows})
     base = stats.get("none")
     lossy = any(s.get("rouge_l") is not None and s["identical"] != s["n_compared"] for s in stats.values())
+    checked = any(s.get("valid") is not None for s in stats.values())
     cols = ("method", "tok/s", "acc/step", "speedup", "95% CI") + (("passes",) if n_passes > 1 else ()) + \
-        ("identical",) + \
+        ("identical",) + (("valid",) if checked else ()) + \
         (("ROUGE-L",) if lossy else ()) + ("engine ms/step", "decode ms/step")
     body = []
     for m in methods:
@@ -883,9 +1322,10 @@ def _table(title: str, rows: list[dict], methods: list[str]) -> list[str]:
             ps = pass_speedups(rows, m) if base and m != "none" else []
             spread = (f"{min(ps):.2f}-{max(ps):.2f}" if ps else "-",)
         ident = "-" if m == "none" or s["identical"] is None else f"{s['identical']}/{s['n_compared']}"
+        valid = (("-" if s.get("valid") is None else f"{s['valid']}/{s['n_checked']}"),) if checked else ()
         body.append((m, f"{s['tokens_per_s']:.1f}",
                      "-" if s["mean_accepted"] is None else f"{s['mean_accepted']:.2f}",
-                     speed, ci_s) + spread + (ident,) +
+                     speed, ci_s) + spread + (ident,) + valid +
                     ((("-" if s.get("rouge_l") is None else f"{s['rouge_l']:.3f}"),) if lossy else ()) + (
                      "-" if s["engine_ms_per_step"] is None else f"{s['engine_ms_per_step']:.2f}",
                      "-" if s["decode_ms_per_step"] is None else f"{s['decode_ms_per_step']:.2f}"))
@@ -913,6 +1353,9 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
     identical: runs whose output equals `none`'s in the same pass (tokens for
         edgespec and llama-server methods, text for llama-cpp-python methods),
         as k/n.
+    valid (when prompts carry a json_schema or grammar): answers of the
+        constrained prompts that follow it (parse as JSON and follow the
+        schema, or the grammar accepts them whole), as k/n.
     engine ms/step: edgespec's own time per step outside llama_decode
         (drafting, gate, verification, bookkeeping), averaged over prompts;
     decode ms/step: time inside llama_decode per step, averaged over prompts.
@@ -934,6 +1377,8 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
                    (", raw prompts (no chat template)" if head.get("raw") else "") +
                    (f", {reps} passes (each a fresh session)" if reps > 1 else ""))
         out.append(_exact_line(head))
+        if head.get("constrained"):
+            out.append(constraint_line(head["constrained"]))
         out += peer_header_lines(head)
         if head.get("pooled"):
             out.append(f"pooled from {len(head['pooled'])} runs (each prompt's methods side by side in one of them): "
@@ -963,6 +1408,13 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
         for (m, src), (n, pr, ob) in agg.items():
             out.append(f"{m:<20} {src:<10} {n:>8} {pr / n:>10.3f} {ob / n:>9.3f}")
     return "\n".join(out)
+
+
+def constraint_line(c: dict) -> str:
+    """The report header's line on constrained prompts (the header's "constrained")."""
+    kinds = [f"{c[k]} by a {what}" for k, what in (("json_schema", "JSON schema"), ("grammar", "GBNF grammar")) if c.get(k)]
+    return (f"constrained: {c['json_schema'] + c['grammar']} of {c['n_prompts']} prompts ({', '.join(kinds)}); every "
+            f"method decodes under the same grammar, `valid` counts the answers that follow it")
 
 
 def peer_header_lines(head: dict) -> list[str]:
@@ -1011,7 +1463,9 @@ def divergence_lines(results: list[dict], head: dict | None) -> list[str]:
     for r in rows:
         d = r["divergence"]
         tok = "end of answer" if d["token"] is None else f"token {d['token']}"
-        if not d.get("reproduced", True):
+        if d["gap"] is None:
+            verdict = "the grammar rejects the method's token there: look for a bug"
+        elif not d.get("reproduced", True):
             verdict = "re-decoding did not reproduce none's token: look for a bug"
         elif bound is None:
             verdict = "no self-check to compare with"
@@ -1021,9 +1475,13 @@ def divergence_lines(results: list[dict], head: dict | None) -> list[str]:
             verdict = (f"NOT a near-tie batched arithmetic explains (self-check max |dlogit| {bound / 2:.3g}): "
                        "look for a bug")
         out.append(f"  {r['method']:<18} q{r.get('question_id')} ({r.get('category')}), pass {r.get('repeat', 0)}, "
-                   f"at token {d['index']} ({tok} instead of {d['none_token']}): gap {d['gap']:.4g}, "
-                   f"top-2 gap {d['top2_gap']:.4g}: {verdict}")
+                   f"at token {d['index']} ({tok} instead of {d['none_token']}): gap {_gap(d['gap'])}, "
+                   f"top-2 gap {_gap(d['top2_gap'])}: {verdict}")
     return out
+
+
+def _gap(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
 
 
 def methods_and_categories(results: list[dict]) -> tuple[list[str], list[str]]:

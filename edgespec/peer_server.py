@@ -7,7 +7,8 @@ recommends for it (SERVER_METHODS), CPU weight repacking off as edgespec
 runs (server_args).  The bench sends each prompt as the
 token ids edgespec prefills (the chat template already applied), so both
 decode the same prompt; greedy (temperature 0), no prompt cache, the
-generated token ids returned.
+generated token ids returned.  A constrained prompt's grammar goes in the
+request's `grammar` field (see completion_request).
 
 Timing comes from the server's own `timings`: predicted_ms runs from the
 first generated token to the last (llama.cpp's decode phase: the first token
@@ -64,12 +65,25 @@ def server_args(method: str, binary: str, model_path: str, n_ctx: int, n_gpu_lay
     return args + list(SERVER_METHODS[method])
 
 
-def completion_request(prompt_tokens, max_tokens: int) -> dict:
+def completion_request(prompt_tokens, max_tokens: int, grammar: str | None = None, json_schema=None) -> dict:
     """The /completion body: the prompt as token ids (no BOS added, as
     given), greedy, no prompt cache (every prompt prefilled afresh, as
-    edgespec does), the generated ids returned."""
-    return {"prompt": [int(t) for t in prompt_tokens], "n_predict": int(max_tokens), "temperature": 0.0,
+    edgespec does), the generated ids returned; with `grammar` (GBNF text)
+    or `json_schema` (a schema object) the answer must follow it, in
+    llama-server's own fields of those names.  The bench sends the GBNF it
+    runs every method under as `grammar`: llama-server turns a json_schema
+    into a grammar with its C++ converter, whose whitespace rule (newlines
+    and indentation allowed) differs from that of the Python port edgespec
+    and llama-cpp-python use, so its answers would not be comparable."""
+    if grammar is not None and json_schema is not None:
+        raise PeerError("a llama-server request takes a grammar or a JSON schema, not both")
+    body = {"prompt": [int(t) for t in prompt_tokens], "n_predict": int(max_tokens), "temperature": 0.0,
             "top_k": 1, "cache_prompt": False, "return_tokens": True, "stream": False}
+    if grammar is not None:
+        body["grammar"] = grammar
+    if json_schema is not None:
+        body["json_schema"] = json_schema
+    return body
 
 
 def parse_completion(resp: dict, n_prompt: int) -> dict:
@@ -160,8 +174,8 @@ class LlamaServerRunner:
                                 f"{self._last_log_line()}")
             time.sleep(0.2)
 
-    def run(self, prompt_tokens, max_tokens: int) -> dict:
-        body = json.dumps(completion_request(prompt_tokens, max_tokens)).encode()
+    def run(self, prompt_tokens, max_tokens: int, grammar: str | None = None, json_schema=None) -> dict:
+        body = json.dumps(completion_request(prompt_tokens, max_tokens, grammar, json_schema)).encode()
         req = urllib.request.Request(self._url("/completion"), data=body,
                                      headers={"Content-Type": "application/json"})
         try:
