@@ -79,7 +79,8 @@ class EngineConfig:
         kernels.tree.shadow_learn); False learns from verified nodes only.
     forced_drafts: under a request's grammar, draft the text it forces next
         (keys, brackets, quotes) as a chain scored forced_prob; the gate's
-        acceptance statistics for it start from that score.
+        acceptance statistics for it start from that score.  Never with the
+        drafter `none`, which stays plain decoding (the baseline).
     gate_overhead: None (default) lets the gate count the engine's own time per
         step as measured (a moving average, in plain-step units); a number fixes
         it, so that two runs of the same drafter on the same outputs (a real
@@ -361,6 +362,7 @@ class Engine:
         self.eog = backend.vocab.eog_mask()
         n = self.config.max_nodes + 1
         self._observes = drafter.wants_observe()
+        self._plain = getattr(drafter, "name", "") == "none"     # plain decoding drafts nothing, forced text included
         self._topk = int(getattr(drafter, "topk", 0) or 0) if self._observes else 0
         if self._topk:
             from .kernels.topk import topk_rows_vals
@@ -740,7 +742,7 @@ class Engine:
         """Tokens for the text the grammar forces after the committed answer
         (jump-forward decoding, drafted: verification still decides), or none
         when nothing is forced or its tokens do not spell it back."""
-        if not self.config.forced_drafts:
+        if not self.config.forced_drafts or self._plain:
             return _EMPTY_I32
         text = st.grammar.forced_text(st.out.text)
         if not text:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from edgespec.backend.grammar import Grammar, _forced_choice, gbnf_for
+from edgespec.drafters import Drafter
 from edgespec.engine import Engine, EngineConfig, drain
 from edgespec.errors import ConfigError
 from edgespec.verify import SamplingConfig
@@ -29,6 +30,11 @@ TASKS = [
     ("Return the person as JSON: name John Smith, age 51, city Leeds.", PERSON),
 ]
 YES_NO = 'root ::= ("yes" | "no") "."\n'
+
+
+class Silent(Drafter):
+    """Proposes nothing, but is not plain decoding: forced text is drafted."""
+    name = "silent"
 
 
 def follows(value, schema) -> bool:
@@ -94,21 +100,19 @@ def test_forced_text_is_drafted_and_accepted(model):
     tokens as accepted drafts from the grammar source."""
     gbnf = 'root ::= "The answer to the question you asked is: " ("yes" | "no") "."'
     toks = model.prompt_tokens("Is water wet?")
-    eng = model._engine_for("none")
     runs = {}
-    try:
-        for forced in (False, True):
-            eng.config.forced_drafts = forced
-            g = Grammar(model.vocab, gbnf)
-            try:
-                runs[forced] = drain(eng.run(toks, max_tokens=32, grammar=g))
-            finally:
-                g.close()
-    finally:
-        eng.config.forced_drafts = True
-    plain, fast = runs[False], runs[True]
-    assert fast.tokens == plain.tokens and plain.text.startswith("The answer to the question you asked is: ")
-    assert plain.n_draft_nodes == 0 and plain.n_forced == 0 and plain.constrained
+    for drafter, forced in ((Drafter(), True), (Silent(), False), (Silent(), True)):
+        eng = Engine(model.backend, drafter, model.cost, EngineConfig(cost_gate=False, forced_drafts=forced))
+        g = Grammar(model.vocab, gbnf)
+        try:
+            runs[drafter.name, forced] = drain(eng.run(toks, max_tokens=32, grammar=g))
+        finally:
+            g.close()
+    plain, off, fast = runs["none", True], runs["silent", False], runs["silent", True]
+    assert fast.tokens == plain.tokens == off.tokens
+    assert plain.text.startswith("The answer to the question you asked is: ")
+    for r in (plain, off):             # `none` stays plain decoding under a grammar
+        assert r.n_draft_nodes == 0 and r.n_forced == 0 and r.constrained
     assert fast.n_forced >= 1 and fast.n_draft_accepted >= 5 and fast.n_steps <= plain.n_steps - 5
     rows = {r["source"]: r for r in eng.acceptance.report()}
     assert rows["grammar"]["tested"] >= 5
