@@ -24,7 +24,7 @@ import platform
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -433,15 +433,50 @@ def load_or_measure(backend, key: str, remeasure: bool = False, progress=None, n
     with cache_lock(path, pacer):
         if not remeasure and (c := cached_curve(key, needed, warn=False)) is not None:
             return c                    # another process measured it while this one waited
-        curve = measure_cost_curve(backend, progress=progress, **_paced(pacer))
-        try:
-            _check_finite(curve)
-        except ValueError as e:
-            from .errors import BackendError
-            raise BackendError(f"the measured cost curve is not usable ({e}); run `edgespec calibrate` again") from None
-        curve.meta["cache_file"] = path
-        write_cache(path, curve.to_json())
-    return curve
+        for _ in range(2):              # a second try when the machine looked busy
+            curve = measure_cost_curve(backend, progress=progress, **_paced(pacer))
+            try:
+                _check_finite(curve)
+            except ValueError as e:
+                from .errors import BackendError
+                raise BackendError(f"the measured cost curve is not usable ({e}); run `edgespec calibrate` "
+                                   "again") from None
+            if (bad := implausible_batch(curve)) is None:
+                curve.meta["cache_file"] = path
+                write_cache(path, curve.to_json())
+                return curve
+        warnings.warn(f"the measured cost curve is implausible (a batch of {bad} tokens cost more than "
+                      f"{IMPLAUSIBLE_PER_TOKEN:g} x {bad} one-token decodes: was the machine busy?); it is used "
+                      "capped at one decode per token for now, not cached, and measured again next time",
+                      CalibrationCacheWarning, stacklevel=2)
+    return capped(curve)
+
+
+# A batch of T tokens reads the weights once, so it never costs much more
+# than T one-token decodes; a measured ratio beyond this per token says the
+# timings were disturbed (other processes competing for the cores), and a
+# curve cached from them would keep the gate from drafting for good.
+IMPLAUSIBLE_PER_TOKEN = 1.75    # well above every curve measured on a quiet machine (BENCHMARKS.md)
+
+
+def implausible_batch(curve: CostCurve) -> int | None:
+    """The smallest batch size T >= 2 whose cost exceeds IMPLAUSIBLE_PER_TOKEN
+    x T one-token decodes in any measured regime, or None."""
+    for _, _, rel in curve.contexts() + [(0, 0.0, curve.short_rel)]:
+        for t, r in zip(curve.ts, rel):
+            if t >= 2 and r > IMPLAUSIBLE_PER_TOKEN * t:
+                return int(t)
+    return None
+
+
+def capped(curve: CostCurve) -> CostCurve:
+    """A copy of the curve with every cost capped at T one-token decodes."""
+    def cap(rel):
+        return [min(float(r), float(t)) for t, r in zip(curve.ts, rel)]
+    longer = [dict(d, rel=cap(d["rel"])) for d in curve.longer]
+    meta = dict(curve.meta, capped=True)
+    return replace(curve, rel=cap(curve.rel), short_rel=cap(curve.short_rel) if curve.short_rel else [],
+                               longer=longer, meta=meta)
 
 
 def _paced(pacer) -> dict:

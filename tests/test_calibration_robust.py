@@ -323,3 +323,35 @@ def test_chat_on_a_fresh_cache_answers_without_measuring_first(model_path, tmp_p
     assert "measuring the verify cost" not in p.stderr
     assert not list((tmp_path / "cache").glob("calibration/*.exact.json"))     # stopped, nothing cached
     assert took < 60, took
+
+
+# ---------------------------------------------------------- a busy machine
+def busy_curve() -> CostCurve:
+    """What a measurement on a machine busy with other work looked like: a
+    batch of 2 timed at 7.8 one-token decodes, the short regime at 147."""
+    return CostCurve([1, 2, 4], [1.0, 7.76, 7.76], 0.016, {"prefix": 300, "measured_at": "now"}, 0.022,
+                     [{"n_kv": 1000, "t1_s": 0.022, "rel": [1.0, 36.9, 36.9], "after_s": 0.0}], [1.0, 147.0, 147.0])
+
+
+def test_an_implausible_curve_is_measured_again_then_capped_and_not_cached(cache, monkeypatch):
+    results = [busy_curve(), busy_curve()]
+    calls = []
+
+    def fake(backend, progress=None, pause=None):
+        calls.append(1)
+        return results.pop(0)
+    monkeypatch.setattr(C, "measure_cost_curve", fake)
+    assert C.implausible_batch(busy_curve()) == 2 and C.implausible_batch(small_curve()) is None
+    with pytest.warns(CalibrationCacheWarning, match="implausible"):
+        c = C.load_or_measure("backend", "k")
+    assert len(calls) == 2 and not Path(C._curve_path("k")).exists()
+    assert c.rel == [1.0, 2.0, 4.0] and c.short_rel == [1.0, 2.0, 4.0] and c.longer[0]["rel"] == [1.0, 2.0, 4.0]
+    assert c.meta["capped"] and C.implausible_batch(c) is None
+
+
+def test_a_busy_first_measurement_and_a_quiet_second_caches_the_second(cache, monkeypatch):
+    results = [busy_curve(), small_curve()]
+    monkeypatch.setattr(C, "measure_cost_curve", lambda backend, progress=None, pause=None: results.pop(0))
+    c = C.load_or_measure("backend", "k")
+    assert c.rel == [1.0, 1.5, 2.5] and "capped" not in c.meta
+    assert C.cached_curve("k").rel == [1.0, 1.5, 2.5]
