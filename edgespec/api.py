@@ -606,13 +606,10 @@ class SpecModel:
             pred = (self.tokenize(prediction, add_special=False) if isinstance(prediction, str)
                     else np.asarray(prediction, np.int32))
         engine = self._engine_for(drafter if drafter is not None else self._drafter, prediction=pred is not None)
-        engine.check_request(len(toks), max_tokens, sampling)
-        check_top(logprobs)
         gbnf = constraint_gbnf(*constraint)
+        engine.check_request(len(toks), max_tokens, sampling, gbnf is not None)
+        check_top(logprobs)
         grammar = Grammar(self.vocab, gbnf) if gbnf is not None else None
-        if grammar is not None and not engine.config.verify.exact:
-            grammar.close()
-            raise ConfigError(f"--verify {engine.config.verify.mode} cannot be combined with a grammar")
         if pred is not None:
             engine.drafter.set_prediction(pred)
         gen = engine.run(toks, max_tokens=max_tokens, sampling=sampling, stop=list(stop or []),

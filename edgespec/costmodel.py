@@ -475,8 +475,7 @@ def capped(curve: CostCurve) -> CostCurve:
         return [min(float(r), float(t)) for t, r in zip(curve.ts, rel)]
     longer = [dict(d, rel=cap(d["rel"])) for d in curve.longer]
     meta = dict(curve.meta, capped=True)
-    return replace(curve, rel=cap(curve.rel), short_rel=cap(curve.short_rel) if curve.short_rel else [],
-                               longer=longer, meta=meta)
+    return replace(curve, rel=cap(curve.rel), short_rel=cap(curve.short_rel), longer=longer, meta=meta)
 
 
 def _paced(pacer) -> dict:

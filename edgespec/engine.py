@@ -493,8 +493,6 @@ class Engine:
         it admits, drafts included; its state advances with the answer."""
         is_cancelled = _cancel_check(cancel)
         check_top(logprobs)
-        if grammar is not None and not self.config.verify.exact:
-            raise ConfigError(f"--verify {self.config.verify.mode} cannot be combined with a grammar")
         st = self._start(prompt, max_tokens, sampling or SamplingConfig(), stop, reuse_prefix, record_topk,
                          is_cancelled, logprobs, grammar)
         be = self.backend
@@ -514,10 +512,12 @@ class Engine:
             self.kv_tokens = st.ctx[:be.n_past].copy()
         return (yield from self._finish(st))
 
-    def check_request(self, n_prompt: int, max_tokens: int, sampling: SamplingConfig) -> None:
+    def check_request(self, n_prompt: int, max_tokens: int, sampling: SamplingConfig,
+                      constrained: bool = False) -> None:
         """Raise a ConfigError (PromptTooLongError for a prompt that does not
         fit the context) for a request this engine cannot run; run() checks
-        this first, callers may check before queueing a request."""
+        this first, callers may check before queueing a request.
+        constrained: the request has a grammar."""
         n_ctx = self.backend.n_ctx
         if n_prompt == 0:
             raise ConfigError("empty prompt")
@@ -529,6 +529,8 @@ class Engine:
         vcfg = self.config.verify
         if not vcfg.exact and not sampling.greedy:
             raise ConfigError(f"--verify {vcfg.mode} applies to greedy decoding only (temperature 0)")
+        if not vcfg.exact and constrained:
+            raise ConfigError(f"--verify {vcfg.mode} cannot be combined with a grammar")
 
     def _start(self, prompt, max_tokens: int, sampling: SamplingConfig, stop, reuse_prefix: bool,
                record_topk: int, is_cancelled, logprobs: int | None = None, grammar=None) -> "_RunState":
@@ -541,7 +543,7 @@ class Engine:
         if ids.ndim != 1 or (ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= be.n_vocab)):
             raise ConfigError(f"a prompt of token ids must be a flat list of integers in 0..{be.n_vocab - 1}")
         prompt = np.ascontiguousarray(ids, dtype=np.int32)
-        self.check_request(len(prompt), max_tokens, sampling)
+        self.check_request(len(prompt), max_tokens, sampling, grammar is not None)
         st = _RunState(prompt=prompt, sampling=sampling, max_tokens=max_tokens, record_topk=record_topk,
                        out=_TextStream(be.vocab, stop or []), t_start=time.perf_counter())
         st.rng = np.random.default_rng(sampling.seed) if not sampling.greedy else None
@@ -586,10 +588,7 @@ class Engine:
             self.drafter.observe_prefill(st.n_common, pre[0], pre[1])
         if hid is not None:
             self.drafter.observe_prefill_hidden(st.n_common, hid)
-        if grammar is not None:
-            first = self._pick(st, be.logits(), 0)
-        else:
-            first = sample_token(be.logits()[0], sampling, st.rng.random() if st.rng is not None else 0.0)
+        first = self._pick(st, be.logits(), 0)
         if record_topk:
             from .kernels.topk import topk_rows
             st.rec_rows = np.arange(self.config.max_nodes + 1, dtype=np.int64)

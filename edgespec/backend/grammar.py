@@ -97,7 +97,6 @@ class Grammar:
     request owns it)."""
 
     def __init__(self, vocab, gbnf: str, root: str = "root"):
-        self._vocab = vocab
         smpl, msg = _init_sampler(vocab.ptr, gbnf.encode("utf-8", "surrogatepass"), root.encode("utf-8"))
         if not smpl:
             lines = [s.strip() for s in msg.splitlines() if "error" in s.lower() or "failed" in s.lower()]
@@ -111,6 +110,11 @@ class Grammar:
         self._one = np.zeros(1, TOKEN_DATA)
         self._arr_all = L.llama_token_data_array(self._all.ctypes.data_as(L.llama_token_data_p), n, -1, False)
         self._arr_one = L.llama_token_data_array(self._one.ctypes.data_as(L.llama_token_data_p), 1, -1, False)
+        # forced_text's candidates: the one-character tokens, probed every step
+        self._char_ids, self._chars = _char_tokens(vocab)
+        self._cand = np.zeros(len(self._char_ids), TOKEN_DATA)
+        self._arr_cand = L.llama_token_data_array(self._cand.ctypes.data_as(L.llama_token_data_p),
+                                                  len(self._cand), -1, False)
         self.n_accepted = 0
 
     def allows(self, token: int) -> bool:
@@ -154,11 +158,9 @@ class Grammar:
         space when it has none).  A cheap guess made from the one-character
         tokens (an apply over about a hundred candidates per character), to be
         drafted and verified, never committed as is."""
-        ids, chars = _char_tokens(self._vocab)
+        ids, chars, cand, arr = self._char_ids, self._chars, self._cand, self._arr_cand
         if not len(ids):
             return ""
-        cand = np.zeros(len(ids), TOKEN_DATA)
-        arr = L.llama_token_data_array(cand.ctypes.data_as(L.llama_token_data_p), len(ids), -1, False)
         clone = L.llama_sampler_clone(self._smpl)
         out: list[str] = []
         try:
