@@ -101,6 +101,18 @@ def model_path():
 
 
 @pytest.fixture(scope="session")
+def server_binary():
+    """A built llama-server (edgespec build-peers, or EDGESPEC_LLAMA_SERVER);
+    the tests against a real one skip, with the reason, where there is none."""
+    from edgespec import peers
+    from edgespec.errors import PeerError
+    try:
+        return peers.find_llama_server()
+    except PeerError as e:
+        pytest.skip(f"no llama-server to test against: {e}")
+
+
+@pytest.fixture(scope="session")
 def model():
     m = SpecModel(drafter="none", n_ctx=2048, calibrate=True)     # measured before the tests (exact)
     yield m

@@ -296,15 +296,6 @@ def test_prompt_lookup_follows_a_grammar(model):
     assert r["valid"] is True and r["identical_to_none"] is True, r["text"]
 
 
-@pytest.fixture(scope="module")
-def server_binary():
-    from edgespec import peers as P
-    try:
-        return P.find_llama_server()
-    except PeerError as e:
-        pytest.skip(f"no llama-server to test against: {e}")
-
-
 @pytest.mark.model
 def test_llama_server_follows_the_grammar(server_binary):
     """llama-server, plain and with ngram-simple speculation, under the

@@ -232,14 +232,6 @@ def test_build_helpers(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ with a built llama-server
-@pytest.fixture(scope="module")
-def server_binary():
-    try:
-        return P.find_llama_server()
-    except PeerError as e:
-        pytest.skip(f"no llama-server to test against: {e}")
-
-
 @pytest.mark.model
 def test_llama_server_gives_nones_tokens(server_binary, tmp_path):
     """llama-server plain and with ngram-simple, on the same chat-templated
