@@ -261,7 +261,7 @@ class SpecModel:
     """
 
     def __init__(self, model_path: str | None = None, *, drafter="suffix", n_ctx: int = 4096,
-                 n_gpu_layers: int = 0, n_threads: int | None = None, max_nodes: int = 32,
+                 n_gpu_layers: int = 0, n_threads: int | None = None, max_nodes: int = 48,
                  cost_gate: bool = True, calibrate: bool | str = "background", verbose: bool = False,
                  progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None,
                  kernels: str = "exact"):
@@ -279,7 +279,7 @@ class SpecModel:
         fast = kernels == "fast" and not n_gpu_layers
         self.backend = LlamaBackend(self.model_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                     n_threads=n_threads, max_nodes=max(EXACT_MAX_BATCH, max_nodes),
-                                    max_leaves=32, cache_type_k=cache_type_k, verbose=verbose,
+                                    max_leaves=None, cache_type_k=cache_type_k, verbose=verbose,
                                     exact=not fast, flash_attn=False if fast else None,
                                     tiled_mm="1" if fast else "0")
         try:

@@ -137,7 +137,7 @@ class DrafterSpec(click.ParamType):
         return value
 
 
-def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=None, max_nodes=32,
+def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=None, max_nodes=48,
                gate=True, calibrate=True, corpora=(), verify="exact", cache_type_k="auto", kernels="exact"):
     """calibrate: True (one-shot commands: generate, bench) measures a missing
     calibration before the first answer, with a note on stderr; "background"
@@ -210,7 +210,7 @@ def generation_options(f):
         click.option("--min-p", type=float, default=0.05, show_default=True,
                      help="Sampling: drop tokens below min_p x the top one (0 = off)."),
         click.option("--seed", type=int, default=None, help="Sampling seed (default: fresh randomness)."),
-        click.option("--max-nodes", type=click.IntRange(1, 256), default=32, show_default=True,
+        click.option("--max-nodes", type=click.IntRange(1, 256), default=48, show_default=True,
                      help="Largest verification batch (pending token + drafts)."),
         click.option("--no-gate", is_flag=True, help="Verify every proposed node (up to --max-nodes) instead of "
                                                      "only those the cost gate expects to pay; for studies."),

@@ -129,7 +129,7 @@ class Llama:
     def __init__(self, model_path: str | None = None, *, n_gpu_layers: int = 0, seed: int = LLAMA_DEFAULT_SEED,
                  n_ctx: int = 512, n_threads: int | None = None, n_threads_batch: int | None = None,
                  chat_format: str | None = None, type_k: int | None = None, verbose: bool = True,
-                 drafter="suffix", corpora=(), max_nodes: int = 32, cost_gate: bool = True,
+                 drafter="suffix", corpora=(), max_nodes: int = 48, cost_gate: bool = True,
                  calibrate: bool | str = "background", verify=None, progress=None, **kwargs):
         for name in kwargs:
             if name in _REFUSED_INIT:

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from .kernels.tree import N_SCORE_BUCKETS, SCORE_EDGES
 from .tree import N_SOURCES, SOURCE_NAMES
 
 CALIBRATION_VERSION = 5
-DEFAULT_TS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
+DEFAULT_TS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 48, 64)
 DEFAULT_PREFIXES = (300, 1000, 2000)
 SHORT_PREFIX = 100      # the short regime (<= 256 cells) is measured after 100 cells
 PACED_CHUNK = 64        # prompt tokens per slice when a measurement runs between requests
@@ -185,7 +186,10 @@ class CostCurve:
         ts = np.asarray(self.ts, np.float64)
         rel = np.asarray(rel, np.float64)
         T = np.arange(max_t + 1, dtype=np.float64)
-        out = np.interp(T, ts, rel)
+        # a step function: a batch of T costs what the smallest measured size
+        # >= T costs, since the engine pads a batch to that size (its cost is
+        # then a measured one, and the padding drafts ride along for free)
+        out = rel[np.minimum(np.searchsorted(ts, T), len(ts) - 1)]
         if len(ts) >= 2 and max_t > ts[-1]:
             slope = (rel[-1] - rel[-2]) / (ts[-1] - ts[-2])
             hi = T > ts[-1]
@@ -266,6 +270,7 @@ def builtin_curve(gpu: bool = False, ts=DEFAULT_TS) -> CostCurve:
     the same at every context.  Its t1 is a placeholder (origin "built-in"):
     the engine does not time its own overhead against it."""
     c2, slope = BUILTIN_GPU if gpu else BUILTIN_CPU
+    ts = list(range(1, max(ts) + 1))        # a line, given at every size (tables step between points)
     rel = [1.0] + [c2 + slope * (t - 2) for t in ts[1:]]
     return CostCurve(list(ts), rel, 1.0, {"prefix": 300, "builtin": "GPU" if gpu else "CPU"}, 1.0, [],
                      list(rel), origin="built-in")
@@ -551,7 +556,6 @@ def _write_json_atomic(path: str, obj) -> None:
         raise
 
 
-N_SCORE_BUCKETS = 10
 N_DEPTH_BUCKETS = 4
 
 
@@ -585,7 +589,7 @@ class AcceptanceModel:
             for b in range(N_SCORE_BUCKETS):
                 n = self.n_c[s, b]
                 if n > 0:
-                    rows.append({"source": SOURCE_NAMES[s], "score": f"{b / N_SCORE_BUCKETS:.1f}-{(b + 1) / N_SCORE_BUCKETS:.1f}",
+                    rows.append({"source": SOURCE_NAMES[s], "score": f"{SCORE_EDGES[b]:g}-{SCORE_EDGES[b + 1]:g}",
                                  "tested": int(n), "predicted": round(float(self.pred_sum[s, b] / n), 3),
                                  "observed": round(float(self.a_c[s, b] / n), 3)})
         return rows

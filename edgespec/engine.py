@@ -86,7 +86,7 @@ class EngineConfig:
         it, so that two runs of the same drafter on the same outputs (a real
         one and an offline replay) take the same gate decisions.
     """
-    max_nodes: int = 32
+    max_nodes: int = 48
     cost_gate: bool = True
     carry_prob: float = 0.95
     verify: VerifyConfig = field(default_factory=VerifyConfig)

@@ -63,7 +63,8 @@ def gpu_curve(name: str):
     after-batch cost, one context (no attention growth modelled)."""
     from .costmodel import CostCurve
     ts, rel = GPU_CURVES[name]
-    return CostCurve(list(ts), list(rel), GPU_T1_S, {"prefix": 512, "source": name})
+    every = list(range(1, max(ts) + 1))     # every size (a table charges a step function between points)
+    return CostCurve(every, [float(x) for x in np.interp(every, ts, rel)], GPU_T1_S, {"prefix": 512, "source": name})
 
 
 def curve_from_file(path: str):

@@ -34,9 +34,10 @@ SOURCE_SEMANTIC = 6  # continuation of an embedding-similar anchor (AdaPLD fallb
 SOURCE_PROMPT = 7    # a context match copied from the prompt (marked so only with auto+aasd)
 SOURCE_ALIGN = 8     # AASD alignment sampling: the model's choice where the prompt disagreed
 SOURCE_GRAMMAR = 9   # text a request's grammar forces next (the engine adds it; no drafter does)
-N_SOURCES = 10
+SOURCE_EDIT = 10     # a prompt copy with the answer's own edits applied, from the first edited token on
+N_SOURCES = 11
 SOURCE_NAMES = ("context", "corpus", "trigram", "adjacency", "carry", "branch", "semantic", "prompt", "align",
-                "grammar")
+                "grammar", "edit")
 
 
 @dataclass

@@ -169,10 +169,10 @@ class VerifyConfig:
     @property
     def relax_sources(self) -> tuple:
         """The draft sources a relaxed rule may accept."""
-        from .tree import SOURCE_ALIGN, SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT
+        from .tree import SOURCE_ALIGN, SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_EDIT, SOURCE_PROMPT
         if self.mode == "entropy":
             return (SOURCE_PROMPT, SOURCE_ALIGN)
-        return (SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT)
+        return (SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT, SOURCE_EDIT)
 
 
 def _entropy(row: np.ndarray) -> tuple[np.ndarray, float]:

@@ -22,8 +22,9 @@ def curve():
 
 def test_table_without_context_is_the_shortest_measured_curve():
     t = curve().table(10)
-    # linear between measured sizes, extrapolated from the last two (slope 0.3 per token)
-    assert t[:9] == pytest.approx([0, 1.0, 1.2, 1.5, 1.8, 2.1, 2.4, 2.7, 3.0])
+    # between measured sizes a step: a batch is charged (and padded to) the
+    # next measured size; beyond them extrapolated from the last two (0.3 per token)
+    assert t[:9] == pytest.approx([0, 1.0, 1.2, 1.8, 1.8, 3.0, 3.0, 3.0, 3.0])
     assert t[10] == pytest.approx(3.6)
 
 

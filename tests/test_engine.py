@@ -258,8 +258,8 @@ def test_interrupted_generation_leaves_consistent_cache(model):
 def test_plan_step_ignores_stale_scratch_entries():
     """Regression: the gate once ranked the whole scratch buffer, so a small tree
     after a large one could select node indices beyond the tree."""
-    from edgespec.kernels.tree import PlanScratch, plan_step
-    n_c = np.zeros((5, 10)); n_f = np.zeros((5, 10, 4))
+    from edgespec.kernels.tree import N_SCORE_BUCKETS as NSB, PlanScratch, plan_step
+    n_c = np.zeros((5, NSB)); n_f = np.zeros((5, NSB, 4))
     cost = 1.0 + 0.01 * np.arange(40, dtype=np.float64)   # a flat, GPU-like curve: take all
     cost[0] = 0.0
     out = PlanScratch.zeros(64, 33)
@@ -276,8 +276,8 @@ def test_plan_step_discounts_a_source_whose_scores_run_high():
     """A source whose nodes were accepted at half their score (in buckets 0.8-0.9)
     gets half its score as the prior in a bucket it was never tested in; an
     untested source keeps its score."""
-    from edgespec.kernels.tree import PlanScratch, plan_step
-    n_c = np.zeros((5, 10)); a_c = np.zeros((5, 10)); n_f = np.zeros((5, 10, 4))
+    from edgespec.kernels.tree import N_SCORE_BUCKETS as NSB, PlanScratch, plan_step
+    n_c = np.zeros((5, NSB)); a_c = np.zeros((5, NSB)); n_f = np.zeros((5, NSB, 4))
     n_c[2, 8] = 1000.0; a_c[2, 8] = 425.0             # score mass 850 -> factor (425+4)/(850+4) ~ 0.502
     cost = np.arange(40, dtype=np.float64)             # a CPU-like curve; only the estimates matter here
     out = PlanScratch.zeros(8, 9)
@@ -287,6 +287,23 @@ def test_plan_step_discounts_a_source_whose_scores_run_high():
               cost, 0.0, 8, True, tuple(out))           # as the engine passes it: a plain tuple
     assert out.cond[0] == pytest.approx(0.35 * 429 / 854, rel=1e-5)
     assert out.cond[1] == pytest.approx(0.35, rel=1e-5)
+
+
+def test_score_buckets_resolve_near_certain_scores():
+    """Tenths up to 0.9, then halving 1 - score: a copy scored 0.96 and one
+    scored 0.995 are calibrated apart, and each bucket's counts move only its
+    own estimate."""
+    from edgespec.kernels.tree import N_SCORE_BUCKETS as NSB, SCORE_EDGES, PlanScratch, plan_step, score_bucket
+    assert [score_bucket(x) for x in (0.0, 0.05, 0.55, 0.89, 0.9, 0.96, 0.98, 0.99, 0.995, 1.0, 1.5)] == \
+        [0, 0, 5, 8, 9, 10, 11, 12, 13, 13, 13]
+    assert NSB == len(SCORE_EDGES) - 1 and score_bucket(-1.0) == 0
+    n_c = np.zeros((5, NSB)); a_c = np.zeros((5, NSB)); n_f = np.zeros((5, NSB, 4))
+    n_c[0, 10] = 1000.0; a_c[0, 10] = 800.0             # scored ~0.96, accepted 80%
+    n_c[0, 13] = 1000.0; a_c[0, 13] = 999.0             # scored ~0.995, accepted 99.9%
+    out = PlanScratch.zeros(8, 9)
+    plan_step(np.array([-1, -1], np.int32), np.array([0.96, 0.995], np.float32), np.zeros(2, np.int8),
+              (n_c, a_c, n_f, n_f.copy()), 4.0, 8.0, np.arange(40, dtype=np.float64), 0.0, 8, True, tuple(out))
+    assert out.cond[0] == pytest.approx(0.8, abs=0.02) and out.cond[1] == pytest.approx(0.999, abs=0.002)
 
 
 def _long_context_tokens(model, n):

@@ -132,10 +132,10 @@ def test_hybrid_switches_and_copy_length():
     d = make_drafter(name, n_vocab=100, **sw)
     assert [p.name for p in d.parts] == ["suffix", "adapld", "trigram", "adjacency"]
     assert d.prefill_topk == 8 and d._suffix.config.max_depth == 30
-    # today's defaults: edgespec's variants on, the published ones off, copy length 12
+    # today's defaults: edgespec's variants on, the published ones off, copy length 32
     d = make_drafter("auto", n_vocab=100)
     assert [p.name for p in d.parts] == ["suffix", "branch", "trigram", "adjacency"]
-    assert d.prefill_topk == 0 and d._suffix.config.max_depth == 12
+    assert d.prefill_topk == 0 and d._suffix.config.max_depth == 32
     with pytest.raises(ValueError):
         parse_drafter_name("auto+copy_len=x")
     with pytest.raises(ValueError):

@@ -178,7 +178,7 @@ def fake_model(**over):
     for k in ("n_threads", "n_ctx", "cache_type_k"):
         if k in over:
             setattr(be, k, over.pop(k))
-    cfg = SimpleNamespace(max_nodes=32, cost_gate=True, verify=VerifyConfig("exact"))
+    cfg = SimpleNamespace(max_nodes=48, cost_gate=True, verify=VerifyConfig("exact"))
     return SimpleNamespace(backend=be, config=cfg, kernels=over.pop("kernels", "exact"), corpora=over.pop("corpora", []))
 
 
@@ -188,7 +188,7 @@ def test_default_resolves_generate_defaults():
     the differences named."""
     d = B.resolve_default(fake_model())
     assert d["drafter"] == d["generate_drafter"] == "suffix" and d["kernels"] == "exact" and d["cost_gate"]
-    assert d["n_ctx"] == 4096 and d["max_nodes"] == 32
+    assert d["n_ctx"] == 4096 and d["max_nodes"] == 48
     # the bench's corpora are not generate's: default runs without them
     assert B.resolve_default(fake_model(corpora=["c.esc"]))["drafter"] == "suffix-nocorpus"
     with pytest.raises(B.BenchError) as e:

@@ -2,16 +2,16 @@
 (kernels.tree.shadow_learn), on hand-made trees and committed tokens."""
 import numpy as np
 
-from edgespec.kernels.tree import shadow_learn
+from edgespec.kernels.tree import N_SCORE_BUCKETS, score_bucket, shadow_learn
 
-NSRC, NSB, NDB = 9, 10, 4
+NSRC, NSB, NDB = 9, N_SCORE_BUCKETS, 4
 
-# root -> 5 -> 6 -> 7 (source 0, scores 0.95, 0.85, 0.75)
+# root -> 5 -> 6 -> 7 (source 0, scores 0.92, 0.85, 0.75)
 #      -> 8 (source 3, score 0.3)
 #      5 -> 9 (source 0, score 0.15)
 TOKENS = np.array([5, 6, 7, 8, 9], np.int32)
 PARENTS = np.array([-1, 0, 1, -1, 0], np.int32)
-PROBS = np.array([0.95, 0.85, 0.75, 0.3, 0.15], np.float32)
+PROBS = np.array([0.92, 0.85, 0.75, 0.3, 0.15], np.float32)
 SOURCE = np.array([0, 0, 0, 3, 0], np.int8)
 COND = np.array([0.7, 0.6, 0.5, 0.2, 0.1])
 
@@ -37,8 +37,8 @@ def test_every_decidable_node_is_counted_against_the_committed_tokens():
     assert state.tolist() == [1, 1, 2, 2, 2]
     assert n_c[0].sum() == 4 and a_c[0].sum() == 2
     assert n_c[3, 3] == 1 and a_c[3, 3] == 0
-    b = (PROBS.astype(np.float64) * NSB).astype(int)   # score buckets, as learn_step takes them
-    assert b.tolist() == [9, 8, 7, 3, 1]
+    b = [score_bucket(p) for p in PROBS]               # score buckets, as learn_step takes them
+    assert b == [9, 8, 7, 3, 1]
     assert n_c[0, 9] == a_c[0, 9] == n_c[0, 8] == a_c[0, 8] == n_c[0, 7] == 1 and a_c[0, 7] == 0
     assert n_c[0, b[4]] == 1 and a_c[0, b[4]] == 0
     assert n_f[0, 7, 2] == 1 and a_f[0, 7, 2] == 0    # node 7 at depth 3

@@ -71,10 +71,11 @@ def test_repeated_phrase_gives_obvious_continuation(drafter):
     ctx = np.array([1, 2, 3] + phrase + [7, 8] + phrase[:5], np.int32)
     tree = drafter.propose(ctx, 64)
     tree.validate()
-    # One earlier occurrence of "10 11 12 13 14": a single chain of the next
-    # max_depth=12 tokens of the phrase.
-    assert tree.tokens.tolist() == phrase[5:17]
-    assert tree.parents.tolist() == list(range(-1, 11))
+    # One earlier occurrence of "10 11 12 13 14": a single chain of the rest
+    # of the phrase and what followed it (max_depth=32 tokens, up to the end)
+    cont = phrase[5:] + [7, 8] + phrase[:5]
+    assert tree.tokens.tolist() == cont
+    assert tree.parents.tolist() == list(range(-1, len(cont) - 1))
     # Deeper nodes are more confident (each accepted token lengthens the match).
     assert np.all(np.diff(tree.probs) > 0)
 
@@ -192,9 +193,11 @@ def test_corpus_fills_when_context_has_no_match():
     assert len(SuffixDrafter().propose(ctx, 64)) == 0
     tree = d.propose(ctx, 64)
     tree.validate()
-    # One occurrence: a chain of the next max_depth=12 passage tokens.
-    assert tree.tokens.tolist() == PASSAGE[6:18]
-    assert tree.parents.tolist() == list(range(-1, 11))
+    # One occurrence: a chain of the rest of its document (up to max_depth=32
+    # tokens; the separator after the document ends it)
+    cont = PASSAGE[6:] + [3]
+    assert tree.tokens.tolist() == cont
+    assert tree.parents.tolist() == list(range(-1, len(cont) - 1))
     assert np.all(tree.source == SOURCE_CORPUS)
     # Budget respected, and a prefix of the larger proposal.
     small = d.propose(ctx, 5)

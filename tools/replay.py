@@ -250,8 +250,9 @@ def _report(cname, cats, methods, lossy, results, reqs, qids, bench_rows) -> Non
 def flat_curve(cost: CostCurve, slope: float) -> CostCurve:
     """`cost` with every context's c(T) replaced by 1 + slope (T - 1) and no
     after-batch cost (one-token times kept)."""
-    rel = [1.0 + slope * (t - 1) for t in cost.ts]
-    return CostCurve(list(cost.ts), rel, cost.t1_s, dict(cost.meta, flat=slope), cost.t1_short_s,
+    ts = list(range(1, max(cost.ts) + 1))       # every size: a model, not padded shapes
+    rel = [1.0 + slope * (t - 1) for t in ts]
+    return CostCurve(ts, rel, cost.t1_s, dict(cost.meta, flat=slope), cost.t1_short_s,
                      [dict(d, rel=list(rel), after_s=0.0) for d in cost.longer],
                      list(rel) if cost.short_rel else [], 0.0, 0.0)
 

@@ -409,14 +409,18 @@ class LlamaBackend:
     """A loaded GGUF model with one context sized for tree verification.
 
     max_nodes: the most tokens one verification batch may hold (root + drafts).
-    max_leaves: the most root-to-leaf paths one tree may have (KV sequences).
+    max_leaves: the most root-to-leaf paths one tree may have (KV sequences);
+        None: as many as a tree of max_nodes can have (max_nodes - 1), within
+        llama.cpp's limit.
     """
 
     def __init__(self, model_path: str, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
                  n_threads: int | None = None, n_batch: int = 512, max_nodes: int = 64,
-                 max_leaves: int = 32, exact: bool = True, cache_type_k: str | None = None,
+                 max_leaves: int | None = 32, exact: bool = True, cache_type_k: str | None = None,
                  cpu_repack: bool = False, flash_attn: bool | None = None, tiled_mm: str = "0",
                  verbose: bool = False):
+        if max_leaves is None:
+            max_leaves = max(1, min(max_nodes - 1, L.llama_max_parallel_sequences()))
         if max_leaves > L.llama_max_parallel_sequences():
             raise ConfigError(f"max_leaves must be <= {L.llama_max_parallel_sequences()}")
         if n_ctx < MIN_CTX:

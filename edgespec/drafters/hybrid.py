@@ -74,7 +74,7 @@ from ..kernels import suffix as _sk
 from ..kernels.suffix import merge_trees
 from ..kernels.topk import push_entropy
 from ..tree import (N_SOURCES, SOURCE_ADJACENCY, SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_CORPUS,
-                    SOURCE_PROMPT, SOURCE_SEMANTIC, SOURCE_TRIGRAM, DraftTree)
+                    SOURCE_EDIT, SOURCE_PROMPT, SOURCE_SEMANTIC, SOURCE_TRIGRAM, DraftTree)
 from .adapld import AdaPLDDrafter
 from .adjacency import AdjacencyDrafter
 from .base import Drafter
@@ -125,7 +125,7 @@ class HybridConfig:
     trigger: bool = False           # ReSpec entropy trigger
     feedback: bool = False          # ReSpec feedback-driven candidate selection
     graft: bool = False             # Graft prune-then-graft under a fixed budget
-    copy_len: int = 12              # tokens copied after a lexical anchor (AdaPLD: 30)
+    copy_len: int = 32              # tokens copied after a lexical anchor (AdaPLD: 30)
     branch_k: int = 8               # AdaPLD: the model's top 8 at the anchor's next position
     successor_len: int = 4          # AdaPLD successor drafts per branch token (0: none)
     semantic_tau: float = 0.1       # AdaPLD: single-token cosine threshold
@@ -207,7 +207,7 @@ class HybridDrafter(Drafter):
         self._gp_last: list[tuple[int, float]] = []     # (checkpoint, raw confidence) of the last proposal
         self.graft_stats = np.zeros(len(GRAFT_CHECKPOINTS) + 1, np.int64)   # prunings per stage, none
         # schedule: per part, sources, EMA of contributed tokens and of propose time
-        srcs = {SuffixDrafter: (SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT), TrigramDrafter: (SOURCE_TRIGRAM,),
+        srcs = {SuffixDrafter: (SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT, SOURCE_EDIT), TrigramDrafter: (SOURCE_TRIGRAM,),
                 AdjacencyDrafter: (SOURCE_ADJACENCY,), BranchDrafter: (SOURCE_BRANCH, SOURCE_ALIGN),
                 SemanticDrafter: (SOURCE_SEMANTIC,), AdaPLDDrafter: (SOURCE_BRANCH, SOURCE_SEMANTIC)}
         self._sources = [srcs[type(p)] for p in self.parts]

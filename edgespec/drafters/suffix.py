@@ -5,7 +5,8 @@ earlier chat turns and generation so far) and proposes the tokens that followed
 them, merged into a trie.  With compiled corpora loaded (edgespec.corpus) it
 also looks the end of the context up in each corpus's suffix array and adds
 what followed there (the SuffixDecoding / SAM-Decoding idea).  It is
-stateless: the engine passes the whole context every step, and a backward scan
+stateless (but for the opt-in `edits`, which keeps the current answer's
+alignment to its prompt): the engine passes the whole context every step, and a backward scan
 over it plus a few binary searches per corpus are cheap enough (see the timing
 note on ``SuffixDrafter.propose``).
 """
@@ -17,7 +18,8 @@ import numpy as np
 
 from ..kernels import suffix as _k
 from ..kernels import anchor as _a
-from ..tree import SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT, DraftTree
+from ..kernels import edits as _e
+from ..tree import SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_EDIT, SOURCE_PROMPT, DraftTree
 from .base import Drafter
 
 
@@ -36,7 +38,7 @@ class SuffixConfig:
     max_matches: int = 8
     """How many earlier occurrences (best first) feed the tree."""
 
-    max_depth: int = 12
+    max_depth: int = 32
     """Continuation length taken after each occurrence = maximum tree depth."""
 
     max_nodes: int = 64
@@ -82,13 +84,35 @@ class SuffixConfig:
     SOURCE_PROMPT (AASD relaxes only prompt-retrieved tokens; `auto+aasd`
     turns this on).  The acceptance model then calibrates them apart."""
 
+    edits: bool = False
+    """Keep the answer aligned to the prompt and learn the edits it makes
+    (kernels/edits.py): the copy then applies them ahead (a rename proposes
+    the new name wherever the prompt has the old one).  The edited chain is
+    merged into the tree ahead of the plain continuations, as SOURCE_EDIT.
+    Off by default: it gains on renames and loses as much elsewhere
+    (BENCHMARKS.md, "Code edits against llama-server")."""
+
+    edit_gap: int = 8
+    """Longest old or new span of one edit, in tokens."""
+
+    edit_anchor: int = 3
+    """Tokens on which answer and prompt must agree again after an edit."""
+
+    edit_trust: float = 0.6
+    """An edit is applied ahead only while (made + 1) / (made + left out + 2)
+    is at least this: once made and never left out (2/3) it is; an edit
+    the answer then leaves out once (a one-off fix, a rewrite that only
+    looked like an edit) is not."""
+
     def __post_init__(self):
         if not (0.0 <= self.ema_decay < 1.0) or not (0.0 <= self.ema_min <= 1.0):
             raise ValueError("SuffixConfig: ema_decay must be in [0, 1) and ema_min in [0, 1]")
+        if not (0.0 <= self.edit_trust <= 1.0):
+            raise ValueError("SuffixConfig: edit_trust must be in [0, 1]")
         if not (0.0 <= self.feedback_init <= 1.0) or not (0.0 < self.feedback_rate <= 1.0):
             raise ValueError("SuffixConfig: feedback_init must be in [0, 1] and feedback_rate in (0, 1]")
         for name in ("min_match", "max_match", "max_matches", "max_depth", "max_nodes",
-                     "corpus_min_match", "feedback_top"):
+                     "corpus_min_match", "feedback_top", "edit_gap", "edit_anchor"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise ValueError(f"SuffixConfig.{name} must be an integer, got {v!r}")
@@ -174,6 +198,14 @@ class SuffixDrafter(Drafter):
         self._fb = np.zeros(0, np.float32)          # feedback: score per match position
         self._fb_last: list[tuple[int, list]] = []  # (end, continuation) of the drafted occurrences
         self._n_prompt = 0
+        # edits: the alignment state and recorded edits of the current answer,
+        # and the chain buffers (parents fixed: a chain)
+        self._align = np.zeros(_e.STATE_SIZE, np.int64)
+        self._edits = np.zeros((64, _e.EDIT_COLS), np.int64)
+        self._chain_tok = np.zeros(c.max_depth, np.int32)
+        self._chain_p = np.zeros(c.max_depth, np.float32)
+        self._chain_par = np.arange(-1, c.max_depth - 1, dtype=np.int32)
+        self._chain_src = np.zeros(c.max_depth, np.int8)
         self.anchor_hook = None     # (ctx, n, ends, lens, k) -> k: reorders / cuts the matches (rerank)
 
     @property
@@ -182,6 +214,7 @@ class SuffixDrafter(Drafter):
 
     def warmup(self) -> None:
         _k.warmup()
+        _e.warmup()
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         # Measured after warm-up on the 2-core dev sandbox (Python 3.11, numba
@@ -244,10 +277,31 @@ class SuffixDrafter(Drafter):
                                spare[0], spare[1], spare[2], self._src_corpus, mc,
                                max_nodes, tmp[0], tmp[1], tmp[2], tmp[3])
             cur, tmp = tmp, cur
+        if c.edits and 0 < self._n_prompt < n:
+            m, cur, tmp = self._edited(ctx, n, max_nodes, m, cur, tmp)
         if m == 0:
             return DraftTree.empty()
         return DraftTree.raw(cur[0][:m].copy(), cur[1][:m].copy(),
                              cur[2][:m].copy(), cur[3][:m].copy())
+
+    def _edited(self, ctx, n, max_nodes, m, cur, tmp):
+        """Merge the aligned, edited copy chain (kernels/edits.py) ahead of the
+        tree so far; returns (m, cur, tmp) after the merge."""
+        c = self.config
+        st = self._align
+        if st[0] > n:           # not this answer's context: start over
+            st[:] = 0
+        _e.align(ctx, n, self._n_prompt, st, self._edits, c.edit_gap, c.edit_anchor)
+        ch, applied, first = _e.edited_chain(ctx, n, self._n_prompt, st, self._edits, c.max_depth,
+                                             c.edit_trust, self._chain_tok, self._chain_p)
+        if not applied:         # nothing the plain matches lack
+            return m, cur, tmp
+        src = self._chain_src
+        src[:first] = SOURCE_CONTEXT
+        src[first:ch] = SOURCE_EDIT
+        m = _k.merge_trees(self._chain_tok, self._chain_par, self._chain_p, src, ch,
+                           cur[0], cur[1], cur[2], cur[3], m, max_nodes, tmp[0], tmp[1], tmp[2], tmp[3])
+        return m, tmp, cur
 
     # ----------------------------------------------------- position_ema only
     # Without it the drafter is stateless (the whole context arrives with every
@@ -323,6 +377,7 @@ class SuffixDrafter(Drafter):
         self._fb[:] = self.config.feedback_init
         self._fb_last = []
         self._n_prompt = len(prompt)
+        self._align[:] = 0
 
     def observe(self, result) -> None:
         if self._fb_last:

@@ -217,14 +217,14 @@ def plan_step(parents, probs, source, counts, k0, k1, cost, overhead, lim, gate,
         mass = 0.0
         for b in range(nsb):
             acc += a_c[s, b]
-            mass += n_c[s, b] * (b + 0.5) / nsb
+            mass += n_c[s, b] * 0.5 * (SCORE_EDGES[b] + SCORE_EDGES[b + 1])
         factor[s] = (acc + k0) / (mass + k0)
     depth = np.empty(m, np.int64)
     for i in range(m):
         p = parents[i]
         depth[i] = 1 if p < 0 else depth[p] + 1
         sc = probs[i]
-        sb = min(max(int(sc * nsb), 0), nsb - 1)
+        sb = score_bucket(sc)
         db = min(depth[i] - 1, ndb - 1)
         s = source[i]
         prior = min(sc * factor[s], 0.999)
@@ -258,6 +258,25 @@ def plan_step(parents, probs, source, counts, k0, k1, cost, overhead, lim, gate,
     return k, nl
 
 
+# Edges of the acceptance model's score buckets: tenths up to 0.9, then
+# halving 1 - score, so a copy that has gone on for 40 tokens and one that
+# has gone on for 160 (the suffix drafter scores them 0.95 and 0.99) are
+# calibrated apart: only near-certain chains pay for a deep batch.
+SCORE_EDGES = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9,
+                        0.95, 0.975, 0.9875, 0.99375, 1.0])
+N_SCORE_BUCKETS = SCORE_EDGES.shape[0] - 1
+
+
+@njit(cache=True)
+def score_bucket(sc):
+    """The score bucket of a drafter score (SCORE_EDGES; out-of-range scores
+    fall in the first or last)."""
+    b = 0
+    while b < N_SCORE_BUCKETS - 1 and sc >= SCORE_EDGES[b + 1]:
+        b += 1
+    return b
+
+
 @njit(cache=True)
 def shadow_learn(tokens, parents, probs, source, cond, verified, state, cont, n_c, a_c, n_f, a_f, pred_sum):
     """Credit the acceptance counts with the draft nodes the gate did not verify,
@@ -272,7 +291,6 @@ def shadow_learn(tokens, parents, probs, source, cond, verified, state, cont, n_
     kept between calls as cont grows.  Verified nodes (verified[i]) were
     counted by learn_step and are only followed here.  Returns how many nodes
     are still undecided."""
-    nsb = n_c.shape[1]
     ndb = n_f.shape[2]
     m = tokens.shape[0]
     depth = np.empty(m, np.int64)
@@ -296,7 +314,7 @@ def shadow_learn(tokens, parents, probs, source, cond, verified, state, cont, n_
         state[i] = 1 if hit else 2
         if verified[i]:
             continue
-        sb = min(max(int(probs[i] * nsb), 0), nsb - 1)
+        sb = score_bucket(probs[i])
         db = min(d - 1, ndb - 1)
         src = source[i]
         n_c[src, sb] += 1.0
@@ -318,7 +336,6 @@ def learn_step(nb, bparent, order, sel, probs, source, cond, depth, path_end, ca
     child that sat after a rejected sibling.  A draft slot was *tested* when its
     parent slot was on the accepted path, and *accepted* when it is on it.
     out_acc / out_tested are indexed by selection position (order[s])."""
-    nsb = n_c.shape[1]
     ndb = n_f.shape[2]
     on = np.zeros(nb, np.bool_)
     for s in range(path_end + 1):
@@ -334,8 +351,7 @@ def learn_step(nb, bparent, order, sel, probs, source, cond, depth, path_end, ca
         out_tested[j] = tested
         if not tested:
             continue
-        sc = probs[i]
-        sb = min(max(int(sc * nsb), 0), nsb - 1)
+        sb = score_bucket(probs[i])
         db = min(depth[s] - 1, ndb - 1)
         src = source[i]
         n_c[src, sb] += 1.0
