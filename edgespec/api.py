@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import dataclasses
 import threading
 import time
@@ -26,9 +27,11 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .backend.grammar import Grammar
-from .backend.llama import EXACT_MAX_BATCH, LlamaBackend, tiled_mm_setting
+from .backend.llama import EXACT_MAX_BATCH, LlamaBackend, default_threads, tiled_mm_setting
 from .background import BackgroundTask, Pacer
 from .chattokens import chat_tokens
+from .kernelchoice import ENV as KERNELS_ENV
+from .kernelchoice import resolve as resolve_kernels
 from .costmodel import (CalibrationStopped, CostCurve, ExactnessReport, builtin_curve, cached_curve,
                         calibration_key, load_or_check_exactness, load_or_measure, plan_contexts)
 from .drafters import make_drafter, parse_drafter_name
@@ -221,7 +224,14 @@ class SpecModel:
         None = q8_0 on CPU with more than one thread, else f16.  On CPU an f16 K cache makes
         one-token decodes past 256 KV cells run on one thread, to stay exact
         (see backend/llama.py); a q8_0 one lets them use every thread.
-    kernels: "exact" (default): llama.cpp settings under which a verification
+    kernels: None (default): $EDGESPEC_KERNELS, else "auto".
+        "auto": "exact" where it costs at most 5% more than
+        "fast" on this machine, else "fast", as measured once per model and
+        thread count in two child processes (edgespec.kernelchoice; cached);
+        until measured (calibrate=True or `edgespec calibrate` measures it)
+        "exact".  `kernels` is the resolved setting, `kernel_price` the
+        measurement behind an auto choice.
+        "exact": llama.cpp settings under which a verification
         batch gives logits bit-identical to one-token decoding on CPU (flash
         attention on, the tiled K-quant product off).  "fast": llama.cpp's
         fastest CPU settings (flash attention off, f16 K cache unless
@@ -264,7 +274,7 @@ class SpecModel:
                  n_gpu_layers: int = 0, n_threads: int | None = None, max_nodes: int = 48,
                  cost_gate: bool = True, calibrate: bool | str = "background", verbose: bool = False,
                  progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None,
-                 kernels: str = "exact"):
+                 kernels: str | None = None):
         self._gate = _Gate()
         self._closing = threading.Event()
         self._engines: dict = {}
@@ -272,11 +282,12 @@ class SpecModel:
         self._calibration: BackgroundTask | None = None
         if calibrate not in (True, False, "background"):
             raise ConfigError(f"calibrate must be True, False or 'background', not {calibrate!r}")
-        if kernels not in ("exact", "fast"):
-            raise ConfigError(f"kernels must be 'exact' or 'fast', not {kernels!r}")
-        self.kernels = kernels
         self.model_path = resolve_model(model_path)
-        fast = kernels == "fast" and not n_gpu_layers
+        self.kernels_setting = kernels or os.environ.get(KERNELS_ENV) or "auto"
+        # "auto": the measured choice (edgespec.kernelchoice), exact until measured
+        self.kernels, self.kernel_price = resolve_kernels(kernels, self.model_path, n_threads or default_threads(),
+                                                          gpu=bool(n_gpu_layers), measure=calibrate is True)
+        fast = self.kernels == "fast" and not n_gpu_layers
         self.backend = LlamaBackend(self.model_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                     n_threads=n_threads, max_nodes=max(EXACT_MAX_BATCH, max_nodes),
                                     max_leaves=None, cache_type_k=cache_type_k, verbose=verbose,

@@ -758,6 +758,8 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "exact_mode": be.exact,
         "cache_type_k": be.cache_type_k,
         "kernels": getattr(model, "kernels", "exact"),
+        "kernels_setting": getattr(model, "kernels_setting", None),
+        "kernel_price": None if getattr(model, "kernel_price", None) is None else model.kernel_price.to_json(),
         "flash_attn": "auto" if getattr(be, "flash_attn", None) is None else bool(be.flash_attn),
         "tiled_mm": tiled_mm_setting(),
         "single_token_threads": (f"{be.n_threads} up to {be.one_thread_after} KV cells, then 1 (exact mode, f16 K cache)"
@@ -819,8 +821,12 @@ def resolve_default(model) -> dict:
     d = generate_defaults()
     be = model.backend
     threads = d["threads"] or default_threads()
-    exact = d["kernels"] != "fast" and not d["n_gpu_layers"]
-    want = {"kernels": d["kernels"], "n_threads": threads, "n_ctx": d["ctx"], "n_gpu_layers": d["n_gpu_layers"],
+    kernels = d["kernels"]
+    if kernels == "auto":          # what generate would resolve it to here (the cached verdict)
+        from .kernelchoice import resolve
+        kernels, _ = resolve("auto", model.model_path, threads, gpu=bool(d["n_gpu_layers"]), measure=False)
+    exact = kernels != "fast" and not d["n_gpu_layers"]
+    want = {"kernels": kernels, "n_threads": threads, "n_ctx": d["ctx"], "n_gpu_layers": d["n_gpu_layers"],
             "cache_type_k": (auto_cache_type_k(exact, threads) if d["cache_type_k"] == "auto" else d["cache_type_k"]),
             "max_nodes": d["max_nodes"], "cost_gate": not d["no_gate"], "verify": d["verify"]}
     have = {"kernels": getattr(model, "kernels", "exact"), "n_threads": be.n_threads, "n_ctx": be.n_ctx,
@@ -1377,6 +1383,9 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
                    (", raw prompts (no chat template)" if head.get("raw") else "") +
                    (f", {reps} passes (each a fresh session)" if reps > 1 else ""))
         out.append(_exact_line(head))
+        if head.get("kernel_price"):
+            from .kernelchoice import KernelPrice
+            out.append("kernels auto: " + KernelPrice.from_json(head["kernel_price"]).describe())
         if head.get("constrained"):
             out.append(constraint_line(head["constrained"]))
         out += peer_header_lines(head)

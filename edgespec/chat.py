@@ -18,7 +18,8 @@ import sys
 import click
 
 from .termsafe import private_file, read_bounded, visible
-from .cli import acceptance_lines, calibration_line, exactness_notice, load_model, make_sampling, user_errors
+from .cli import (acceptance_lines, calibration_line, exactness_notice, kernels_line, load_model, make_sampling,
+                  user_errors)
 
 DRAFT_COLOR = "cyan"
 FENCE = '"""'
@@ -351,6 +352,7 @@ class ChatSession:
         else:
             lines = ["session: no answers yet"]
         lines.append(calibration_line(self.m))
+        lines.append(kernels_line(self.m))
         if self.m.cost is not None:
             lines.append(self.m.cost.describe())
         return lines + acceptance_lines(self.m)

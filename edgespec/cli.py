@@ -138,7 +138,7 @@ class DrafterSpec(click.ParamType):
 
 
 def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=None, max_nodes=48,
-               gate=True, calibrate=True, corpora=(), verify="exact", cache_type_k="auto", kernels="exact"):
+               gate=True, calibrate=True, corpora=(), verify="exact", cache_type_k="auto", kernels=None):
     """calibrate: True (one-shot commands: generate, bench) measures a missing
     calibration before the first answer, with a note on stderr; "background"
     (chat, serve) answers at once and measures between requests, silently."""
@@ -155,10 +155,40 @@ def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=Non
         if ctx is not None:
             ctx.find_root().call_on_close(lambda: log_to_file(None))
     with user_errors():
+        if (kernels or os.environ.get("EDGESPEC_KERNELS") or "auto") == "auto" and calibrate is True \
+                and not n_gpu_layers:
+            _measure_kernel_price(model, threads, remeasure=False)
         return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                          max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
                          progress=_calibration_note() if calibrate is True else None, corpora=corpora, verify=verify,
                          cache_type_k=cache_type_k, kernels=kernels, verbose=log["verbose"])
+
+
+def _measure_kernel_price(model, threads, remeasure: bool, note: bool = True):
+    """--kernels auto: time exact against fast kernels for this model (two
+    child processes, a note on stderr) unless the verdict is cached."""
+    from .backend.llama import default_threads
+    from .kernelchoice import cached_price, measure_price
+    from .models import resolve_model
+
+    path, n = resolve_model(model), threads or default_threads()
+    if not remeasure and cached_price(path, n) is not None:
+        return
+    if note and not log_settings()["quiet"]:
+        click.echo("timing llama.cpp's exact against its fastest CPU kernels for this model on this machine "
+                   "(--kernels auto; once, cached afterwards)...", err=True)
+    measure_price(path, n)
+
+
+def kernels_line(model) -> str:
+    """One line: the kernels in use and, for --kernels auto, why."""
+    p = getattr(model, "kernel_price", None)
+    if getattr(model, "kernels_setting", model.kernels) != "auto":
+        return f"kernels: {model.kernels} (--kernels {model.kernels})"
+    if p is None:
+        return (f"kernels: auto -> {model.kernels}" + ("" if model.backend.n_gpu_layers else
+                " (what exactness costs here is not measured yet: `edgespec calibrate` measures it)"))
+    return f"kernels: auto -> {model.kernels} ({p.describe()})"
 
 
 def corpus_option(f):
@@ -170,8 +200,12 @@ def corpus_option(f):
 
 def backend_options(f):
     """--ctx, --n-gpu-layers, --threads, --cache-type-k, --kernels."""
-    f = click.option("--kernels", type=click.Choice(("exact", "fast")), default="exact", show_default=True,
-                     help="exact = llama.cpp settings under which a verification batch gives logits bit-identical "
+    f = click.option("--kernels", type=click.Choice(("auto", "exact", "fast")), default="auto", show_default=True,
+                     envvar="EDGESPEC_KERNELS",
+                     help="auto = exact where it costs at most 5% more than fast on this machine, else fast "
+                          "(timed once per model and thread count, cached; exact until timed); the default "
+                          "comes from $EDGESPEC_KERNELS when set.  "
+                          "exact = llama.cpp settings under which a verification batch gives logits bit-identical "
                           "to one-token decoding (flash attention on, see --cache-type-k), so greedy output is "
                           "token-identical to --drafter none.  fast = llama.cpp's fastest CPU settings (flash "
                           "attention off, f16 K cache, tiled K-quant product on): on llama and qwen models past a few hundred tokens of "
@@ -265,6 +299,7 @@ def stats_lines(result, model) -> list[str]:
         lines.append(f"time per step: llama_decode {r.decode_call_s / r.n_steps * 1000:.2f} ms, "
                      f"engine {r.engine_s / r.n_steps * 1000:.2f} ms")
     lines.append(calibration_line(model))
+    lines.append(kernels_line(model))
     if model.cost is not None:
         lines.append(model.cost.describe())
     lines += acceptance_lines(model)
@@ -308,7 +343,10 @@ def exactness_notice(model) -> str | None:
     r = model.exactness
     if r is None or r.exact:
         return None
-    where = "with --kernels fast" if getattr(model, "kernels", "exact") == "fast" else "on this model and machine"
+    where = "on this model and machine"
+    if getattr(model, "kernels", "exact") == "fast":
+        where = ("with --kernels fast" if getattr(model, "kernels_setting", "fast") == "fast"
+                 else "with the fast kernels --kernels auto chose here")
     return (f"note: {where} a verification batch's logits differ from one-token decoding "
             f"(by up to {r.max_abs_diff:.2g}): greedy output can differ from --drafter none where the two top "
             f"tokens nearly tie (README: what lossless means)")
@@ -494,7 +532,9 @@ def generate_defaults() -> dict:
     """What `edgespec generate MODEL PROMPT` runs with when given no options:
     its options' defaults by name (the bench's method `default` runs these)."""
     ctx = click.Context(generate)
-    return {p.name: p.get_default(ctx) for p in generate.params if isinstance(p, click.Option)}
+    d = {p.name: p.get_default(ctx) for p in generate.params if isinstance(p, click.Option)}
+    d["kernels"] = os.environ.get("EDGESPEC_KERNELS") or d["kernels"]     # the option's envvar
+    return d
 
 
 @main.command()
@@ -644,6 +684,9 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, kernels, as_json)
     c(T) is the time of one llama_decode of T tokens over the time of one token;
     the cost gate uses it to decide how many draft tokens are worth verifying.
     """
+    if kernels == "auto" and not n_gpu_layers:
+        with user_errors():
+            _measure_kernel_price(model, threads, remeasure=True, note=not as_json)
     m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, calibrate=False,
                    cache_type_k=cache_type_k, kernels=kernels)
     try:
@@ -655,12 +698,15 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, kernels, as_json)
         if as_json:
             d = curve.to_json()
             d["exactness"] = m.exactness.to_json() if m.exactness is not None else None
+            d["kernels"] = {"setting": m.kernels_setting, "resolved": m.kernels,
+                            "price": m.kernel_price.to_json() if m.kernel_price is not None else None}
             click.echo(json.dumps(d, default=_json_default))
         else:
             click.echo(curve.describe())
             if m.exactness is not None:
                 click.echo(m.exactness.describe())
             click.echo(calibration_line(m))
+            click.echo(kernels_line(m))
             path = curve.meta.get("cache_file", "?")
             click.echo(f"cached in {path}" if os.path.isfile(path) else f"NOT cached (could not write {path})")
     finally:

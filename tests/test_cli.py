@@ -201,6 +201,7 @@ def test_calibrate(model_path, tmp_path, monkeypatch):
     assert d["meta"]["cache_file"].startswith(cache)
     assert os.path.isfile(d["meta"]["cache_file"])
     assert d["exactness"]["exact"] in (True, False) and d["exactness"]["max_t"] >= 2
+    assert d["kernels"] == {"setting": "exact", "resolved": "exact", "price": None}    # EDGESPEC_KERNELS (conftest)
 
 
 # ---------------------------------------------------------------- bench

@@ -179,7 +179,8 @@ def fake_model(**over):
         if k in over:
             setattr(be, k, over.pop(k))
     cfg = SimpleNamespace(max_nodes=48, cost_gate=True, verify=VerifyConfig("exact"))
-    return SimpleNamespace(backend=be, config=cfg, kernels=over.pop("kernels", "exact"), corpora=over.pop("corpora", []))
+    return SimpleNamespace(backend=be, config=cfg, kernels=over.pop("kernels", "exact"), corpora=over.pop("corpora", []),
+                           model_path="/no/such/model.gguf")
 
 
 def test_default_resolves_generate_defaults():
