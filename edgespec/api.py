@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 import dataclasses
 import threading
 import time
@@ -27,11 +26,11 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .backend.grammar import Grammar
-from .backend.llama import EXACT_MAX_BATCH, LlamaBackend, default_threads, tiled_mm_setting
+from .backend.llama import EXACT_MAX_BATCH, LlamaBackend, default_threads, kernel_options, tiled_mm_setting
 from .background import BackgroundTask, Pacer
 from .chattokens import chat_tokens
-from .kernelchoice import ENV as KERNELS_ENV
 from .kernelchoice import resolve as resolve_kernels
+from .kernelchoice import setting as kernels_setting
 from .costmodel import (CalibrationStopped, CostCurve, ExactnessReport, builtin_curve, cached_curve,
                         calibration_key, load_or_check_exactness, load_or_measure, plan_contexts)
 from .drafters import make_drafter, parse_drafter_name
@@ -283,7 +282,7 @@ class SpecModel:
         if calibrate not in (True, False, "background"):
             raise ConfigError(f"calibrate must be True, False or 'background', not {calibrate!r}")
         self.model_path = resolve_model(model_path)
-        self.kernels_setting = kernels or os.environ.get(KERNELS_ENV) or "auto"
+        self.kernels_setting = kernels_setting(kernels)
         # "auto": the measured choice (edgespec.kernelchoice), exact until measured
         self.kernels, self.kernel_price = resolve_kernels(kernels, self.model_path, n_threads or default_threads(),
                                                           gpu=bool(n_gpu_layers), measure=calibrate is True)
@@ -291,8 +290,7 @@ class SpecModel:
         self.backend = LlamaBackend(self.model_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                     n_threads=n_threads, max_nodes=max(EXACT_MAX_BATCH, max_nodes),
                                     max_leaves=None, cache_type_k=cache_type_k, verbose=verbose,
-                                    exact=not fast, flash_attn=False if fast else None,
-                                    tiled_mm="1" if fast else "0")
+                                    **kernel_options(fast))
         try:
             self._setup(drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify)
         except BaseException:      # a bad corpus, drafter or setting, a failed calibration, Ctrl-C

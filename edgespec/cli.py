@@ -155,8 +155,8 @@ def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=Non
         if ctx is not None:
             ctx.find_root().call_on_close(lambda: log_to_file(None))
     with user_errors():
-        if (kernels or os.environ.get("EDGESPEC_KERNELS") or "auto") == "auto" and calibrate is True \
-                and not n_gpu_layers:
+        from .kernelchoice import setting
+        if setting(kernels) == "auto" and calibrate is True and not n_gpu_layers:
             _measure_kernel_price(model, threads, remeasure=False)
         return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                          max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
@@ -533,7 +533,8 @@ def generate_defaults() -> dict:
     its options' defaults by name (the bench's method `default` runs these)."""
     ctx = click.Context(generate)
     d = {p.name: p.get_default(ctx) for p in generate.params if isinstance(p, click.Option)}
-    d["kernels"] = os.environ.get("EDGESPEC_KERNELS") or d["kernels"]     # the option's envvar
+    from .kernelchoice import ENV
+    d["kernels"] = os.environ.get(ENV) or d["kernels"]     # the option's envvar
     return d
 
 

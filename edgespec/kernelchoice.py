@@ -111,14 +111,19 @@ def measure_price(model_path: str, n_threads: int, progress=None) -> KernelPrice
     return price
 
 
+def setting(kernels: str | None) -> str:
+    """The setting asked for: `kernels`, else $EDGESPEC_KERNELS, else "auto"."""
+    return kernels or os.environ.get(ENV) or "auto"
+
+
 def resolve(kernels: str | None, model_path: str, n_threads: int, gpu: bool, measure: bool,
             progress=None) -> tuple[str, KernelPrice | None]:
     """The kernels to load with ("exact" or "fast") and the price behind an
-    "auto" choice.  None: the setting in $EDGESPEC_KERNELS, else "auto".  On a GPU the setting changes nothing (llama.cpp's defaults
-    are used either way): "exact".  "auto" without a cached price measures it
-    when `measure`, else runs exact (price None) until something measures it."""
-    if kernels is None:
-        kernels = os.environ.get(ENV) or "auto"
+    "auto" choice; None asks for setting(None).  On a GPU the setting changes
+    nothing (llama.cpp's defaults are used either way): "exact".  "auto"
+    without a cached price measures it when `measure`, else runs exact (price
+    None) until something measures it."""
+    kernels = setting(kernels)
     if kernels not in KERNELS:
         raise ConfigError(f"kernels must be one of {', '.join(KERNELS)}, not {kernels!r}")
     if kernels != "auto":
@@ -135,12 +140,11 @@ def _time_one_setting(model_path: str, kernels: str, n_threads: int) -> dict:
     """In the child: load with these kernels, time decodes of each size."""
     import numpy as np
 
-    from .backend.llama import LlamaBackend
+    from .backend.llama import LlamaBackend, kernel_options
     from .costmodel import _measure_at
 
-    fast = kernels == "fast"
     be = LlamaBackend(model_path, n_ctx=2048, n_threads=n_threads, max_nodes=max(SIZES), max_leaves=1,
-                      exact=not fast, flash_attn=False if fast else None, tiled_mm="1" if fast else "0")
+                      **kernel_options(kernels == "fast"))
     try:
         t1, rel, _ = _measure_at(be, list(SIZES), PREFIX, 5, np.random.default_rng(0), lambda: None)
     finally:

@@ -153,6 +153,12 @@ TILED_MM_ENV = "GGML_CPU_TILED_MM"
 USER_TILED_MM = os.environ.get(TILED_MM_ENV)
 
 
+def kernel_options(fast: bool) -> dict:
+    """LlamaBackend's settings for --kernels fast (llama.cpp's fastest CPU
+    kernels) or exact (batches bit-identical to one-token decoding)."""
+    return {"exact": not fast, "flash_attn": False if fast else None, "tiled_mm": "1" if fast else "0"}
+
+
 def tiled_mm_setting() -> str:
     """The GGML_CPU_TILED_MM value llama.cpp sees in this process ("0" = off;
     unset = llama.cpp's default, on)."""

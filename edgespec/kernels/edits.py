@@ -155,7 +155,8 @@ def edited_chain(ctx, n, n_prompt, state, edits, max_depth, min_trust, out_token
     starts (the latest edit first).
     Scores: conf(L) = L / (L + 2), L the aligned run since the last divergence
     plus the depth, as for a suffix match (so where the chain is a plain copy
-    its scores stay at or below the suffix match's, which the merge keeps); an edited token's times its edit's trust.
+    its scores stay at or below the suffix match's, which the merge keeps);
+    an edited span's first token's times its edit's trust.
     Returns (the chain's length, how many edits it applied, the index of its
     first edited token); (0, 0, 0) when the answer is not aligned up to its
     end."""
@@ -165,7 +166,6 @@ def edited_chain(ctx, n, n_prompt, state, edits, max_depth, min_trust, out_token
     m = 0
     first = -1
     applied = 0
-    trust = np.ones(out_tokens.shape[0])
     lim = min(max_depth, out_tokens.shape[0], out_probs.shape[0])
     while m < lim and s < n_prompt:
         e = -1
@@ -176,25 +176,25 @@ def edited_chain(ctx, n, n_prompt, state, edits, max_depth, min_trust, out_token
                 break
         if e >= 0:
             ns, nl = edits[e, 2], edits[e, 3]
-            if nl and m < lim:
-                trust[m] = _trust(edits, e)
             if first < 0:
                 first = m
             for j in range(nl):
                 if m >= lim:
                     break
                 out_tokens[m] = ctx[ns + j]
+                out_probs[m] = _trust(edits, e) if j == 0 else 1.0     # times conf below
                 m += 1
             s += edits[e, 1]
             applied += 1
         else:
             out_tokens[m] = ctx[s]
+            out_probs[m] = 1.0
             m += 1
             s += 1
     base = n - run
     for j in range(m):
         L = float(base + j + 1)
-        out_probs[j] = L / (L + 2.0) * trust[j]
+        out_probs[j] *= L / (L + 2.0)
     return m, applied, first if first >= 0 else m
 
 
