@@ -25,6 +25,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .backend.ggml import parse_endpoints
 from .backend.grammar import Grammar
 from .backend.llama import EXACT_MAX_BATCH, LlamaBackend, default_threads, kernel_options, tiled_mm_setting
 from .background import BackgroundTask, Pacer
@@ -257,6 +258,13 @@ class SpecModel:
         from the cache, or None).
     progress: progress(done, total) of a measurement (called from the
         background thread in background mode).
+    rpc: llama.cpp RPC workers ("HOST:PORT", a list or one comma-separated
+        string; `edgespec rpc-worker` or llama.cpp's rpc-server): the model's
+        layers go to their devices (n_gpu_layers 0 = all of them; N keeps the
+        rest on this machine).  Needs a llama-cpp-python built with
+        CMAKE_ARGS="-DGGML_RPC=on".  The calibration is measured over them.
+    tensor_split: proportions of the offloaded layers per device (workers in
+        order, then local GPUs); None: by their free memory.
 
 
     Threads: one request runs at a time.  generate(), chat(), stream() and the
@@ -273,7 +281,8 @@ class SpecModel:
                  n_gpu_layers: int = 0, n_threads: int | None = None, max_nodes: int = 48,
                  cost_gate: bool = True, calibrate: bool | str = "background", verbose: bool = False,
                  progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None,
-                 kernels: str | None = None):
+                 kernels: str | None = None, rpc: Sequence[str] | str | None = None,
+                 tensor_split: Sequence[float] | None = None):
         self._gate = _Gate()
         self._closing = threading.Event()
         self._engines: dict = {}
@@ -284,13 +293,14 @@ class SpecModel:
         self.model_path = resolve_model(model_path)
         self.kernels_setting = kernels_setting(kernels)
         # "auto": the measured choice (edgespec.kernelchoice), exact until measured
+        rpc = parse_endpoints(rpc)
         self.kernels, self.kernel_price = resolve_kernels(kernels, self.model_path, n_threads or default_threads(),
-                                                          gpu=bool(n_gpu_layers), measure=calibrate is True)
+                                                          gpu=bool(n_gpu_layers or rpc), measure=calibrate is True)
         fast = self.kernels == "fast" and not n_gpu_layers
         self.backend = LlamaBackend(self.model_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                     n_threads=n_threads, max_nodes=max(EXACT_MAX_BATCH, max_nodes),
                                     max_leaves=None, cache_type_k=cache_type_k, verbose=verbose,
-                                    **kernel_options(fast))
+                                    rpc=rpc, tensor_split=tensor_split, **kernel_options(fast))
         try:
             self._setup(drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify)
         except BaseException:      # a bad corpus, drafter or setting, a failed calibration, Ctrl-C
@@ -352,7 +362,10 @@ class SpecModel:
         return calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads,
                                extra=f"k={self.backend.cache_type_k},repack={int(self.backend.cpu_repack)},"
                                      f"tiled_mm={tiled_mm_setting()}"
-                                     + (",fa=0" if self.backend.flash_attn is False else ""))
+                                     + (",fa=0" if self.backend.flash_attn is False else "")
+                                     + (f",rpc={'+'.join(self.backend.rpc)}" if self.backend.rpc else "")
+                                     + (f",split={':'.join(f'{x:g}' for x in self.backend.tensor_split)}"
+                                        if self.backend.tensor_split else ""))
 
     def calibrate(self, remeasure: bool = False, progress=None) -> CostCurve:
         """The cost curve c(T) for this model, settings and machine, and the

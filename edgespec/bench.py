@@ -768,6 +768,8 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
                              for m in methods if is_peer(m) and split_peer(m)[0] in LLAMA_METHODS},
         "n_ctx": be.n_ctx,
         "n_gpu_layers": be.n_gpu_layers,
+        "rpc": list(getattr(be, "rpc", [])),
+        "tensor_split": list(getattr(be, "tensor_split", [])),
         "max_nodes": model.config.max_nodes,
         "cost_gate": model.config.cost_gate,
         "llama_cpp_version": llama_cpp_version(),
@@ -824,8 +826,9 @@ def resolve_default(model) -> dict:
     kernels = d["kernels"]
     if kernels == "auto":          # what generate would resolve it to here (the cached verdict)
         from .kernelchoice import resolve
-        kernels, _ = resolve("auto", model.model_path, threads, gpu=bool(d["n_gpu_layers"]), measure=False)
-    exact = kernels != "fast" and not d["n_gpu_layers"]
+        kernels, _ = resolve("auto", model.model_path, threads, gpu=bool(d["n_gpu_layers"] or be.rpc),
+                             measure=False)
+    exact = kernels != "fast" and (not d["n_gpu_layers"] or bool(be.rpc))
     want = {"kernels": kernels, "n_threads": threads, "n_ctx": d["ctx"], "n_gpu_layers": d["n_gpu_layers"],
             "cache_type_k": (auto_cache_type_k(exact, threads) if d["cache_type_k"] == "auto" else d["cache_type_k"]),
             "max_nodes": d["max_nodes"], "cost_gate": not d["no_gate"], "verify": d["verify"]}
@@ -990,7 +993,11 @@ class _Methods:
             if base in SERVER_METHODS:
                 from .peer_server import LlamaServerRunner, server_env
                 self.peers[m] = LlamaServerRunner(base, self.server.path, self.model.model_path, be.n_ctx,
-                                                  be.n_gpu_layers, n or self.llama_threads, env=server_env())
+                                                  be.n_gpu_layers, n or self.llama_threads, env=server_env(),
+                                                  rpc=be.rpc, tensor_split=be.tensor_split)
+            elif be.rpc:
+                raise BenchError(f"{m} cannot run over --rpc: llama-cpp-python's own rpc_servers argument "
+                                 "does nothing (the bench would time it on this machine); leave it out")
             else:
                 self.peers[m] = _LlamaRunner(m, self.model.model_path, be.n_ctx, self.llama_threads,
                                              be.n_gpu_layers, cache_type_k=be.cache_type_k, raw=self.raw)

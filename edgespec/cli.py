@@ -154,11 +154,13 @@ def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=Non
         ctx = click.get_current_context(silent=True)
         if ctx is not None:
             ctx.find_root().call_on_close(lambda: log_to_file(None))
+    rpc = rpc_settings()
     with user_errors():
         from .kernelchoice import setting
-        if setting(kernels) == "auto" and calibrate is True and not n_gpu_layers:
+        if setting(kernels) == "auto" and calibrate is True and not n_gpu_layers and not rpc["rpc"]:
             _measure_kernel_price(model, threads, remeasure=False)
         return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
+                         rpc=rpc["rpc"], tensor_split=rpc["tensor_split"],
                          max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
                          progress=_calibration_note() if calibrate is True else None, corpora=corpora, verify=verify,
                          cache_type_k=cache_type_k, kernels=kernels, verbose=log["verbose"])
@@ -198,8 +200,42 @@ def corpus_option(f):
                              "(suffix, trigram, adjacency); repeatable.")(f)
 
 
+def rpc_settings(ctx=None) -> dict:
+    """--rpc and --tensor-split of this invocation (kept in the root context
+    like log_settings; cli.load_model passes them on)."""
+    ctx = ctx or click.get_current_context(silent=True)
+    if ctx is None:
+        return {"rpc": [], "tensor_split": []}
+    return ctx.find_root().meta.setdefault("edgespec.rpc", {"rpc": [], "tensor_split": []})
+
+
+def _set_rpc(ctx, param, value):
+    if value and not ctx.resilient_parsing:
+        from .backend.ggml import parse_endpoints
+        from .errors import ConfigError
+
+        try:
+            if param.name == "rpc":
+                value = parse_endpoints(value)
+            else:
+                value = [float(x) for x in value.replace("/", ",").split(",") if x.strip()]
+        except (ConfigError, ValueError) as e:
+            raise click.BadParameter(str(e) if isinstance(e, ConfigError) else
+                                     f"proportions separated by commas, not {value!r}") from None
+        rpc_settings(ctx)[param.name] = value
+    return value
+
+
 def backend_options(f):
-    """--ctx, --n-gpu-layers, --threads, --cache-type-k, --kernels."""
+    """--ctx, --n-gpu-layers, --threads, --cache-type-k, --kernels, --rpc, --tensor-split."""
+    f = click.option("-ts", "--tensor-split", "tensor_split", metavar="P0,P1,...", expose_value=False,
+                     callback=_set_rpc,
+                     help="Proportions of the offloaded layers per device: the --rpc workers in order, then "
+                          "local GPUs (default: by their free memory).")(f)
+    f = click.option("--rpc", metavar="HOST:PORT[,...]", expose_value=False, callback=_set_rpc,
+                     help="Put the model's layers on llama.cpp RPC workers (`edgespec rpc-worker` or "
+                          "llama.cpp's rpc-server; all layers unless --n-gpu-layers says how many).  Needs "
+                          "llama-cpp-python built with CMAKE_ARGS=\"-DGGML_RPC=on\".")(f)
     f = click.option("--kernels", type=click.Choice(("auto", "exact", "fast")), default="auto", show_default=True,
                      envvar="EDGESPEC_KERNELS",
                      help="auto = exact where it costs at most 5% more than fast on this machine, else fast "
@@ -685,7 +721,7 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, kernels, as_json)
     c(T) is the time of one llama_decode of T tokens over the time of one token;
     the cost gate uses it to decide how many draft tokens are worth verifying.
     """
-    if kernels == "auto" and not n_gpu_layers:
+    if kernels == "auto" and not n_gpu_layers and not rpc_settings()["rpc"]:
         with user_errors():
             _measure_kernel_price(model, threads, remeasure=True, note=not as_json)
     m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, calibrate=False,
@@ -803,6 +839,77 @@ def bench_report(results_files, plot_path):
         with user_errors():
             B.plot_results(results, plot_path, head)
         click.echo(f"plot: {plot_path}", err=True)
+
+
+# ------------------------------------------------------------------ rpc-worker
+@main.command("rpc-worker")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but loopback needs --allow-remote.")
+@click.option("--port", "-p", type=click.IntRange(1, 65535), default=50052, show_default=True)
+@click.option("--threads", "-t", type=click.IntRange(min=1), default=None,
+              help="CPU threads for the layers served (default: one per physical core available).")
+@click.option("--cache", "cache", type=click.Path(file_okay=False), default=None,
+              help="Keep the tensors clients send in DIR, so a model reloads without sending them again.")
+@click.option("--device", default=None, help="The ggml device to serve (CPU, CUDA0, ...; default: the first GPU, "
+                                             "else the CPU).")
+@click.option("--kernels", type=click.Choice(("exact", "fast")), default="exact", show_default=True,
+              help="exact: the CPU kernels under which a client's verification batches stay bit-identical to "
+                   "one-token decoding (the tiled K-quant product off); fast: llama.cpp's fastest.")
+@click.option("--allow-remote", is_flag=True,
+              help="Listen on a non-loopback address: llama.cpp's RPC has no authentication and has had "
+                   "remote-code-execution advisories, so only on a network you trust.")
+def rpc_worker(host, port, threads, cache, device, kernels, allow_remote):
+    """Serve this machine's CPU or GPU to edgespec (or llama.cpp) over RPC.
+
+    A client started with --rpc HOST:PORT puts the model's layers here.  Stops
+    on Ctrl-C or SIGTERM."""
+    import signal
+    import socket
+    import threading
+
+    from .backend import ggml
+    from .backend.llama import TILED_MM_ENV, _init_backend, default_threads
+
+    if not ggml.is_loopback(host) and not allow_remote:
+        raise click.ClickException(f"refusing to listen on {host}: llama.cpp's RPC has no authentication and "
+                                   "anyone who reaches the port can run code on this machine; pass "
+                                   "--allow-remote to do it anyway on a network you trust")
+    if not ggml.is_loopback(host):
+        click.echo(f"WARNING: listening on {host}: never expose an RPC worker to an open network; it is not "
+                   "authenticated and not secure", err=True)
+    os.environ.setdefault(TILED_MM_ENV, "0" if kernels == "exact" else "1")
+    with user_errors():
+        ggml.require_rpc()
+        _init_backend(log_settings()["verbose"])
+        dev = ggml.worker_device(device)
+    try:        # the port must be free: ggml would only print that it failed
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    free, total = ggml.device_memory(dev)
+    n = threads or default_threads()
+    click.echo(f"edgespec rpc-worker: {ggml.device_label(dev)}, {free / 2**20:.0f} of {total / 2**20:.0f} MiB "
+               f"free, {n} threads, {kernels} kernels, on {host}:{port}; Ctrl-C stops", err=True)
+    done = threading.Event()
+
+    def run():
+        ggml.serve_forever(f"{host}:{port}", dev, n, cache)
+        done.set()
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    threading.Thread(target=run, daemon=True, name="rpc-worker").start()
+    try:
+        while not done.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        click.echo("edgespec rpc-worker: stopped", err=True)
+        sys.stderr.flush()
+        os._exit(0)         # the server thread is blocked in C; nothing else to clean up
+    raise click.ClickException(f"the RPC server on {host}:{port} stopped (llama.cpp's message above)")
 
 
 # ------------------------------------------------------------------ build-peers

@@ -61,7 +61,7 @@ LLAMA_DEFAULT_SEED = 0xFFFFFFFF    # llama_cpp.LLAMA_DEFAULT_SEED
 
 # llama_cpp.Llama constructor arguments that change nothing edgespec's answers
 # depend on (memory mapping, batch sizes, NUMA, timing output): accepted, ignored
-_IGNORED_INIT = ("split_mode", "main_gpu", "tensor_split", "use_mmap", "use_mlock", "n_batch", "n_ubatch",
+_IGNORED_INIT = ("split_mode", "main_gpu", "use_mmap", "use_mlock", "n_batch", "n_ubatch",
                  "logits_all", "offload_kqv", "flash_attn", "op_offload", "swa_full", "no_perf",
                  "last_n_tokens_size", "numa")
 # ... and the ones it cannot honour: refused
@@ -130,7 +130,8 @@ class Llama:
                  n_ctx: int = 512, n_threads: int | None = None, n_threads_batch: int | None = None,
                  chat_format: str | None = None, type_k: int | None = None, verbose: bool = True,
                  drafter="suffix", corpora=(), max_nodes: int = 48, cost_gate: bool = True,
-                 calibrate: bool | str = "background", verify=None, progress=None, **kwargs):
+                 calibrate: bool | str = "background", verify=None, progress=None,
+                 rpc_servers: str | None = None, tensor_split: list[float] | None = None, **kwargs):
         for name in kwargs:
             if name in _REFUSED_INIT:
                 raise ConfigError(f"edgespec.Llama does not support {name}= (llama-cpp-python only)")
@@ -147,7 +148,8 @@ class Llama:
         self._model = SpecModel(model_path, drafter=drafter, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                 n_threads=n_threads, max_nodes=max_nodes, cost_gate=cost_gate,
                                 calibrate=calibrate, verbose=verbose, progress=progress, corpora=corpora,
-                                verify=verify, cache_type_k=_TYPE_K.get(type_k))
+                                verify=verify, cache_type_k=_TYPE_K.get(type_k), rpc=rpc_servers,
+                                tensor_split=tensor_split)
         self.model_path = self._model.model_path
         self.verbose = verbose
         self._seed = seed

@@ -50,7 +50,7 @@ STOP_REASONS = {"eos": "stop", "word": "stop", "limit": "length"}
 
 
 def server_args(method: str, binary: str, model_path: str, n_ctx: int, n_gpu_layers: int,
-                threads: int | None, port: int) -> list[str]:
+                threads: int | None, port: int, rpc: list[str] = (), tensor_split: list[float] = ()) -> list[str]:
     """llama-server's command line for a method (threads None = its default:
     one per physical core for decoding and for batches).  CPU weight
     repacking is off, as for edgespec and the llama-cpp-python methods
@@ -58,10 +58,16 @@ def server_args(method: str, binary: str, model_path: str, n_ctx: int, n_gpu_lay
     at its warm-up on the project's Xeon too)."""
     if method not in SERVER_METHODS:
         raise PeerError(f"unknown llama-server method {method!r}")
-    args = [binary, "-m", model_path, "-c", str(n_ctx), "-ngl", str(n_gpu_layers), "-np", "1",
+    # over RPC (the same workers as edgespec's model) every layer goes to them unless -ngl says otherwise
+    ngl = n_gpu_layers or (999 if rpc else 0)
+    args = [binary, "-m", model_path, "-c", str(n_ctx), "-ngl", str(ngl), "-np", "1",
             "--host", "127.0.0.1", "--port", str(port), "--no-webui", "--no-repack"]
     if threads:
         args += ["-t", str(threads), "-tb", str(threads)]
+    if rpc:
+        args += ["--rpc", ",".join(rpc)]
+    if tensor_split:
+        args += ["-ts", ",".join(f"{x:g}" for x in tensor_split)]
     return args + list(SERVER_METHODS[method])
 
 
@@ -128,10 +134,12 @@ class LlamaServerRunner:
     """One llama-server process for one method (start, request, close)."""
 
     def __init__(self, method: str, binary: str, model_path: str, n_ctx: int, n_gpu_layers: int,
-                 threads: int | None, env: dict | None = None, start_timeout: float = START_TIMEOUT_S):
+                 threads: int | None, env: dict | None = None, start_timeout: float = START_TIMEOUT_S,
+                 rpc: list[str] = (), tensor_split: list[float] = ()):
         self.method = method
         self.port = free_port()
-        self.args = server_args(method, binary, model_path, n_ctx, n_gpu_layers, threads, self.port)
+        self.args = server_args(method, binary, model_path, n_ctx, n_gpu_layers, threads, self.port, rpc,
+                                tensor_split)
         self.log = tempfile.TemporaryFile(mode="w+", prefix="llama-server-", suffix=".log")
         try:
             self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=self.log,

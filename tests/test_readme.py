@@ -36,8 +36,8 @@ def test_readme_is_short_and_its_lines_readable():
 
 def test_readme_opens_with_the_setup_and_test_commands():
     _, code = _prose_and_code(_read())
-    assert code[0].startswith("pip install -e '.[smollm2]' && edgespec generate ")
-    assert code[1] == "pip install -e '.[test]' && python -m pytest -q"
+    assert code[0].startswith("CMAKE_ARGS=\"-DGGML_RPC=on\" pip install -e '.[smollm2]' && edgespec generate ")
+    assert code[1] == "CMAKE_ARGS=\"-DGGML_RPC=on\" pip install -e '.[test]' && python -m pytest -q"
 
 
 def test_readme_links_and_paths_exist():

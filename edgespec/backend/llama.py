@@ -43,6 +43,7 @@ import llama_cpp as L
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from ..errors import BackendError, ConfigError, ModelLoadError  # re-exported
+from . import ggml
 
 # the llama-cpp-python versions edgespec is tested with (pyproject.toml allows
 # this range, so pip keeps a user's own CUDA or Metal build inside it)
@@ -78,20 +79,8 @@ def build_info() -> dict:
 
 
 def _ggml_backends() -> list[str]:
-    lib_dir = os.path.join(os.path.dirname(L.__file__), "lib")
-    for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
-        try:
-            g = ctypes.CDLL(os.path.join(lib_dir, name))
-            g.ggml_backend_reg_count.restype = ctypes.c_size_t
-            g.ggml_backend_reg_get.restype = ctypes.c_void_p
-            g.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
-            g.ggml_backend_reg_name.restype = ctypes.c_char_p
-            g.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
-            return [g.ggml_backend_reg_name(g.ggml_backend_reg_get(i)).decode()
-                    for i in range(g.ggml_backend_reg_count())]
-        except (OSError, AttributeError):
-            continue
-    return []
+    return ggml.backend_names()
+
 
 EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
 SPLIT_KV_FREE_CELLS = 256   # a one-token decode up to this many cells avoids split-KV
@@ -332,7 +321,8 @@ class Vocab:
 
 
 def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbose: bool = False,
-               cpu_repack: bool = False, tiled_mm: str = "0"):
+               cpu_repack: bool = False, tiled_mm: str = "0", rpc: list[str] | None = None,
+               tensor_split: list[float] | None = None):
     """Load a GGUF file; return the model pointer or raise ModelLoadError.
 
     cpu_repack: let llama.cpp's CPU backend move weights into its "extra buffer
@@ -343,12 +333,29 @@ def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbo
     models' logits differ by up to 0.3-2.3 between the two, so greedy output
     of verified drafts left plain decoding's), and on a KVM guest with AMX
     (2-core Intel Xeon, llama-cpp-python 0.3.36) the AMX kernel crashed the
-    process on the first multi-token batch."""
+    process on the first multi-token batch.
+
+    rpc: llama.cpp RPC workers (HOST:PORT) whose devices take the offloaded
+    layers, before this machine's GPUs; n_gpu_layers 0 then means all layers.
+    tensor_split: the proportions of the offloaded layers per device, in that
+    order (None: by the devices' free memory)."""
     _init_backend(verbose, tiled_mm)
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = int(n_gpu_layers)
     mp.vocab_only = bool(vocab_only)
     mp.use_extra_bufts = bool(cpu_repack)
+    keep = []       # ctypes arrays llama.cpp reads while loading
+    if rpc and not vocab_only:
+        devs = ggml.rpc_devices(rpc) + ggml.local_gpus()
+        keep.append(ggml.device_array(devs))
+        mp.devices = ctypes.cast(keep[-1], ctypes.c_void_p).value
+        mp.n_gpu_layers = int(n_gpu_layers) or -1
+    if tensor_split and not vocab_only:
+        n_dev = int(L.llama_max_devices())
+        if len(tensor_split) > n_dev or any(x < 0 for x in tensor_split) or not sum(tensor_split) > 0:
+            raise ConfigError(f"--tensor-split takes at most {n_dev} non-negative proportions, not {tensor_split}")
+        keep.append((ctypes.c_float * n_dev)(*tensor_split))
+        mp.tensor_split = keep[-1]
     with _log_lock:
         _log_lines.clear()
     model = L.llama_model_load_from_file(os.fsencode(path), mp)
@@ -384,7 +391,8 @@ def gpu_offload_available() -> bool:
     """Whether this llama-cpp-python build can offload layers to a GPU (CUDA,
     Metal, Vulkan...); a CPU-only build would silently ignore n_gpu_layers."""
     _init_backend(_log_verbose)
-    return bool(L.llama_supports_gpu_offload())
+    # llama_supports_gpu_offload() is also true for a CPU-only build with RPC
+    return bool(ggml.local_gpus()) if ggml.backend_names() else bool(L.llama_supports_gpu_offload())
 
 
 def free_model(model_ptr) -> None:
@@ -424,7 +432,7 @@ class LlamaBackend:
                  n_threads: int | None = None, n_batch: int = 512, max_nodes: int = 64,
                  max_leaves: int | None = 32, exact: bool = True, cache_type_k: str | None = None,
                  cpu_repack: bool = False, flash_attn: bool | None = None, tiled_mm: str = "0",
-                 verbose: bool = False):
+                 verbose: bool = False, rpc: list[str] | None = None, tensor_split: list[float] | None = None):
         if max_leaves is None:
             max_leaves = max(1, min(max_nodes - 1, L.llama_max_parallel_sequences()))
         if max_leaves > L.llama_max_parallel_sequences():
@@ -432,7 +440,7 @@ class LlamaBackend:
         if n_ctx < MIN_CTX:
             raise ConfigError(f"the context size (--ctx, n_ctx) must be at least {MIN_CTX} tokens, not {n_ctx}: "
                               f"llama.cpp's KV cache holds a multiple of {MIN_CTX} cells")
-        if n_gpu_layers and not gpu_offload_available():
+        if n_gpu_layers and not rpc and not gpu_offload_available():
             raise ConfigError(f"GPU offload (--n-gpu-layers, n_gpu_layers={n_gpu_layers}) was asked for, but this "
                               "llama-cpp-python was built without a GPU backend: reinstall it with "
                               "CMAKE_ARGS=\"-DGGML_CUDA=on\" (see the README's GPU section), or leave "
@@ -443,7 +451,11 @@ class LlamaBackend:
         self.max_nodes = max_nodes
         self.max_leaves = max_leaves
         self.n_batch = max(n_batch, max_nodes)
-        self.exact = exact and n_gpu_layers == 0
+        self.rpc = list(rpc or [])
+        self.tensor_split = list(tensor_split or [])
+        # over RPC the workers' CPUs run the layers: exact as asked, and the
+        # self-check (costmodel.check_exactness) says whether it holds there
+        self.exact = exact and (n_gpu_layers == 0 or bool(self.rpc))
         if cache_type_k in (None, "auto"):
             cache_type_k = auto_cache_type_k(self.exact, self.n_threads)
         if cache_type_k not in CACHE_TYPES_K:
@@ -451,7 +463,7 @@ class LlamaBackend:
         self.cache_type_k = cache_type_k
         self.cpu_repack = bool(cpu_repack)
         self.model = load_model(model_path, n_gpu_layers, verbose=verbose, cpu_repack=self.cpu_repack,
-                                tiled_mm=tiled_mm)
+                                tiled_mm=tiled_mm, rpc=self.rpc, tensor_split=self.tensor_split)
         self.vocab = Vocab(self.model)
         self.n_vocab = self.vocab.n_vocab
 
