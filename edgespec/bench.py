@@ -769,6 +769,7 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "n_ctx": be.n_ctx,
         "n_gpu_layers": be.n_gpu_layers,
         "rpc": list(getattr(be, "rpc", [])),
+        "rpc_hello_ms": {ep: _hello_ms(ep) for ep in getattr(be, "rpc", [])},
         "tensor_split": list(getattr(be, "tensor_split", [])),
         "max_nodes": model.config.max_nodes,
         "cost_gate": model.config.cost_gate,
@@ -788,6 +789,13 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
                      "sources": len(c.header.get("sources", []))} for c in getattr(model, "corpora", [])],
         "decoding": "greedy",
     }
+
+
+def _hello_ms(endpoint: str) -> float | None:
+    """The round trip of the HELLO edgespec sent the worker before loading
+    (the link's latency, delay proxies included)."""
+    from .backend.ggml import hello_ms
+    return hello_ms.get(endpoint)
 
 
 def llama_peer_settings(method: str, llama_threads: int | None, cache_type_k: str) -> dict:
@@ -940,9 +948,15 @@ class _Methods:
     peers in their own processes (each started on first use, all closed at
     the end).  `default` runs a drafter of its own, new in every pass."""
 
-    def __init__(self, model, methods: Sequence[str], llama_threads: int | None, raw: bool):
+    def __init__(self, model, methods: Sequence[str], llama_threads: int | None, raw: bool,
+                 peer_rpc: Sequence[str] = ()):
         self.model, self.llama_threads, self.raw = model, llama_threads, raw
+        self.peer_rpc = list(peer_rpc)
         self.peers: dict = {}
+        if getattr(model.backend, "rpc", None) and not self.peer_rpc and any(is_peer(m) and split_peer(m)[0] in SERVER_METHODS
+                                                                             for m in methods):
+            raise BenchError("over --rpc the llama-server methods need workers of their own (--peer-rpc): a "
+                             "worker serves one client at a time, and edgespec's model holds these")
         self.default = resolve_default(model) if "default" in methods else None
         self.default_drafter = None
         self.server = server_binary(methods)
@@ -994,7 +1008,7 @@ class _Methods:
                 from .peer_server import LlamaServerRunner, server_env
                 self.peers[m] = LlamaServerRunner(base, self.server.path, self.model.model_path, be.n_ctx,
                                                   be.n_gpu_layers, n or self.llama_threads, env=server_env(),
-                                                  rpc=be.rpc, tensor_split=be.tensor_split)
+                                                  rpc=self.peer_rpc, tensor_split=be.tensor_split)
             elif be.rpc:
                 raise BenchError(f"{m} cannot run over --rpc: llama-cpp-python's own rpc_servers argument "
                                  "does nothing (the bench would time it on this machine); leave it out")
@@ -1052,7 +1066,8 @@ def _warm_up(model, runner: _Methods, methods: Sequence[str], tokens, constraine
 def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, max_tokens: int = 128,
               out_path: str | None = None, prompts_file: str | None = None,
               progress: Callable[[str], None] | None = None,
-              llama_threads: int | None = None, repeat: int = 1, raw: bool = False) -> tuple[dict, list[dict]]:
+              llama_threads: int | None = None, repeat: int = 1, raw: bool = False,
+              peer_rpc: Sequence[str] = ()) -> tuple[dict, list[dict]]:
     """Run every method on every prompt with `model` (a SpecModel); return the
     header and the result dicts, writing them as JSON lines to `out_path` as
     they come (a run stopped half-way keeps what it finished).  llama_threads:
@@ -1067,7 +1082,9 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
     "divergence" record (see divergence()).  A prompt with a json_schema or
     grammar runs constrained in every method (see Constraint), its rows
     recording whether the answer follows it ("valid"); the header's
-    "constrained" counts such prompts."""
+    "constrained" counts such prompts.  peer_rpc: the RPC workers the
+    llama-server methods use when the model runs over RPC (workers like the
+    model's, on the same machines: one worker serves one client)."""
     if max_tokens < 1:
         raise BenchError("max_tokens must be >= 1")
     if repeat < 1:
@@ -1086,8 +1103,9 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
             raise BenchError(f"prompt {p.question_id} ({p.category}) has {len(tokens)} tokens, "
                              f"more than the context of {be.n_ctx}; raise --ctx")
     constraints = [prompt_constraint(model.vocab, p) for p in prompts]
-    runner = _Methods(model, methods, llama_threads, raw)
+    runner = _Methods(model, methods, llama_threads, raw, peer_rpc)
     head = header(model, methods, max_tokens, prompts_file, len(prompts), llama_threads, raw=raw)
+    head["peer_rpc"] = list(peer_rpc)
     head.update(repeat=repeat, default=runner.default, llama_server=runner.server_settings(methods),
                 constrained=constraint_summary(prompts))
     out = None
@@ -1385,6 +1403,13 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
                    f"K cache {head.get('cache_type_k', 'f16')}, "
                    + (f"kernels {head['kernels']}, " if head.get("kernels", "exact") != "exact" else "") +
                    f"llama_cpp {head.get('llama_cpp_version')}, {head.get('date')}")
+        if head.get("rpc"):
+            rtt = head.get("rpc_hello_ms") or {}
+            out.append("RPC workers: " + ", ".join(f"{ep} (HELLO {rtt[ep]:.1f} ms)" if rtt.get(ep) is not None
+                                                   else ep for ep in head["rpc"])
+                       + (f", split {':'.join(f'{x:g}' for x in head['tensor_split'])}" if head.get("tensor_split")
+                          else "")
+                       + (f"; llama-server's: {', '.join(head['peer_rpc'])}" if head.get("peer_rpc") else ""))
         reps = int(head.get("repeat", 1) or 1)
         out.append(f"max_tokens {head.get('max_tokens')}, greedy decoding" +
                    (", raw prompts (no chat template)" if head.get("raw") else "") +

@@ -781,16 +781,20 @@ def calibrate(model, ctx, n_gpu_layers, threads, cache_type_k, kernels, as_json)
                                           "(base and completion models, which have none).")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Also draw decode tok/s by category and method into this image (PNG; needs edgespec[plot]).")
+@click.option("--peer-rpc", metavar="HOST:PORT[,...]", default=None,
+              help="With --rpc: the RPC workers the llama-server methods use (a worker serves one client at a "
+                   "time, so they need their own, on the same machines as the model's).")
 @corpus_option
 @backend_options
-def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out_path, raw, plot_path, ctx,
-          n_gpu_layers, threads, cache_type_k, kernels, corpora):
+def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out_path, raw, plot_path, peer_rpc,
+          ctx, n_gpu_layers, threads, cache_type_k, kernels, corpora):
     """Compare decoding methods on a prompts file (greedy), prompt by prompt.
 
     Prints a table per category and overall: decode tok/s, tokens per step,
     speedup over `none`, and how many outputs are identical to `none`.
     """
     from . import bench as B
+    from .backend.ggml import parse_endpoints
 
     with user_errors():
         prompts = B.load_prompts(prompts_file, categories=list(category), limit=limit)
@@ -807,7 +811,8 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out
         with user_errors():
             head, results = B.run_bench(m, prompts, method_list, max_tokens=max_tokens, out_path=out_path,
                                         llama_threads=threads, repeat=repeat, raw=raw,
-                                        prompts_file=prompts_file, progress=B.stderr_progress)
+                                        prompts_file=prompts_file, progress=B.stderr_progress,
+                                        peer_rpc=parse_endpoints(peer_rpc) if peer_rpc else ())
     finally:
         m.close()
     click.echo(B.format_report(results, head))

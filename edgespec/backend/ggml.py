@@ -26,6 +26,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 import llama_cpp as L
 
@@ -41,6 +42,7 @@ _lock = threading.Lock()
 _lib = None
 _devices: dict[str, list[int]] = {}     # endpoint -> its device handles (ggml keeps them for the process)
 _endpoints_in_use: list[str] = []
+hello_ms: dict[str, float] = {}         # endpoint -> the round trip of its last HELLO (the link's latency)
 
 
 def _ggml():
@@ -143,9 +145,11 @@ def probe(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> tuple[int, int, 
                            "`edgespec rpc-worker` (or llama.cpp's rpc-server)") from None
     try:
         with s:
+            t0 = time.perf_counter()
             s.sendall(bytes([RPC_HELLO]) + struct.pack("<Q", RPC_CAPS) + bytes(RPC_CAPS))
             (n,) = struct.unpack("<Q", _recv(s, 8))
             rsp = _recv(s, n) if 0 < n <= 256 else b""
+            hello_ms[endpoint] = round((time.perf_counter() - t0) * 1e3, 3)
     except TimeoutError:
         raise BackendError(f"the RPC worker {endpoint} accepted but did not answer within {timeout:g} s (it "
                            "serves one client at a time: is another one connected?)") from None
