@@ -133,6 +133,9 @@ def test_version_names_llama_cpp_python_and_backends():
     assert r.exit_code == 0
     import llama_cpp
     assert f"llama-cpp-python {llama_cpp.__version__} (backends: CPU" in r.stdout
+    from edgespec.backend import ggml
+    assert ("RPC" in r.stdout) == ggml.rpc_available()
+    assert ("GPU offload: yes" in r.stdout) == bool(ggml.local_gpus())   # RPC alone is no GPU
     assert _check_llama_cpp_version("0.3.36") is None and _check_llama_cpp_version("0.3.99") is None
     assert "outside the tested range >=0.3.36,<0.4" in _check_llama_cpp_version("0.4.0")
     assert "llama-cpp-python 0.3.2 is outside" in _check_llama_cpp_version("0.3.2")

@@ -74,8 +74,8 @@ def build_info() -> dict:
         names = ["CPU"] + [n for n in ("CUDA", "Metal", "Vulkan", "SYCL", "HIP") if f"{n} :" in info]
     if L.llama_supports_rpc() and "RPC" not in names:
         names.append("RPC")
-    return {"llama_cpp_python": L.__version__, "backends": names,
-            "gpu_offload": bool(L.llama_supports_gpu_offload())}
+    names.sort(key=lambda n: (n != "CPU", n == "RPC"))      # CPU, the GPUs, then RPC
+    return {"llama_cpp_python": L.__version__, "backends": names, "gpu_offload": gpu_offload_available()}
 
 
 def _ggml_backends() -> list[str]:
