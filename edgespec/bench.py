@@ -953,10 +953,15 @@ class _Methods:
         self.model, self.llama_threads, self.raw = model, llama_threads, raw
         self.peer_rpc = list(peer_rpc)
         self.peers: dict = {}
-        if getattr(model.backend, "rpc", None) and not self.peer_rpc and any(is_peer(m) and split_peer(m)[0] in SERVER_METHODS
-                                                                             for m in methods):
+        servers = [m for m in methods if is_peer(m) and split_peer(m)[0] in SERVER_METHODS]
+        # a worker serves one client at a time: edgespec's model holds its
+        # workers, and each llama-server method (a process kept for the run) would hold its own
+        if getattr(model.backend, "rpc", None) and servers and not self.peer_rpc:
             raise BenchError("over --rpc the llama-server methods need workers of their own (--peer-rpc): a "
                              "worker serves one client at a time, and edgespec's model holds these")
+        if self.peer_rpc and len(servers) > 1:
+            raise BenchError(f"over --rpc one llama-server method per run ({', '.join(servers)} given): each "
+                             "would hold the --peer-rpc workers for the whole run")
         self.default = resolve_default(model) if "default" in methods else None
         self.default_drafter = None
         self.server = server_binary(methods)
