@@ -265,6 +265,8 @@ class SpecModel:
         CMAKE_ARGS="-DGGML_RPC=on".  The calibration is measured over them.
     tensor_split: proportions of the offloaded layers per device (workers in
         order, then local GPUs); None: by their free memory.
+    load_progress: load_progress(fraction) while llama.cpp loads the weights
+        (over RPC: while it sends them to the workers; the CLI draws a bar).
 
 
     Threads: one request runs at a time.  generate(), chat(), stream() and the
@@ -282,7 +284,7 @@ class SpecModel:
                  cost_gate: bool = True, calibrate: bool | str = "background", verbose: bool = False,
                  progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None,
                  kernels: str | None = None, rpc: Sequence[str] | str | None = None,
-                 tensor_split: Sequence[float] | None = None):
+                 tensor_split: Sequence[float] | None = None, load_progress=None):
         self._gate = _Gate()
         self._closing = threading.Event()
         self._engines: dict = {}
@@ -300,7 +302,8 @@ class SpecModel:
         self.backend = LlamaBackend(self.model_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                     n_threads=n_threads, max_nodes=max(EXACT_MAX_BATCH, max_nodes),
                                     max_leaves=None, cache_type_k=cache_type_k, verbose=verbose,
-                                    rpc=rpc, tensor_split=tensor_split, **kernel_options(fast))
+                                    rpc=rpc, tensor_split=tensor_split, load_progress=load_progress,
+                                    **kernel_options(fast))
         try:
             self._setup(drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify)
         except BaseException:      # a bad corpus, drafter or setting, a failed calibration, Ctrl-C

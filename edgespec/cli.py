@@ -161,9 +161,26 @@ def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=Non
             _measure_kernel_price(model, threads, remeasure=False)
         return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                          rpc=rpc["rpc"], tensor_split=rpc["tensor_split"],
+                         load_progress=_upload_bar(rpc["rpc"]) if rpc["rpc"] else None,
                          max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
                          progress=_calibration_note() if calibrate is True else None, corpora=corpora, verify=verify,
                          cache_type_k=cache_type_k, kernels=kernels, verbose=log["verbose"])
+
+
+def _upload_bar(endpoints):
+    """A progress callback for sending the weights to RPC workers (a bar on a
+    terminal, else nothing)."""
+    if log_settings()["quiet"] or sys.stderr is None or not sys.stderr.isatty():
+        return None
+    from .progress import progress_bar
+
+    bar = progress_bar(True, total=100, desc=f"sending the model to {', '.join(endpoints)}", unit="%")
+
+    def cb(fraction):
+        bar.update(int(fraction * 100) - bar.n)
+        if fraction >= 1.0:
+            bar.close()
+    return cb
 
 
 def _measure_kernel_price(model, threads, remeasure: bool, note: bool = True):

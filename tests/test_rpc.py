@@ -108,11 +108,14 @@ def test_loopback_addresses():
 
 
 # ------------------------------------------------------------------ two workers
+LOADED: list[float] = []
+
+
 @pytest.fixture(scope="module")
 def rpc_model(workers, model_path):
     # no cost gate: every proposed draft is verified over the workers
     m = SpecModel(model_path, drafter="none", n_ctx=1024, calibrate=False, cost_gate=False, rpc=workers,
-                  kernels="exact")
+                  kernels="exact", load_progress=LOADED.append)
     yield m
     m.close()
 
@@ -150,6 +153,7 @@ def test_greedy_output_over_two_workers_equals_local(rpc_model, local_answers, d
 
 def test_the_model_runs_on_the_workers(rpc_model, workers):
     assert rpc_model.backend.rpc == workers
+    assert LOADED[-1] == 1.0 and LOADED == sorted(LOADED)       # the upload reported its progress
     assert len(ggml.rpc_devices(workers)) == 2
     assert all(ggml.device_memory(d)[1] > 0 for d in ggml.rpc_devices(workers))
 

@@ -322,7 +322,7 @@ class Vocab:
 
 def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbose: bool = False,
                cpu_repack: bool = False, tiled_mm: str = "0", rpc: list[str] | None = None,
-               tensor_split: list[float] | None = None):
+               tensor_split: list[float] | None = None, load_progress=None):
     """Load a GGUF file; return the model pointer or raise ModelLoadError.
 
     cpu_repack: let llama.cpp's CPU backend move weights into its "extra buffer
@@ -338,7 +338,9 @@ def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbo
     rpc: llama.cpp RPC workers (HOST:PORT) whose devices take the offloaded
     layers, before this machine's GPUs; n_gpu_layers 0 then means all layers.
     tensor_split: the proportions of the offloaded layers per device, in that
-    order (None: by the devices' free memory)."""
+    order (None: by the devices' free memory).
+    load_progress: called with the fraction loaded (0..1) while llama.cpp
+    loads the weights (over RPC: while it sends them to the workers)."""
     _init_backend(verbose, tiled_mm)
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = int(n_gpu_layers)
@@ -350,6 +352,13 @@ def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbo
         keep.append(ggml.device_array(devs))
         mp.devices = ctypes.cast(keep[-1], ctypes.c_void_p).value
         mp.n_gpu_layers = int(n_gpu_layers) or -1
+    if load_progress is not None:
+        def on_progress(fraction, user_data):  # pragma: no cover - called from C
+            with contextlib.suppress(Exception):
+                load_progress(float(fraction))
+            return True
+        keep.append(L.llama_progress_callback(on_progress))
+        mp.progress_callback = keep[-1]
     if tensor_split and not vocab_only:
         n_dev = int(L.llama_max_devices())
         if len(tensor_split) > n_dev or any(x < 0 for x in tensor_split) or not sum(tensor_split) > 0:
@@ -432,7 +441,8 @@ class LlamaBackend:
                  n_threads: int | None = None, n_batch: int = 512, max_nodes: int = 64,
                  max_leaves: int | None = 32, exact: bool = True, cache_type_k: str | None = None,
                  cpu_repack: bool = False, flash_attn: bool | None = None, tiled_mm: str = "0",
-                 verbose: bool = False, rpc: list[str] | None = None, tensor_split: list[float] | None = None):
+                 verbose: bool = False, rpc: list[str] | None = None, tensor_split: list[float] | None = None,
+                 load_progress=None):
         if max_leaves is None:
             max_leaves = max(1, min(max_nodes - 1, L.llama_max_parallel_sequences()))
         if max_leaves > L.llama_max_parallel_sequences():
@@ -463,7 +473,8 @@ class LlamaBackend:
         self.cache_type_k = cache_type_k
         self.cpu_repack = bool(cpu_repack)
         self.model = load_model(model_path, n_gpu_layers, verbose=verbose, cpu_repack=self.cpu_repack,
-                                tiled_mm=tiled_mm, rpc=self.rpc, tensor_split=self.tensor_split)
+                                tiled_mm=tiled_mm, rpc=self.rpc, tensor_split=self.tensor_split,
+                                load_progress=load_progress)
         self.vocab = Vocab(self.model)
         self.n_vocab = self.vocab.n_vocab
 
