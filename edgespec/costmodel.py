@@ -582,6 +582,15 @@ class AcceptanceModel:
         # calibration report: predicted vs observed per bucket
         self.pred_sum = np.zeros(shape)
 
+    def shrink(self, cap: float) -> None:
+        """Scale each cell's counts down to at most `cap` tested nodes (its
+        accepted fraction kept), coarse and fine cells each by their own factor."""
+        for n, arrs in ((self.n_c, (self.a_c, self.pred_sum)), (self.n_f, (self.a_f,))):
+            f = np.minimum(1.0, cap / np.maximum(n, 1e-9))
+            n *= f
+            for a in arrs:
+                a *= f
+
     def report(self) -> list[dict]:
         """Rows of (source, score bucket, tested nodes, predicted and observed acceptance)."""
         rows = []

@@ -81,6 +81,10 @@ class EngineConfig:
         (keys, brackets, quotes) as a chain scored forced_prob; the gate's
         acceptance statistics for it start from that score.  Never with the
         drafter `none`, which stays plain decoding (the baseline).
+    history_cap: at the start of each request, the acceptance counts of
+        earlier requests are scaled down to at most this many tested nodes per
+        cell (AcceptanceModel.shrink), so the request's own evidence soon
+        outweighs them; None keeps them whole.
     gate_overhead: None (default) lets the gate count the engine's own time per
         step as measured (a moving average, in plain-step units); a number fixes
         it, so that two runs of the same drafter on the same outputs (a real
@@ -94,6 +98,7 @@ class EngineConfig:
     shadow: bool = True
     forced_drafts: bool = True
     forced_prob: float = 0.9
+    history_cap: float | None = None
 
     def __post_init__(self):
         if not (1 <= self.max_nodes <= 256):
@@ -546,6 +551,8 @@ class Engine:
         self.check_request(len(prompt), max_tokens, sampling, grammar is not None)
         st = _RunState(prompt=prompt, sampling=sampling, max_tokens=max_tokens, record_topk=record_topk,
                        out=_TextStream(be.vocab, stop or []), t_start=time.perf_counter())
+        if self.config.history_cap is not None:
+            self.acceptance.shrink(self.config.history_cap)
         st.rng = np.random.default_rng(sampling.seed) if not sampling.greedy else None
         if logprobs is not None:
             st.n_logprobs, st.lp = logprobs, []

@@ -126,6 +126,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gate-overhead", type=float, default=None, metavar="REL",
                     help="fix the gate's per-step overhead term (plain-step units) instead of the engine's moving "
                          "average of its own time here, so the gate's decisions do not depend on this machine's load")
+    ap.add_argument("--history-cap", type=float, default=None, metavar="N",
+                    help="EngineConfig(history_cap=N): earlier requests' acceptance counts scaled to at most N "
+                         "tested nodes per cell at each request's start")
     ap.add_argument("--no-shadow", action="store_true",
                     help="the acceptance model learns from verified nodes only (EngineConfig(shadow=False))")
     a = ap.parse_args(argv)
@@ -195,7 +198,7 @@ def main(argv=None) -> int:
             d = build(meth, be)
             d.warmup()
             eng = Engine(be, d, cost, EngineConfig(max_nodes=int(head["max_nodes"]), gate_overhead=a.gate_overhead,
-                                                   shadow=not a.no_shadow))
+                                                   shadow=not a.no_shadow, history_cap=a.history_cap))
             out = replay(eng, be, reqs, max_tokens)
             oh = overhead(meth)
             for i, r in enumerate(out):
