@@ -583,13 +583,14 @@ class AcceptanceModel:
         self.pred_sum = np.zeros(shape)
 
     def shrink(self, cap: float) -> None:
-        """Scale each cell's counts down to at most `cap` tested nodes (its
-        accepted fraction kept), coarse and fine cells each by their own factor."""
-        for n, arrs in ((self.n_c, (self.a_c, self.pred_sum)), (self.n_f, (self.a_f,))):
-            f = np.minimum(1.0, cap / np.maximum(n, 1e-9))
-            n *= f
-            for a in arrs:
-                a *= f
+        """Scale each fine (source, score, depth) cell down to at most `cap`
+        tested nodes, its accepted fraction kept.  The coarse cells keep every
+        request's evidence (the source's calibration and each bucket's rate);
+        the fine ones, which the estimate consults first and which back off to
+        the coarse, then soon hold mostly the current request's own evidence."""
+        f = np.minimum(1.0, cap / np.maximum(self.n_f, 1e-9))
+        self.n_f *= f
+        self.a_f *= f
 
     def report(self) -> list[dict]:
         """Rows of (source, score bucket, tested nodes, predicted and observed acceptance)."""

@@ -81,10 +81,11 @@ class EngineConfig:
         (keys, brackets, quotes) as a chain scored forced_prob; the gate's
         acceptance statistics for it start from that score.  Never with the
         drafter `none`, which stays plain decoding (the baseline).
-    history_cap: at the start of each request, the acceptance counts of
-        earlier requests are scaled down to at most this many tested nodes per
-        cell (AcceptanceModel.shrink), so the request's own evidence soon
-        outweighs them; None keeps them whole.
+    history_cap: at the start of each request, the fine (source, score,
+        depth) acceptance counts of earlier requests are scaled down to at
+        most this many tested nodes per cell (AcceptanceModel.shrink), so the
+        request's own evidence soon outweighs them there, while the coarse
+        counts keep the whole history; None keeps them whole.
     gate_overhead: None (default) lets the gate count the engine's own time per
         step as measured (a moving average, in plain-step units); a number fixes
         it, so that two runs of the same drafter on the same outputs (a real

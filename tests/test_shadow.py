@@ -74,15 +74,15 @@ def test_verified_nodes_are_followed_but_not_counted_again():
     assert n_c.sum() == 3 and a_c.sum() == 1
 
 
-def test_history_cap_keeps_each_cells_rate_and_bounds_its_weight():
+def test_history_cap_bounds_the_fine_cells_and_keeps_the_coarse():
     from edgespec.costmodel import AcceptanceModel
 
     acc = AcceptanceModel()
-    acc.n_c[1, 3], acc.a_c[1, 3], acc.pred_sum[1, 3] = 40.0, 30.0, 20.0
-    acc.n_c[2, 5], acc.a_c[2, 5] = 3.0, 1.0                 # under the cap: left alone
+    acc.n_c[1, 3], acc.a_c[1, 3] = 40.0, 30.0
     acc.n_f[1, 3, 0], acc.a_f[1, 3, 0] = 10.0, 5.0
+    acc.n_f[1, 3, 1], acc.a_f[1, 3, 1] = 3.0, 1.0           # under the cap: left alone
     acc.shrink(4.0)
-    assert acc.n_c[1, 3] == 4.0 and acc.a_c[1, 3] == 3.0 and acc.pred_sum[1, 3] == 2.0
-    assert (acc.n_c[2, 5], acc.a_c[2, 5]) == (3.0, 1.0)
+    assert (acc.n_c[1, 3], acc.a_c[1, 3]) == (40.0, 30.0)
     assert (acc.n_f[1, 3, 0], acc.a_f[1, 3, 0]) == (4.0, 2.0)
-    assert acc.n_c.sum() == 7.0 and not np.isnan(acc.n_c).any()
+    assert (acc.n_f[1, 3, 1], acc.a_f[1, 3, 1]) == (3.0, 1.0)
+    assert acc.n_f.sum() == 7.0 and not np.isnan(acc.n_f).any()
