@@ -34,7 +34,7 @@ from .kernelchoice import resolve as resolve_kernels
 from .kernelchoice import setting as kernels_setting
 from .costmodel import (CalibrationStopped, CostCurve, ExactnessReport, builtin_curve, cached_curve,
                         calibration_key, load_or_check_exactness, load_or_measure, plan_contexts)
-from .drafters import make_drafter, parse_drafter_name
+from .drafters import drafter_from_spec
 from .engine import Chunk, Engine, EngineConfig, GenerationResult, _cancel_check, drain
 from .errors import ConfigError, ModelBusyError, ModelClosedError
 from .logprobs import check_top
@@ -490,12 +490,10 @@ class SpecModel:
         if key not in self._engines:
             config = self.config
             if isinstance(drafter, str):
-                base, _, mode = drafter.partition("@")
+                d, mode = drafter_from_spec(drafter, n_vocab=self.vocab.n_vocab, model_path=self.model_path,
+                                            corpora=self.corpora)
                 if mode:
                     config = dataclasses.replace(self.config, verify=VerifyConfig(mode))
-                name, use_corpora, switches = parse_drafter_name(base)
-                d = make_drafter(name, n_vocab=self.vocab.n_vocab, model_path=self.model_path,
-                                 corpora=self.corpora if use_corpora else (), **switches)
             else:
                 d = drafter
             d.warmup()

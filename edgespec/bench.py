@@ -559,7 +559,6 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
     """'none,suffix,...' -> a list without duplicates; edgespec drafter names are
     checked against the drafter registry, peer names against PEER_METHODS."""
     from .drafters import check_drafter_name
-    from .verify import VerifyConfig
 
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     methods: list[str] = []
@@ -568,10 +567,7 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
             continue
         if split_peer(m) is None and m != "default":
             try:
-                base, _, mode = m.partition("@")
-                check_drafter_name(base)
-                if mode:
-                    VerifyConfig(mode)
+                check_drafter_name(m)
             except ValueError as e:
                 raise BenchError(f"unknown method {m!r}: {e}; or default, or one of {', '.join(PEER_METHODS)} "
                                  f"(with @tN for N threads)") from None
@@ -857,11 +853,10 @@ def fresh_drafter(model, spec: str):
     Method `default` runs its own (so its own engine, drafter memory and
     acceptance statistics): it never learns from the answers of a method that
     runs the same drafter in this bench."""
-    from .drafters import make_drafter, parse_drafter_name
+    from .drafters import drafter_from_spec
 
-    name, use_corpora, switches = parse_drafter_name(spec)
-    return make_drafter(name, n_vocab=model.vocab.n_vocab, model_path=model.model_path,
-                        corpora=model.corpora if use_corpora else (), **switches)
+    return drafter_from_spec(spec, n_vocab=model.vocab.n_vocab, model_path=model.model_path,
+                             corpora=model.corpora)[0]
 
 
 def plain_logits_at(model, prompt_tokens, prefix) -> np.ndarray:

@@ -50,7 +50,7 @@ import numpy as np
 from edgespec.api import SpecModel
 from edgespec.bench import load_prompts, read_results
 from edgespec.costmodel import CostCurve
-from edgespec.drafters import make_drafter, parse_drafter_name
+from edgespec.drafters import drafter_from_spec
 from edgespec.engine import Engine, EngineConfig
 from edgespec.replay import (GPU_CURVES, OracleDrafter, ReplayBackend, ReplayRequest, Teacher, curve_from_file,
                              gpu_curve, replay, teacher_pass)
@@ -177,9 +177,8 @@ def main(argv=None) -> int:
 
     def build(meth: str, be=None):
         oracle = meth.startswith("oracle-")
-        name, use_corpus, switches = parse_drafter_name(meth[len("oracle-"):] if oracle else meth)
-        d = make_drafter(name, n_vocab=vocab.n_vocab, model_path=m.model_path,
-                         corpora=m.corpora if use_corpus else (), **switches)
+        d, _ = drafter_from_spec(meth[len("oracle-"):] if oracle else meth, n_vocab=vocab.n_vocab,
+                                 model_path=m.model_path, corpora=m.corpora)
         return OracleDrafter(d, be) if (oracle and be is not None) else d
 
     probe = [build(x) for x in methods]
