@@ -740,6 +740,7 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
     choices), which alone does not make a model exact."""
     from . import __version__
     from .backend.llama import llama_cpp_version, tiled_mm_setting
+    from .backend.ggml import hello_ms
     from .costmodel import _cpu_name
 
     be = model.backend
@@ -765,7 +766,7 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "n_ctx": be.n_ctx,
         "n_gpu_layers": be.n_gpu_layers,
         "rpc": list(getattr(be, "rpc", [])),
-        "rpc_hello_ms": {ep: _hello_ms(ep) for ep in getattr(be, "rpc", [])},
+        "rpc_hello_ms": {ep: hello_ms.get(ep) for ep in getattr(be, "rpc", [])},
         "tensor_split": list(getattr(be, "tensor_split", [])),
         "max_nodes": model.config.max_nodes,
         "cost_gate": model.config.cost_gate,
@@ -785,13 +786,6 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
                      "sources": len(c.header.get("sources", []))} for c in getattr(model, "corpora", [])],
         "decoding": "greedy",
     }
-
-
-def _hello_ms(endpoint: str) -> float | None:
-    """The round trip of the HELLO edgespec sent the worker before loading
-    (the link's latency, delay proxies included)."""
-    from .backend.ggml import hello_ms
-    return hello_ms.get(endpoint)
 
 
 def llama_peer_settings(method: str, llama_threads: int | None, cache_type_k: str) -> dict:
@@ -949,9 +943,14 @@ class _Methods:
         self.peer_rpc = list(peer_rpc)
         self.peers: dict = {}
         servers = [m for m in methods if is_peer(m) and split_peer(m)[0] in SERVER_METHODS]
+        on_rpc = bool(getattr(model.backend, "rpc", None))
+        others = [m for m in methods if is_peer(m) and m not in servers]
+        if on_rpc and others:
+            raise BenchError(f"{', '.join(others)} cannot run over --rpc: llama-cpp-python's own rpc_servers "
+                             "argument does nothing (the bench would time it on this machine); leave it out")
         # a worker serves one client at a time: edgespec's model holds its
         # workers, and each llama-server method (a process kept for the run) would hold its own
-        if getattr(model.backend, "rpc", None) and servers and not self.peer_rpc:
+        if on_rpc and servers and not self.peer_rpc:
             raise BenchError("over --rpc the llama-server methods need workers of their own (--peer-rpc): a "
                              "worker serves one client at a time, and edgespec's model holds these")
         if self.peer_rpc and len(servers) > 1:
@@ -1009,9 +1008,6 @@ class _Methods:
                 self.peers[m] = LlamaServerRunner(base, self.server.path, self.model.model_path, be.n_ctx,
                                                   be.n_gpu_layers, n or self.llama_threads, env=server_env(),
                                                   rpc=self.peer_rpc, tensor_split=be.tensor_split)
-            elif be.rpc:
-                raise BenchError(f"{m} cannot run over --rpc: llama-cpp-python's own rpc_servers argument "
-                                 "does nothing (the bench would time it on this machine); leave it out")
             else:
                 self.peers[m] = _LlamaRunner(m, self.model.model_path, be.n_ctx, self.llama_threads,
                                              be.n_gpu_layers, cache_type_k=be.cache_type_k, raw=self.raw)

@@ -196,6 +196,8 @@ def test_bench_over_rpc_needs_workers_of_its_own_for_llama_server():
     model = SimpleNamespace(backend=SimpleNamespace(rpc=["127.0.0.1:50052"]))
     with pytest.raises(BenchError, match="--peer-rpc"):
         B._Methods(model, ["none", "llama-server-ngram-simple"], None, False)
+    with pytest.raises(BenchError, match="llama-cpp-python-pld cannot run over --rpc"):
+        B._Methods(model, ["none", "llama-cpp-python-pld"], None, False)
     with pytest.raises(BenchError, match="one llama-server method per run"):
         B._Methods(model, ["llama-server", "llama-server-ngram-simple"], None, False, ["127.0.0.1:50053"])
 

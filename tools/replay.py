@@ -127,8 +127,8 @@ def main(argv=None) -> int:
                     help="fix the gate's per-step overhead term (plain-step units) instead of the engine's moving "
                          "average of its own time here, so the gate's decisions do not depend on this machine's load")
     ap.add_argument("--history-cap", type=float, default=None, metavar="N",
-                    help="EngineConfig(history_cap=N): earlier requests' acceptance counts scaled to at most N "
-                         "tested nodes per cell at each request's start")
+                    help="EngineConfig(history_cap=N): earlier requests' fine (source, score, depth) acceptance "
+                         "counts scaled to at most N tested nodes per cell at each request's start")
     ap.add_argument("--no-shadow", action="store_true",
                     help="the acceptance model learns from verified nodes only (EngineConfig(shadow=False))")
     a = ap.parse_args(argv)

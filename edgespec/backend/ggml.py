@@ -72,6 +72,9 @@ def _ggml():
             g.ggml_backend_rpc_add_server.argtypes = [cs]
             g.ggml_backend_rpc_start_server.restype = None
             g.ggml_backend_rpc_start_server.argtypes = [cs, cs, sz, sz, ctypes.POINTER(vp)]
+        if hasattr(g, "ggml_set_abort_callback"):
+            g.ggml_set_abort_callback.restype = vp
+            g.ggml_set_abort_callback.argtypes = [vp]
         _lib = g
         return g
     return None
@@ -219,14 +222,12 @@ def _on_abort(msg):  # pragma: no cover - called from C just before abort()
 
 
 def abort_note(endpoint: str) -> None:
-    """Remember an endpoint in use and make ggml's abort name the workers."""
+    """Remember an endpoint in use; the first makes ggml's abort name the workers."""
+    g = _ggml()
+    if not _endpoints_in_use and hasattr(g, "ggml_set_abort_callback"):
+        g.ggml_set_abort_callback(ctypes.cast(_on_abort, ctypes.c_void_p))
     if endpoint not in _endpoints_in_use:
         _endpoints_in_use.append(endpoint)
-    g = _ggml()
-    if hasattr(g, "ggml_set_abort_callback"):
-        g.ggml_set_abort_callback.restype = ctypes.c_void_p
-        g.ggml_set_abort_callback.argtypes = [ctypes.c_void_p]
-        g.ggml_set_abort_callback(ctypes.cast(_on_abort, ctypes.c_void_p))
 
 
 def is_loopback(host: str) -> bool:
@@ -262,7 +263,6 @@ def serve_forever(endpoint: str, dev: int, n_threads: int, cache: str | None) ->
     """Serve `dev` to RPC clients on `endpoint`; returns only if the server
     cannot start (ggml says why on stderr).  Blocks in C: run it in a thread."""
     require_rpc()
-    devs = (ctypes.c_void_p * 1)(dev)
     _ggml().ggml_backend_rpc_start_server(endpoint.encode(), os.fsencode(cache) if cache else None,
-                                          int(n_threads), 1, devs)
+                                          int(n_threads), 1, device_array([dev]))
     sys.stderr.flush()

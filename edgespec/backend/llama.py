@@ -68,7 +68,7 @@ def build_info() -> dict:
     """llama-cpp-python's version and the ggml backends its build has
     (edgespec --version): from ggml's backend registry where the library
     exports it, else from llama.cpp's system info; RPC from llama_supports_rpc."""
-    names = _ggml_backends()
+    names = ggml.backend_names()
     if not names:
         info = L.llama_print_system_info().decode("utf-8", "replace")
         names = ["CPU"] + [n for n in ("CUDA", "Metal", "Vulkan", "SYCL", "HIP") if f"{n} :" in info]
@@ -76,10 +76,6 @@ def build_info() -> dict:
         names.append("RPC")
     names.sort(key=lambda n: (n != "CPU", n == "RPC"))      # CPU, the GPUs, then RPC
     return {"llama_cpp_python": L.__version__, "backends": names, "gpu_offload": gpu_offload_available()}
-
-
-def _ggml_backends() -> list[str]:
-    return ggml.backend_names()
 
 
 EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
