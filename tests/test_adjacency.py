@@ -19,7 +19,7 @@ from edgespec.drafters.base import StepResult
 from edgespec.kernels import adjacency as K
 from edgespec.kernels.topk import push_entropy, topk_rows, topk_rows_vals
 from edgespec.kernels.topk import warmup as topk_warmup
-from edgespec.tree import SOURCE_ADJACENCY, DraftTree
+from edgespec.core.tree import SOURCE_ADJACENCY, DraftTree
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -458,9 +458,9 @@ def test_drafter_rejects_bad_vocab_and_corpus_shape():
 
 
 def test_seed_from_compiled_corpus():
-    corpus_mod = pytest.importorskip("edgespec.corpus")
+    corpus_mod = pytest.importorskip("edgespec.corpus.build")
     if not hasattr(corpus_mod, "compile_tokens"):
-        pytest.skip("edgespec.corpus.compile_tokens not available")
+        pytest.skip("edgespec.corpus.build.compile_tokens not available")
     docs = [np.array([1, 2, 1, 2, 1, 3, 1, 4], np.int32), np.array([5, 6, 5, 6, 1, 3], np.int32)]
     corpus = corpus_mod.compile_tokens(docs, 12, k_adj=3)
     d = AdjacencyDrafter(12, corpora=[corpus, fake_corpus(docs, 12, 2)], config=AdjacencyConfig(k=4))

@@ -10,9 +10,9 @@ import pytest
 from edgespec.drafters.base import StepResult
 from edgespec.drafters.branch import BranchDrafter
 from edgespec.drafters.semantic import SemanticDrafter
-from edgespec.embeddings import TokenEmbeddings
+from edgespec.drafters.embeddings import TokenEmbeddings
 from edgespec.kernels.anchor import build_branch_tree, path_probs, soft_anchors, softmax_rows
-from edgespec.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_SEMANTIC, DraftTree
+from edgespec.core.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_SEMANTIC, DraftTree
 from conftest import topk_table
 
 I32 = np.int32
@@ -163,7 +163,7 @@ def test_semantic_drafter_anchors_on_similar_tokens_only_without_an_exact_match(
 
 
 def test_real_token_embeddings_find_neighbours(model):
-    from edgespec.embeddings import TokenEmbeddings
+    from edgespec.drafters.embeddings import TokenEmbeddings
     emb = TokenEmbeddings(model.model_path)
     v = model.vocab
     words = [" quickly", " rapidly", " table", " seven", " the"]

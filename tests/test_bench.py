@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from edgespec import bench as B
-from edgespec.cli import main
+from edgespec.bench import runner as B
+from edgespec.app.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EDITS = os.path.join(ROOT, "bench", "prompts", "code_edits.jsonl")
@@ -170,7 +170,7 @@ def test_code_edit_prompts():
 @pytest.fixture(scope="module")
 def smol():
     from edgespec import SpecModel
-    from edgespec.models import ModelFileError, default_model_path
+    from edgespec.models.resolve import ModelFileError, default_model_path
     try:
         path = default_model_path()
     except ModelFileError as e:
@@ -224,7 +224,7 @@ def test_replay_flat_cost_curve():
     context and in the short regime, no after-batch cost, one-token times kept."""
     import importlib.util
 
-    from edgespec.costmodel import CostCurve
+    from edgespec.calibration.costmodel import CostCurve
     spec = importlib.util.spec_from_file_location("replay_tool", os.path.join(ROOT, "tools", "replay.py"))
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgespec import bench as B
-from edgespec import peer_server as S
-from edgespec.cli import main
+from edgespec.bench import runner as B
+from edgespec.bench import peer_server as S
+from edgespec.app.cli import main
 from edgespec.errors import PeerError
 
 ROOT = Path(__file__).resolve().parent.parent

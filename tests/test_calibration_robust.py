@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec import costmodel as C
-from edgespec.background import BackgroundTask, Pacer
-from edgespec.costmodel import CalibrationCacheWarning, CalibrationStopped, CostCurve
+from edgespec.calibration import costmodel as C
+from edgespec.calibration.background import BackgroundTask, Pacer
+from edgespec.calibration.costmodel import CalibrationCacheWarning, CalibrationStopped, CostCurve
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,7 +113,7 @@ def test_a_failed_write_leaves_no_temporary_file(cache, monkeypatch, measured):
 # ------------------------------------------------------------- two processes
 RACER = r"""
 import json, sys, time
-from edgespec import costmodel as C
+from edgespec.calibration import costmodel as C
 log = sys.argv[1]
 
 def slow(backend, progress=None, pause=None):
@@ -293,7 +293,7 @@ def test_stats_and_json_say_where_the_calibration_comes_from(model):
     calibration in the cache and says so in --stats and --json."""
     from click.testing import CliRunner
 
-    from edgespec.cli import main
+    from edgespec.app.cli import main
     try:
         runner = CliRunner(mix_stderr=False)
     except TypeError:

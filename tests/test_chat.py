@@ -252,7 +252,7 @@ def test_piped_stdin(calibrated, tmp_path):
 def test_base_model_says_it_cannot_chat(tmp_path):
     """A GGUF without a chat template (a base model): one line, non-zero exit.
     The default model with its template key renamed stands in for one."""
-    from edgespec.models import ModelFileError, default_model_path
+    from edgespec.models.resolve import ModelFileError, default_model_path
 
     try:
         src = default_model_path()
@@ -281,7 +281,7 @@ def invoke(args, input):
     would measure the curve again (a minute and a half of the suite)."""
     from click.testing import CliRunner
 
-    from edgespec.cli import main
+    from edgespec.app.cli import main
     if "--ctx" not in args:
         args = args + ["--ctx", "1024"]
     try:
@@ -329,7 +329,7 @@ def test_chat_errors_leave_the_session_going(calibrated, tmp_path):
 
 
 def test_chat_ctrl_c_stops_the_answer_only(calibrated, monkeypatch):
-    from edgespec.api import SpecModel
+    from edgespec.app.api import SpecModel
 
     real_chat = SpecModel.chat
     calls = []

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from edgespec import chat as C
+from edgespec.app import chat as C
 from edgespec.errors import PromptTooLongError
 
 
@@ -161,7 +161,7 @@ class FakeModel:
     def chat(self, messages, on_chunk=None, **kw):
         from types import SimpleNamespace
 
-        from edgespec.engine import Chunk
+        from edgespec.core.engine import Chunk
         self.calls.append([dict(m) for m in messages])
         step = self.script.pop(0)
         if isinstance(step, BaseException):

@@ -11,9 +11,9 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from edgespec import bench as B
-from edgespec.cli import main
-from edgespec.models import ModelFileError, default_model_path
+from edgespec.bench import runner as B
+from edgespec.app.cli import main
+from edgespec.models.resolve import ModelFileError, default_model_path
 
 pytestmark = pytest.mark.model
 
@@ -153,7 +153,7 @@ def test_prompt_longer_than_context(model_path):
 def test_prompt_longer_than_small_context(model_path):
     # in a subprocess: a llama.cpp abort would kill the test run
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
-    p = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--ctx", "256", "word " * 400],
+    p = subprocess.run([sys.executable, "-m", "edgespec.app.cli", "generate", "--ctx", "256", "word " * 400],
                        capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 1, p.stderr[-500:]
     assert p.stderr.strip().startswith("Error:") and "context" in p.stderr
@@ -382,7 +382,7 @@ def test_ci_script_runs_the_readme_test_command():
 def test_bench_repeat_runs_fresh_passes(model_path, tmp_path, monkeypatch):
     """--repeat 2: every (prompt, method) twice, tagged by pass, each pass from a
     fresh session; the report pools them and shows the per-pass range."""
-    from edgespec.api import SpecModel
+    from edgespec.app.api import SpecModel
     fresh = []
     orig = SpecModel.new_session
 

@@ -1,4 +1,4 @@
-"""Compiled corpora (edgespec.corpus): the arrays against pure-Python references,
+"""Compiled corpora (edgespec.corpus.build): the arrays against pure-Python references,
 the file format and its checks, atomic writing, and `edgespec build-corpus` with
 the real default model's tokenizer (tests marked `model`)."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import edgespec.corpus as C
-from edgespec.corpus import Corpus, CorpusError, compile_tokens, suffix_array
+import edgespec.corpus.build as C
+from edgespec.corpus.build import Corpus, CorpusError, compile_tokens, suffix_array
 from edgespec.progress import NoBar
 
 
@@ -337,7 +337,7 @@ def test_file_chunks(tmp_path):
 # --------------------------------------------------- building (real model)
 @pytest.fixture(scope="module")
 def model_path():
-    from edgespec.models import ModelFileError, resolve_model
+    from edgespec.models.resolve import ModelFileError, resolve_model
     try:
         return resolve_model(None)
     except ModelFileError as e:
@@ -356,7 +356,7 @@ def invoke(args):
         runner = CliRunner(mix_stderr=False)
     except TypeError:
         runner = CliRunner()
-    from edgespec.cli import main
+    from edgespec.app.cli import main
     return runner.invoke(main, args)
 
 
@@ -460,7 +460,7 @@ def test_interrupted_build_leaves_nothing(tmp_path, model_path, monkeypatch):
 
 @pytest.mark.model
 def test_presets(tmp_path, model_path, monkeypatch):
-    from edgespec import presets
+    from edgespec.corpus import presets
 
     out = str(tmp_path / "s.corpus")
     r = invoke(["build-corpus", "--preset", "stdlib", "--limit", "3", "-o", out, "--quiet"])
@@ -484,8 +484,8 @@ def test_presets(tmp_path, model_path, monkeypatch):
     class NoModel:
         def __init__(self, *a, **k):
             raise AssertionError("answers should come from the cache")
-    import edgespec.api
-    monkeypatch.setattr(edgespec.api, "SpecModel", NoModel)
+    import edgespec.app.api
+    monkeypatch.setattr(edgespec.app.api, "SpecModel", NoModel)
     r = invoke(["build-corpus", "--preset", "chat", "--limit", "2", "--max-tokens", "16", "-o", out, "--quiet"])
     assert r.exit_code == 0, r.output
     assert Corpus.load(out).tokens.tolist() == c.tokens.tolist()
@@ -494,7 +494,7 @@ def test_presets(tmp_path, model_path, monkeypatch):
 def test_chat_preset_needs_a_model_to_answer_with(tmp_path, model_path):
     """presets.py does not import the API: without load_model, the chat preset
     with answers still to generate is one clear error, and nothing is written."""
-    from edgespec.presets import PresetError
+    from edgespec.corpus.presets import PresetError
     with pytest.raises(PresetError, match="load_model"):
         C.build_corpus([], model_path, str(tmp_path / "chat.corpus"), preset="chat", limit=1, progress=False)
     assert not (tmp_path / "chat.corpus").exists()
@@ -502,7 +502,7 @@ def test_chat_preset_needs_a_model_to_answer_with(tmp_path, model_path):
 
 def test_preset_recipes_are_package_data():
     """The recipes ship inside the package (a wheel install has them)."""
-    from edgespec import presets
+    from edgespec.corpus import presets
     assert presets.recipe("stdlib")["suffixes"] == [".py"]
     assert len(presets.chat_instructions()) > 300
     with pytest.raises(presets.PresetError, match="unknown preset"):

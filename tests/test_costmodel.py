@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.costmodel import CostCurve, measure_cost_curve
-from edgespec.engine import Engine, EngineConfig, drain
+from edgespec.calibration.costmodel import CostCurve, measure_cost_curve
+from edgespec.core.engine import Engine, EngineConfig, drain
 from edgespec.drafters import make_drafter
 
 TS = [1, 2, 4, 8]
@@ -138,7 +138,7 @@ def test_gate_reads_the_cost_of_its_context(model):
 def test_cached_curve_reused_only_when_it_covers_the_context(tmp_path, monkeypatch):
     """A curve cached by a run with a small context (contexts capped) is measured
     again for a larger one; one measured with a larger context serves a smaller."""
-    from edgespec import costmodel
+    from edgespec.calibration import costmodel
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))
     calls = []
 
@@ -164,7 +164,7 @@ def test_calibration_key_follows_the_file_content_not_its_place(tmp_path):
     last MiB gets its own; so do other settings."""
     import shutil
 
-    from edgespec.costmodel import calibration_key, model_fingerprint
+    from edgespec.calibration.costmodel import calibration_key, model_fingerprint
 
     rng = np.random.default_rng(1)
     a = tmp_path / "a.gguf"

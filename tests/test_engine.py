@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from edgespec.drafters import make_drafter
-from edgespec.engine import Engine, EngineConfig, drain
+from edgespec.core.engine import Engine, EngineConfig, drain
 
 from conftest import OracleDrafter, dev_prompts
 
@@ -398,7 +398,7 @@ def test_chunks_carry_tokens_and_which_text_came_from_drafts(model):
     the answer's tokens, the drafted counts to n_draft_accepted, and each
     chunk's spans cover its text exactly, drafted text only where drafts were
     accepted."""
-    from edgespec.engine import Chunk
+    from edgespec.core.engine import Chunk
     toks = model.prompt_tokens("Write a long story about a dragon.")
     ref = plain(model, toks, max_tokens=48)
     drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=5)

@@ -5,8 +5,8 @@ import stat
 
 import pytest
 
-from edgespec import chat
-from edgespec.termsafe import private_file, read_bounded, visible
+from edgespec.app import chat
+from edgespec.app.termsafe import private_file, read_bounded, visible
 
 
 def test_visible_shows_controls_keeps_newline_and_tab():
@@ -59,7 +59,7 @@ def test_chat_show_makes_escapes_visible(capsys):
 
 
 def test_generate_streaming_to_a_terminal_shows_escapes(capsys, monkeypatch):
-    from edgespec import cli
+    from edgespec.app import cli
     monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: True)
     cli._echo_stream("a\x1b[31mb\n")
     monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: False)

@@ -6,7 +6,7 @@ prints as one `Error:` line), never in a crash, a hang, a huge allocation or a
 half-written output file.
 
 What only Python reads (corpus headers, the GGUF header walk of
-edgespec.models, prompts files) is fuzzed in this process; whatever reaches
+edgespec.models.resolve, prompts files) is fuzzed in this process; whatever reaches
 llama.cpp or the numba kernels runs in a child process (tests/fuzz_child.py)
 with a timeout and its address space capped, so an abort, a segfault or a
 runaway allocation fails the test instead of killing the run.  The number
@@ -28,11 +28,11 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from edgespec import bench as B
-from edgespec.cli import main
+from edgespec.bench import runner as B
+from edgespec.app.cli import main
 from edgespec.errors import EdgespecError
-from edgespec.corpus import Corpus, CorpusError, build_corpus
-from edgespec.models import ModelFileError, check_gguf
+from edgespec.corpus.build import Corpus, CorpusError, build_corpus
+from edgespec.models.resolve import ModelFileError, check_gguf
 
 CHILD = Path(__file__).with_name("fuzz_child.py")
 MEM_CAP = 6 << 30          # address space of a child: a loaded model needs ~0.8 GB of it
@@ -146,7 +146,7 @@ def tiny_corpus(model_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vocab(model_path):
-    from edgespec.corpus import _ModelTokenizer
+    from edgespec.corpus.build import _ModelTokenizer
     t = _ModelTokenizer(model_path)
     yield t.vocab
     t.close()
@@ -497,7 +497,7 @@ def test_generate_with_bad_prompts(model, tmp_path):
             (["-"], ("word " * (20 * int(ctx))).encode(), "does not fit the context")]
     for args, stdin, expect in runs:
         CASES["generate prompt"] += 1
-        argv = [sys.executable, "-m", "edgespec.cli", "generate", "--ctx", ctx, "--max-tokens", "4"]
+        argv = [sys.executable, "-m", "edgespec.app.cli", "generate", "--ctx", ctx, "--max-tokens", "4"]
         argv += [os.fsencode(a) if isinstance(a, str) else a for a in args]
         p = subprocess.run(argv, input=stdin or b"", capture_output=True, env=env, timeout=CHILD_TIMEOUT,
                            preexec_fn=_cap_memory)

@@ -9,9 +9,9 @@ import pytest
 
 from edgespec.backend.grammar import Grammar, _forced_choice, gbnf_for
 from edgespec.drafters import Drafter
-from edgespec.engine import Engine, EngineConfig, drain
+from edgespec.core.engine import Engine, EngineConfig, drain
 from edgespec.errors import ConfigError
-from edgespec.verify import SamplingConfig
+from edgespec.core.verify import SamplingConfig
 
 from conftest import OracleDrafter
 

@@ -1,10 +1,10 @@
-"""--kernels auto (edgespec.kernelchoice): the choice on hand-made prices, the
+"""--kernels auto (edgespec.calibration.kernelchoice): the choice on hand-made prices, the
 cache, and the real measurement of both settings in child processes."""
 from __future__ import annotations
 
 import pytest
 
-from edgespec import kernelchoice as kc
+from edgespec.calibration import kernelchoice as kc
 from edgespec.errors import ConfigError
 
 
@@ -44,7 +44,7 @@ def test_resolve_passes_settings_through_and_reads_the_cached_verdict(real_cache
     assert kc.cached_price("/no/such/model.gguf", 2) is None
     # a cached verdict is used, per thread count
     p = kc.KernelPrice({1: 0.03, 16: 0.09}, {1: 0.02, 16: 0.06}, "fast", "x")
-    from edgespec.costmodel import write_cache
+    from edgespec.calibration.costmodel import write_cache
     assert write_cache(kc._path(model_path, 2), p.to_json())
     assert kc.resolve("auto", model_path, 2, gpu=False, measure=False) == ("fast", p)
     assert kc.resolve("auto", model_path, 3, gpu=False, measure=False) == ("exact", None)
@@ -64,8 +64,8 @@ def test_both_settings_are_timed_in_child_processes_and_cached(real_cache, model
 
 def test_spec_model_loads_what_auto_resolves_to(real_cache, model_path):
     from edgespec import SpecModel
-    from edgespec.cli import kernels_line
-    from edgespec.costmodel import write_cache
+    from edgespec.app.cli import kernels_line
+    from edgespec.calibration.costmodel import write_cache
     p = kc.KernelPrice({1: 0.03, 16: 0.09}, {1: 0.02, 16: 0.06}, "fast", "x")
     assert write_cache(kc._path(model_path, 2), p.to_json())
     m = SpecModel(model_path, drafter="none", n_ctx=512, n_threads=2, calibrate=False, kernels="auto")
@@ -91,7 +91,7 @@ def test_the_default_setting_comes_from_the_environment(real_cache, model_path, 
     assert kc.resolve(None, model_path, 2, gpu=False, measure=False) == ("fast", None)
     monkeypatch.delenv("EDGESPEC_KERNELS")
     p = kc.KernelPrice({1: 0.02, 16: 0.06}, {1: 0.02, 16: 0.06}, "exact", "x")
-    from edgespec.costmodel import write_cache
+    from edgespec.calibration.costmodel import write_cache
     assert write_cache(kc._path(model_path, 2), p.to_json())
     assert kc.resolve(None, model_path, 2, gpu=False, measure=False) == ("exact", p)
     monkeypatch.setenv("EDGESPEC_KERNELS", "quick")
@@ -104,7 +104,7 @@ def test_stats_name_the_auto_verdict(monkeypatch, model_path):
     verdict of exact here: the session's calibration is reused)."""
     from click.testing import CliRunner
 
-    from edgespec.cli import main
+    from edgespec.app.cli import main
     p = kc.KernelPrice({1: 0.0202, 16: 0.0808}, {1: 0.02, 16: 0.08}, "exact", "x")
     monkeypatch.setattr(kc, "cached_price", lambda path, n: p)
     r = CliRunner().invoke(main, ["generate", "--kernels", "auto", "--stats", "-n", "4", "Say hi."])

@@ -1,4 +1,4 @@
-"""Per-token log-probabilities (edgespec.logprobs) against a direct computation
+"""Per-token log-probabilities (edgespec.core.logprobs) against a direct computation
 from the model's own one-token logits, for plain decoding, a drafting method
 and sampling; and their shapes in edgespec.Llama."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from edgespec.errors import ConfigError
-from edgespec.logprobs import MAX_TOP_LOGPROBS, LogprobFormatter, token_logprobs
+from edgespec.core.logprobs import MAX_TOP_LOGPROBS, LogprobFormatter, token_logprobs
 
 # the answer repeats the prompt, so the suffix drafter's drafts are accepted
 PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog."

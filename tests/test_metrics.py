@@ -1,5 +1,5 @@
 """The server's /metrics, /props, logprobs and max_tokens default, in process
-(Starlette's TestClient over edgespec.server.Server on the session model)."""
+(Starlette's TestClient over edgespec.app.server.Server on the session model)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
-from edgespec.server import Server  # noqa: E402
+from edgespec.app.server import Server  # noqa: E402
 
 KEY = "metrics-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -140,8 +140,8 @@ def test_serve_max_tokens_default_is_unbounded_unless_given(monkeypatch, args, w
     (None); with it, the flag is the default (no model is loaded here)."""
     from click.testing import CliRunner
 
-    import edgespec.cli as cli
-    import edgespec.server as S
+    import edgespec.app.cli as cli
+    import edgespec.app.server as S
     seen = {}
 
     class Fake:

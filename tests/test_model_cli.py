@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 from test_model_sources import REPO, fake_gguf, hub, ollama_model
 
-from edgespec import cli
+from edgespec.app import cli
 from edgespec.backend.llama import _check_llama_cpp_version
-from edgespec.cli import main
+from edgespec.app.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -96,7 +96,7 @@ def test_aliases_reach_the_library(tree, monkeypatch):
     assert r.exit_code == 2 and "named twice" in r.stderr
     # chat: -sys is --system, -m the model
     seen = {}
-    monkeypatch.setattr("edgespec.chat.run_chat", lambda model, **kw: seen.update(kw, model=model))
+    monkeypatch.setattr("edgespec.app.chat.run_chat", lambda model, **kw: seen.update(kw, model=model))
     r = invoke(["chat", "-m", "Tiny-Q4_0", "-sys", "Be brief.", "-c", "1024"])
     assert r.exit_code == 0, r.output
     assert seen["model"] == tree["lms"] and seen["system"] == "Be brief." and seen["ctx"] == 1024

@@ -1,4 +1,4 @@
-"""Every way to name a MODEL (edgespec.model_sources) on hand-made trees:
+"""Every way to name a MODEL (edgespec.models.sources) on hand-made trees:
 Ollama's manifests and blobs, LM Studio's folders, folders with split GGUFs,
 and a Hugging Face-shaped repository served on loopback (HF_ENDPOINT) to the
 real huggingface_hub.  The GGUFs are tiny headers without tensors (what
@@ -15,9 +15,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from edgespec import model_sources as M
+from edgespec.models import sources as M
 from edgespec.errors import ModelFileError
-from edgespec.models import model_summary, resolve_model
+from edgespec.models.resolve import model_summary, resolve_model
 
 
 def _str(s: str) -> bytes:

@@ -10,9 +10,9 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from edgespec import costmodel as C
+from edgespec.calibration import costmodel as C
 from edgespec.backend.llama import EXACT_MAX_BATCH, LlamaBackend
-from edgespec.cli import main
+from edgespec.app.cli import main
 
 pytestmark = pytest.mark.model
 
@@ -82,8 +82,8 @@ def test_generate_reports_the_verdict(model, monkeypatch):
     assert out["exact"] is True and "exactness" not in out
     assert "exact: batches of 2..48 tokens give logits bit-identical" in r.stderr
     assert "note: on this model" not in r.stderr
-    import edgespec.api
-    monkeypatch.setattr(edgespec.api, "load_or_check_exactness", lambda *a, **k: INEXACT)
+    import edgespec.app.api
+    monkeypatch.setattr(edgespec.app.api, "load_or_check_exactness", lambda *a, **k: INEXACT)
     r = CliRunner().invoke(main, ["generate", "--max-tokens", "4", "Say hi."])
     assert r.exit_code == 0, r.output
     assert "note: on this model and machine a verification batch's logits differ from one-token decoding " \

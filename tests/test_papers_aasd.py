@@ -12,9 +12,9 @@ import pytest
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.branch import BranchDrafter
 from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
-from edgespec.engine import Engine, drain
-from edgespec.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_PROMPT, DraftTree
-from edgespec.verify import VerifyConfig, aasd_threshold, relaxed_accepts
+from edgespec.core.engine import Engine, drain
+from edgespec.core.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_PROMPT, DraftTree
+from edgespec.core.verify import VerifyConfig, aasd_threshold, relaxed_accepts
 
 from conftest import dev_prompts
 from test_anchor import branch_tree, rankings

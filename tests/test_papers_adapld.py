@@ -10,9 +10,9 @@ import pytest
 from edgespec.drafters import make_drafter, parse_drafter_name
 from edgespec.drafters.adapld import AdaPLDDrafter
 from edgespec.drafters.hybrid import HybridConfig, HybridDrafter
-from edgespec.embeddings import TokenEmbeddings
+from edgespec.drafters.embeddings import TokenEmbeddings
 from edgespec.kernels.anchor import build_adapld_tree, single_anchors
-from edgespec.tree import SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_SEMANTIC
+from edgespec.core.tree import SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_SEMANTIC
 from conftest import topk_table
 
 I32 = np.int32

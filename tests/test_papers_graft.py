@@ -9,7 +9,7 @@ import numpy as np
 from edgespec.drafters import make_drafter
 from edgespec.drafters.base import StepResult
 from edgespec.drafters.hybrid import GRAFT_CHECKPOINTS, HybridConfig, HybridDrafter
-from edgespec.tree import SOURCE_ADJACENCY, SOURCE_TRIGRAM, DraftTree
+from edgespec.core.tree import SOURCE_ADJACENCY, SOURCE_TRIGRAM, DraftTree
 
 I32 = np.int32
 

@@ -1,4 +1,4 @@
-"""The replay tooling for the papers' ablation (edgespec/replay.py): the
+"""The replay tooling for the papers' ablation (edgespec/backend/replay.py): the
 published GPU cost curves and their rule beyond T = 8, the fake rows that
 carry a teacher pass's top-k logits and entropy, and (with the model) that a
 teacher-backed replay of drafters that read rankings and entropies takes the
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edgespec.kernels.topk import row_entropy, topk_rows_vals
-from edgespec.replay import ReplayBackend, Teacher, gpu_curve, tail_for_entropy
+from edgespec.backend.replay import ReplayBackend, Teacher, gpu_curve, tail_for_entropy
 
 
 def test_gpu_curves_are_the_published_points_extended_linearly():
@@ -52,7 +52,7 @@ class _Vocab:
 
 
 def test_replay_rows_on_the_record_carry_the_teachers_numbers():
-    from edgespec.costmodel import CostCurve
+    from edgespec.calibration.costmodel import CostCurve
     cost = CostCurve([1, 2, 4], [1.0, 1.5, 2.0], 0.01)
     be = ReplayBackend(_Vocab(), 64, 8, cost, eog_token=49)
     truth = np.array([3, 4, 5, 6, 7, 8], np.int32)          # prompt 3 4 5, answer 6 7 8
@@ -92,8 +92,8 @@ def test_teacher_backed_replay_matches_the_real_engine(model):
     pass, takes the real engine's decisions step for step."""
     from edgespec.backend.llama import LlamaBackend
     from edgespec.drafters import make_drafter, parse_drafter_name
-    from edgespec.engine import Engine, EngineConfig, drain
-    from edgespec.replay import ReplayRequest, replay, teacher_pass
+    from edgespec.core.engine import Engine, EngineConfig, drain
+    from edgespec.backend.replay import ReplayRequest, replay, teacher_pass
 
     from conftest import dev_prompts
     name = "auto+branch+trigger-notrigram-noadjacency-nobranch_depth-nosemantic_pair"

@@ -11,10 +11,10 @@ import pytest
 from edgespec.drafters.base import Drafter, StepResult
 from edgespec.drafters.hybrid import HybridConfig, HybridDrafter
 from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
-from edgespec.engine import Engine, drain
+from edgespec.core.engine import Engine, drain
 from edgespec.kernels.topk import row_entropy
-from edgespec.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
-from edgespec.verify import VerifyConfig
+from edgespec.core.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
+from edgespec.core.verify import VerifyConfig
 
 from conftest import dev_prompts
 

@@ -19,10 +19,10 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from edgespec import bench as B
-from edgespec import peer_server as S
-from edgespec import peers as P
-from edgespec.cli import main
+from edgespec.bench import runner as B
+from edgespec.bench import peer_server as S
+from edgespec.bench import peers as P
+from edgespec.app.cli import main
 from edgespec.errors import PeerError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -174,7 +174,7 @@ def test_peer_methods_and_thread_suffixes():
 
 def fake_model(**over):
     from edgespec.backend.llama import default_threads
-    from edgespec.verify import VerifyConfig
+    from edgespec.core.verify import VerifyConfig
     n = default_threads()
     be = SimpleNamespace(n_threads=n, n_ctx=4096, n_gpu_layers=0, cache_type_k="q8_0" if n > 1 else "f16")
     for k in ("n_threads", "n_ctx", "cache_type_k"):

@@ -63,7 +63,7 @@ def test_docs_links_exist():
 
 
 def test_readme_commands_name_real_subcommands():
-    from edgespec.cli import main
+    from edgespec.app.cli import main
     _, code = _prose_and_code(_read())
     used = set()
     for line in code:

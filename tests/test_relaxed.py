@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from edgespec.drafters.base import Drafter
-from edgespec.engine import Engine, drain
-from edgespec.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
-from edgespec.verify import SamplingConfig, VerifyConfig, relaxed_accepts, rouge_l
+from edgespec.core.engine import Engine, drain
+from edgespec.core.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
+from edgespec.core.verify import SamplingConfig, VerifyConfig, relaxed_accepts, rouge_l
 
 from conftest import dev_prompts
 

@@ -1,4 +1,4 @@
-"""The offline replay (edgespec/replay.py, tools/replay.py) reproduces the real
+"""The offline replay (edgespec/backend/replay.py, tools/replay.py) reproduces the real
 engine: the same output tokens, and the same step counts as a real run of the
 same drafter on the same prompts, to within the gate's timing noise."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from edgespec.drafters import make_drafter
-from edgespec.engine import Engine, EngineConfig, drain
-from edgespec.replay import ReplayBackend, ReplayRequest, replay
+from edgespec.core.engine import Engine, EngineConfig, drain
+from edgespec.backend.replay import ReplayBackend, ReplayRequest, replay
 
 from conftest import dev_prompts
 
@@ -89,7 +89,7 @@ def test_oracle_keeps_only_what_the_model_accepts(model, recorded):
     the inner drafter's proposal that the record follows: every node it lets
     through is accepted, and with perfect estimates the gate's modelled time
     is no worse than with the learned ones."""
-    from edgespec.replay import OracleDrafter
+    from edgespec.backend.replay import OracleDrafter
     eog = int(np.nonzero(model.vocab.eog_mask())[0][0])
     out = {}
     for oracle in (False, True):

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from edgespec import SpecModel
 from edgespec.backend import ggml
-from edgespec.cli import main
+from edgespec.app.cli import main
 from edgespec.errors import BackendError, ConfigError
 
 from conftest import dev_prompts
@@ -190,7 +190,7 @@ def test_a_worker_lost_mid_answer_ends_the_process_with_a_clear_line(model_path)
 def test_bench_over_rpc_needs_workers_of_its_own_for_llama_server():
     from types import SimpleNamespace
 
-    from edgespec import bench as B
+    from edgespec.bench import runner as B
     from edgespec.errors import BenchError
 
     model = SimpleNamespace(backend=SimpleNamespace(rpc=["127.0.0.1:50052"]))
@@ -203,7 +203,7 @@ def test_bench_over_rpc_needs_workers_of_its_own_for_llama_server():
 
 
 def test_bench_report_names_the_workers_and_their_latency():
-    from edgespec import bench as B
+    from edgespec.bench import runner as B
 
     head = {"model": "m.gguf", "rpc": ["127.0.0.1:50071", "127.0.0.1:50072"], "tensor_split": [3, 1],
             "rpc_hello_ms": {"127.0.0.1:50071": 2.25}, "peer_rpc": ["127.0.0.1:50081"], "max_tokens": 8}

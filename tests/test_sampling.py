@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from edgespec import SamplingConfig
-from edgespec.engine import Engine, EngineConfig
-from edgespec.verify import sample_token, sampling_distribution
+from edgespec.core.engine import Engine, EngineConfig
+from edgespec.core.verify import sample_token, sampling_distribution
 
 from conftest import OracleDrafter
-from edgespec.engine import drain
+from edgespec.core.engine import drain
 
 
 def chi2_critical(dof: int, alpha: float = 1e-3) -> float:

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serving import running_server
 
-from edgespec.engine import _TextStream
-from edgespec.guard import Access, host_name
+from edgespec.core.engine import _TextStream
+from edgespec.app.guard import Access, host_name
 
 KEY = "hardening-key-30"
 CTX = 2048
@@ -243,7 +243,7 @@ async def _asgi(app, method: str, path: str, body: bytes = b"", headers=()) -> t
 def test_a_template_exception_is_a_400():
     """In process, without llama.cpp: the Guard's checks, and a chat template's
     raise_exception answered as a 400 that quotes it."""
-    from edgespec.server import Server
+    from edgespec.app.server import Server
 
     app = Server(RaisingTemplateModel(), model_id="fake").app
     ct = [(b"content-type", b"application/json")]

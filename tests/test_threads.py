@@ -226,8 +226,8 @@ def test_errors_form_one_exported_hierarchy():
     for name in ("ConfigError", "PromptTooLongError", "ModelFileError", "CorpusError", "BenchError"):
         assert issubclass(getattr(edgespec, name), ValueError), name     # callers that caught ValueError
     from edgespec.backend.llama import BackendError
-    from edgespec.corpus import CorpusError
-    from edgespec.models import ModelFileError
+    from edgespec.corpus.build import CorpusError
+    from edgespec.models.resolve import ModelFileError
     assert (BackendError, CorpusError, ModelFileError) == (edgespec.BackendError, edgespec.CorpusError,
                                                            edgespec.ModelFileError)
     with pytest.raises(edgespec.ConfigError):
@@ -251,7 +251,7 @@ def test_bad_requests_raise_typed_errors_before_running(model):
 def test_init_failure_releases_the_backend(model, monkeypatch):
     """A SpecModel whose set-up fails after llama.cpp loaded (a bad drafter, a
     calibration that raises) frees the model and context before raising."""
-    import edgespec.api as api
+    import edgespec.app.api as api
 
     made = []
 

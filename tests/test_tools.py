@@ -1,5 +1,5 @@
-"""Tool calls (edgespec.tools) and the structured-output checks they share
-(edgespec.structured): the request checks, the call grammar, reading calls
+"""Tool calls (edgespec.app.tools) and the structured-output checks they share
+(edgespec.app.structured): the request checks, the call grammar, reading calls
 back out of an answer, and the bounds on grammars and schemas, without a
 model; then the call grammar and tool rendering on SmolLM2 (a template
 without tools), and a real tool call through `edgespec serve` and the
@@ -12,9 +12,9 @@ import json
 import pytest
 from serving import request, running_server
 
-from edgespec import tools as T
+from edgespec.app import tools as T
 from edgespec.errors import ConfigError
-from edgespec.structured import (MAX_NESTING, MAX_REPEAT, ConstraintError, check_gbnf, check_schema,
+from edgespec.app.structured import (MAX_NESTING, MAX_REPEAT, ConstraintError, check_gbnf, check_schema,
                                  grammar_text, response_format_schema)
 
 WEATHER = {"type": "function", "function": {
@@ -190,7 +190,7 @@ def test_tools_and_tool_fields_hold_no_control_tokens(model):
 # ------------------------------------------ Qwen2.5-Coder-0.5B (matrix tier)
 @pytest.fixture(scope="module")
 def qwen_path():
-    from edgespec.modelzoo import ModelZooError, require_model
+    from edgespec.models.zoo import ModelZooError, require_model
     try:
         return require_model("qwen2.5-coder-0.5b")
     except ModelZooError as e:

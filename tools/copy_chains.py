@@ -32,12 +32,12 @@ import sys
 
 import numpy as np
 
-from edgespec.api import SpecModel
+from edgespec.app.api import SpecModel
 from edgespec.backend.llama import SPLIT_KV_FREE_CELLS
-from edgespec.bench import load_prompts, read_results
-from edgespec.costmodel import CostCurve
+from edgespec.bench.runner import load_prompts, read_results
+from edgespec.calibration.costmodel import CostCurve
 from edgespec.drafters import make_drafter
-from edgespec.engine import CostBuckets
+from edgespec.core.engine import CostBuckets
 from edgespec.kernels import suffix as _k
 
 MAX_K = 12

@@ -25,7 +25,7 @@ import os
 
 from edgespec import EngineConfig, SpecModel
 from edgespec.drafters import make_drafter
-from edgespec.engine import Engine, drain
+from edgespec.core.engine import Engine, drain
 
 PASSAGE = ("The committee met on Tuesday to review the budget. It approved the new library, "
            "delayed the road repairs, and asked for a report on the water supply by March. ")
@@ -64,7 +64,7 @@ def main() -> None:
         drain(eng.run(toks, max_tokens=16))                       # warm-up
         print("copy:     ", measure(eng, [toks], a.steps, 256))
     if a.case in ("realistic", "both"):
-        from edgespec.bench import load_prompts
+        from edgespec.bench.runner import load_prompts
         eng = Engine(m.backend, make_drafter("suffix", min_match=1, max_matches=16, max_nodes=a.nodes),
                      m.cost, cfg)
         prompts = [m.prompt_tokens(p.turn) for p in load_prompts(a.prompts)][::7]

@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from edgespec.modelzoo import MODELS, ModelZooError, fetch, find_model, model_path, models_dir  # noqa: E402
+from edgespec.models.zoo import MODELS, ModelZooError, fetch, find_model, model_path, models_dir  # noqa: E402
 
 CI_MODELS = ("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b")
 

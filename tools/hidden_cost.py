@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from edgespec.backend.llama import LlamaBackend
-from edgespec.models import resolve_model
+from edgespec.models.resolve import resolve_model
 
 
 def _step(be, toks, hidden: bool) -> float:

@@ -28,7 +28,7 @@ import os
 import numpy as np
 
 from edgespec.backend.llama import LlamaBackend
-from edgespec.models import resolve_model
+from edgespec.models.resolve import resolve_model
 
 DEV = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "spec_bench_dev.jsonl")
 CONFIGS = {"f16-1t": ("f16", 1), "f16-2t": ("f16", None), "q8-2t": ("q8_0", None)}

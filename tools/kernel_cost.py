@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    from edgespec.models import resolve_model
+    from edgespec.models.resolve import resolve_model
     path = resolve_model(a.model)
     if a.child:
         r = measure(path, a.child, a.threads, a.prompt, a.decode, a.batch, a.reps)

@@ -8,9 +8,9 @@ RESULTS.jsonl is an `edgespec bench` results file: its `none` rows are the
 model's greedy output for each prompt, its header the calibrated cost curve and
 settings.  A method named ``oracle-NAME`` (e.g. ``oracle-suffix``) keeps from
 each of NAME's proposals only the path the recorded output follows, at
-probability 1 (edgespec.replay.OracleDrafter): the speed that perfect
+probability 1 (edgespec.backend.replay.OracleDrafter): the speed that perfect
 acceptance estimates would get from NAME's candidates.  Each method runs
-through the real Engine over edgespec.replay.ReplayBackend, prompts in the
+through the real Engine over edgespec.backend.replay.ReplayBackend, prompts in the
 file's order, so the acceptance statistics evolve as in the bench.
 
 --cost picks the cost curve(s) the engine's gate and the time model use, one
@@ -20,13 +20,13 @@ c(2) = 1.12, c(4) = 1.33, c(8) = 2.15), ``m2`` = an Apple M2-class GPU with
 Qwen2-7B Q8_0 (llama.cpp PR #10581: c(2) = 1.11, c(4) = 1.41, c(8) = 2.16), ``flat:SLOPE`` = c(T) = 1 + SLOPE (T - 1)
 at every context (``--flat SLOPE`` is the same), or a JSON file ({"ts": [...], "rel": [...]} or a saved calibration).  Beyond the
 published T = 8 the GPU curves are extrapolated linearly from c(4)..c(8)
-(edgespec.replay.gpu_curve); the engine's own work per step is counted as
+(edgespec.backend.replay.gpu_curve); the engine's own work per step is counted as
 measured on this machine, relative to this machine's plain step.
 
 Drafters that read more of the model than its greedy tokens (the prefill's
 rankings for branch drafting and AASD, the entropy for ReSpec's trigger, the
 hidden states for AdaPLD's rerank) get them from one teacher-forced pass of the
-real model over each prompt and its recorded answer (edgespec.replay.teacher_pass),
+real model over each prompt and its recorded answer (edgespec.backend.replay.teacher_pass),
 cached beside RESULTS (RESULTS.teacher.npz; hidden states, only when a method
 asks for them, in RESULTS.hidden.npz); when it runs, every method of the run
 sees those numbers, so the methods stay comparable.  Methods with a lossy verification mode
@@ -47,12 +47,12 @@ import sys
 
 import numpy as np
 
-from edgespec.api import SpecModel
-from edgespec.bench import load_prompts, read_results
-from edgespec.costmodel import CostCurve
+from edgespec.app.api import SpecModel
+from edgespec.bench.runner import load_prompts, read_results
+from edgespec.calibration.costmodel import CostCurve
 from edgespec.drafters import drafter_from_spec
-from edgespec.engine import Engine, EngineConfig
-from edgespec.replay import (GPU_CURVES, OracleDrafter, ReplayBackend, ReplayRequest, Teacher, curve_from_file,
+from edgespec.core.engine import Engine, EngineConfig
+from edgespec.backend.replay import (GPU_CURVES, OracleDrafter, ReplayBackend, ReplayRequest, Teacher, curve_from_file,
                              gpu_curve, replay, teacher_pass)
 
 

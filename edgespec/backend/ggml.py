@@ -30,7 +30,7 @@ import time
 
 import llama_cpp as L
 
-from ..errors import BackendError, ConfigError
+from edgespec.errors import BackendError, ConfigError
 
 DEFAULT_PORT = 50052
 CONNECT_TIMEOUT_S = 5.0

@@ -30,7 +30,7 @@ import numpy as np
 import llama_cpp as L
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from ..errors import ConfigError
+from edgespec.errors import ConfigError
 
 # llama_token_data {id, logit, p}: laid out as numpy records so a whole row is
 # handed to llama.cpp without a Python loop

@@ -42,8 +42,8 @@ import numpy as np
 import llama_cpp as L
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from ..errors import BackendError, ConfigError, ModelLoadError  # re-exported
-from . import ggml
+from edgespec.errors import BackendError, ConfigError, ModelLoadError  # re-exported
+from edgespec.backend import ggml
 
 # the llama-cpp-python versions edgespec is tested with (pyproject.toml allows
 # this range, so pip keeps a user's own CUDA or Metal build inside it)
@@ -642,7 +642,7 @@ class LlamaBackend:
             raise ValueError("prefill(hidden_out=...) needs set_hidden(True)")
         n = len(tokens)
         if topk_out is not None:
-            from ..kernels.topk import topk_rows
+            from edgespec.kernels.topk import topk_rows
             ids, vals = topk_out
             rows = np.arange(self.n_batch, dtype=np.int64)
         if n:          # cells go to seq 0 only: the other synced seqs fall behind

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import inspect
 
-from ..errors import ConfigError, EdgespecError
-from .base import Drafter, StepResult
-from .suffix import SuffixConfig, SuffixDrafter
+from edgespec.errors import ConfigError, EdgespecError
+from edgespec.drafters.base import Drafter, StepResult
+from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
 
 NAMES = ("none", "suffix", "trigram", "adjacency", "auto")
 """Every drafter `make_drafter` knows, in the order the CLI lists them."""
@@ -15,13 +15,13 @@ def _drafter_class(name: str):
     if name == "suffix":
         return SuffixDrafter, SuffixConfig
     if name == "trigram":
-        from .trigram import TrigramConfig, TrigramDrafter
+        from edgespec.drafters.trigram import TrigramConfig, TrigramDrafter
         return TrigramDrafter, TrigramConfig
     if name == "adjacency":
-        from .adjacency import AdjacencyConfig, AdjacencyDrafter
+        from edgespec.drafters.adjacency import AdjacencyConfig, AdjacencyDrafter
         return AdjacencyDrafter, AdjacencyConfig
     if name == "auto":
-        from .hybrid import HybridConfig, HybridDrafter
+        from edgespec.drafters.hybrid import HybridConfig, HybridDrafter
         return HybridDrafter, HybridConfig
     raise ConfigError(f"unknown drafter {name!r}; known drafters: {', '.join(NAMES)}")
 
@@ -96,7 +96,7 @@ def split_verify(spec: str) -> tuple[str, str | None]:
     verification mode after '@' (None without one); ConfigError for an unknown mode."""
     base, sep, mode = spec.partition("@")
     if sep:
-        from ..verify import VerifyConfig
+        from edgespec.core.verify import VerifyConfig
         VerifyConfig(mode)
     return base, (mode if sep else None)
 
@@ -131,7 +131,7 @@ def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), model_pat
                  first; the engine's gate keeps what pays
 
     n_vocab: the model's vocabulary size (needed by trigram and adjacency).
-    corpora: compiled corpora (edgespec.corpus.Corpus) for drafters that use them.
+    corpora: compiled corpora (edgespec.corpus.build.Corpus) for drafters that use them.
     model_path: the GGUF, for drafters that read the model's token embeddings
         (auto's semantic fallback; without it that part is left out).
     Other keywords are fields of the drafter's config, e.g.

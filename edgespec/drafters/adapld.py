@@ -18,7 +18,7 @@ parameter values below are the issue's):
   `successor_len` tokens (the paper's length was not available: 4).
 * **semantic fallback**: only when the lexical anchor set is empty, positions
   whose single token is similar to the root (cosine >= tau = 0.1 of the
-  model's centred input embeddings, edgespec.embeddings) anchor a branch of
+  model's centred input embeddings, edgespec.drafters.embeddings) anchor a branch of
   the model's ranking there and successor drafts, never a copy of the text
   that followed.
 * the copy itself (length 30 in the paper) is the suffix part's
@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import anchor as _a
-from ..kernels import suffix as _k
-from ..tree import SOURCE_BRANCH, SOURCE_SEMANTIC, DraftTree
-from .branch import BranchDrafter
-from .semantic import SemanticDrafter
+from edgespec.kernels import anchor as _a
+from edgespec.kernels import suffix as _k
+from edgespec.core.tree import SOURCE_BRANCH, SOURCE_SEMANTIC, DraftTree
+from edgespec.drafters.branch import BranchDrafter
+from edgespec.drafters.semantic import SemanticDrafter
 
 ADAPLD_K = 8               # branch width: the model's top 8 at the anchor's next position
 ADAPLD_SUCCESSOR = 4       # successor drafts under each branch token (edgespec's choice)

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels import adjacency as _k
-from ..kernels import topk as _topk
-from ..tree import SOURCE_ADJACENCY, DraftTree
-from .base import Drafter
+from edgespec.kernels import adjacency as _k
+from edgespec.kernels import topk as _topk
+from edgespec.core.tree import SOURCE_ADJACENCY, DraftTree
+from edgespec.drafters.base import Drafter
 
 
 def default_rank_probs(k: int) -> tuple[float, ...]:
@@ -201,7 +201,7 @@ class AdjacencyDrafter(Drafter):
     score, parents before children, so any prefix of a proposal is a valid
     tree of its best nodes.
 
-    corpora: compiled corpora (``edgespec.corpus.Corpus`` or anything with
+    corpora: compiled corpora (``edgespec.corpus.build.Corpus`` or anything with
     ``n_vocab``, ``adj_next`` int32 [V, W] and ``adj_count`` [V, W]). Their
     successor counts are summed per (token, successor) and the top k seed the
     table. With none, the table starts empty.

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..tree import DraftTree
+from edgespec.core.tree import DraftTree
 
 
 @dataclass

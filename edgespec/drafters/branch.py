@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import anchor as _a
-from ..kernels import suffix as _k
-from ..tree import SOURCE_ALIGN, SOURCE_BRANCH, DraftTree
-from .base import Drafter
+from edgespec.kernels import anchor as _a
+from edgespec.kernels import suffix as _k
+from edgespec.core.tree import SOURCE_ALIGN, SOURCE_BRANCH, DraftTree
+from edgespec.drafters.base import Drafter
 
 BRANCH_K = 4          # rankings kept per position
 BRANCH_DEPTH = 4      # alternatives at depths 1..4 of a retrieved continuation

@@ -69,19 +69,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels import anchor as _ak
-from ..kernels import suffix as _sk
-from ..kernels.suffix import merge_trees
-from ..kernels.topk import push_entropy
-from ..tree import (N_SOURCES, SOURCE_ADJACENCY, SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_CORPUS,
+from edgespec.kernels import anchor as _ak
+from edgespec.kernels import suffix as _sk
+from edgespec.kernels.suffix import merge_trees
+from edgespec.kernels.topk import push_entropy
+from edgespec.core.tree import (N_SOURCES, SOURCE_ADJACENCY, SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_CORPUS,
                     SOURCE_EDIT, SOURCE_PROMPT, SOURCE_SEMANTIC, SOURCE_TRIGRAM, DraftTree)
-from .adapld import AdaPLDDrafter
-from .adjacency import AdjacencyDrafter
-from .base import Drafter
-from .branch import BranchDrafter
-from .semantic import SemanticDrafter
-from .suffix import SuffixConfig, SuffixDrafter
-from .trigram import TrigramDrafter
+from edgespec.drafters.adapld import AdaPLDDrafter
+from edgespec.drafters.adjacency import AdjacencyDrafter
+from edgespec.drafters.base import Drafter
+from edgespec.drafters.branch import BranchDrafter
+from edgespec.drafters.semantic import SemanticDrafter
+from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
+from edgespec.drafters.trigram import TrigramDrafter
 
 GRAFT_RESERVE = 8                   # graft_tail: at most 8 slots of a proposal go to grafts
 GRAFT_POINTS = 2                    # from the 2 most probable drafted leaves
@@ -242,7 +242,7 @@ class HybridDrafter(Drafter):
                 max_nodes=max(64, c.max_nodes)), corpora=corpora)
             parts.append(self._suffix)
         if (c.semantic_pair or c.semantic) and embeddings is None and model_path is not None:
-            from ..embeddings import TokenEmbeddings
+            from edgespec.drafters.embeddings import TokenEmbeddings
             embeddings = TokenEmbeddings(model_path)
         if c.semantic_pair and embeddings is not None:
             parts.append(SemanticDrafter(embeddings, max_nodes=c.max_nodes))
@@ -267,7 +267,7 @@ class HybridDrafter(Drafter):
         t = DraftTree(np.array([5, 6], np.int32), np.array([-1, 0], np.int32),
                       np.array([0.5, 0.5], np.float32), np.array([0, 0], np.int8))
         if self._entropy or self.wants_entropy:
-            from ..kernels import topk
+            from edgespec.kernels import topk
             topk.warmup()
         _ak.warmup()
         a, b = self._buf

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import suffix as _k
-from ..tree import SOURCE_CONTEXT, DraftTree
-from .base import Drafter
-from .suffix import SuffixConfig
+from edgespec.kernels import suffix as _k
+from edgespec.core.tree import SOURCE_CONTEXT, DraftTree
+from edgespec.drafters.base import Drafter
+from edgespec.drafters.suffix import SuffixConfig
 
 PROMPT_TAIL = 8
 
@@ -61,7 +61,7 @@ class PredictionDrafter(Drafter):
         self.inner.begin(prompt)
         self._index = None
         if len(self._pred):
-            from ..corpus import suffix_array
+            from edgespec.corpus.build import suffix_array
             toks = np.concatenate([np.asarray(prompt[-PROMPT_TAIL:], np.int32), self._pred,
                                    np.array([-1], np.int32)])
             self._index = (toks, suffix_array(toks, 32).astype(np.int32))

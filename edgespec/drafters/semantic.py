@@ -8,7 +8,7 @@ borrows this part's embedding bookkeeping (`similarities`).
 Lexical retrieval needs an exact repeat of at least two tokens.  When there is
 none, this part looks for an earlier position whose last two tokens are close
 to the context's last two in the model's own input-embedding space (cosine of
-centred embeddings, edgespec.embeddings; " The quick" ~ " the rapid") and
+centred embeddings, edgespec.drafters.embeddings; " The quick" ~ " the rapid") and
 proposes what followed there.  Only tokens that occur in the context are ever
 compared: the part keeps their embeddings in one growing matrix, so a step
 costs one (distinct tokens x dim) product, in a numba loop rather than BLAS
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import anchor as _a
-from ..kernels import suffix as _k
-from ..tree import SOURCE_SEMANTIC, DraftTree
-from .base import Drafter
+from edgespec.kernels import anchor as _a
+from edgespec.kernels import suffix as _k
+from edgespec.core.tree import SOURCE_SEMANTIC, DraftTree
+from edgespec.drafters.base import Drafter
 
 SEMANTIC_MIN_SIM = 0.6     # both tokens of an anchor at least this similar
 SEMANTIC_ANCHORS = 4

@@ -2,7 +2,7 @@
 
 Each step it looks for earlier occurrences of the end of the context (prompt,
 earlier chat turns and generation so far) and proposes the tokens that followed
-them, merged into a trie.  With compiled corpora loaded (edgespec.corpus) it
+them, merged into a trie.  With compiled corpora loaded (edgespec.corpus.build) it
 also looks the end of the context up in each corpus's suffix array and adds
 what followed there (the SuffixDecoding / SAM-Decoding idea).  It is
 stateless (but for the opt-in `edits`, which keeps the current answer's
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels import suffix as _k
-from ..kernels import anchor as _a
-from ..kernels import edits as _e
-from ..tree import SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_EDIT, SOURCE_PROMPT, DraftTree
-from .base import Drafter
+from edgespec.kernels import suffix as _k
+from edgespec.kernels import anchor as _a
+from edgespec.kernels import edits as _e
+from edgespec.core.tree import SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_EDIT, SOURCE_PROMPT, DraftTree
+from edgespec.drafters.base import Drafter
 
 
 @dataclass
@@ -134,7 +134,7 @@ class SuffixDrafter(Drafter):
 
     ``SuffixDrafter(config=None, corpora=())``: ``corpora`` is a sequence of
     compiled corpora (objects with ``tokens``, ``sa`` and ``sa_depth`` as in
-    edgespec.corpus.Corpus); none are needed.
+    edgespec.corpus.build.Corpus); none are needed.
 
     Each step:
 

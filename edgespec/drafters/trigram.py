@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels import trigram as _k
-from ..tree import SOURCE_TRIGRAM, DraftTree
-from .base import Drafter
+from edgespec.kernels import trigram as _k
+from edgespec.core.tree import SOURCE_TRIGRAM, DraftTree
+from edgespec.drafters.base import Drafter
 
 
 @dataclass
@@ -242,7 +242,7 @@ class TrigramDrafter(Drafter):
     """ADED: an adaptive tri-gram model searched by MCTS.
 
     ``TrigramDrafter(n_vocab, corpora=(), config=None)``; corpora are
-    ``edgespec.corpus.Corpus`` objects (anything with the spec's tri_* and
+    ``edgespec.corpus.build.Corpus`` objects (anything with the spec's tri_* and
     adj_* arrays and ``n_vocab``), merged once here.
 
     Proposals: up to ``min(budget, max_nodes)`` nodes, most-visited first

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .suffix import find_suffix_matches
-from .topk import push_sorted
+from edgespec.kernels.suffix import find_suffix_matches
+from edgespec.kernels.topk import push_sorted
 
 
 @njit(cache=True)

@@ -62,7 +62,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .topk import push_sorted
+from edgespec.kernels.topk import push_sorted
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 

@@ -2,7 +2,7 @@
 
 The semantic fallback (drafters/semantic.py) compares tokens by the cosine of
 their input embeddings.  The matrix is memory-mapped straight from the file
-(edgespec.models finds its offset in the header) and rows are dequantized by
+(edgespec.models.resolve finds its offset in the header) and rows are dequantized by
 the `gguf` package (the llama.cpp project's Python GGUF library, which knows
 every ggml tensor type); only the rows of tokens that actually occur are
 dequantized (and kept by the semantic drafter), so a 49k x 576 table costs a
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import EmbeddingsError  # re-exported
+from edgespec.errors import EmbeddingsError  # re-exported
 
 TENSOR = "token_embd.weight"
 SAMPLE_ROWS = 4096
@@ -42,7 +42,7 @@ class TokenEmbeddings:
                 from gguf.quants import dequantize
             except ImportError as e:  # pragma: no cover - a declared dependency
                 raise EmbeddingsError("the semantic fallback needs the 'gguf' package (pip install gguf)") from e
-            from .models import gguf_tensor
+            from edgespec.models.resolve import gguf_tensor
             dims, ggml_type, offset = gguf_tensor(path, TENSOR)
             try:
                 qtype = GGMLQuantizationType(ggml_type)

@@ -15,9 +15,9 @@ import sys
 
 import click
 
-from .backend.llama import MIN_CTX
-from .drafters import NAMES as DRAFTERS
-from .drafters import parse_drafter_name
+from edgespec.backend.llama import MIN_CTX
+from edgespec.drafters import NAMES as DRAFTERS
+from edgespec.drafters import parse_drafter_name
 
 # ------------------------------------------------------------------ helpers
 def log_settings(ctx=None) -> dict:
@@ -53,13 +53,13 @@ def complete_model(ctx, param, incomplete):
     """Shell completion of MODEL: the names `edgespec models` knows, then paths."""
     from click.shell_completion import CompletionItem
 
-    from .model_sources import complete
+    from edgespec.models.sources import complete
     return [CompletionItem(n) for n in complete(incomplete)] + [CompletionItem(incomplete, type="file")]
 
 
 def pick_model(positional, option=None, hf=None):
     """The one MODEL given as an argument, -m/--model or -hf (None: the default)."""
-    from .model_sources import HF_PREFIX
+    from edgespec.models.sources import HF_PREFIX
 
     given = [x for x in (positional, option, hf and HF_PREFIX + hf.removeprefix(HF_PREFIX)) if x]
     if len(given) > 1:
@@ -92,7 +92,7 @@ def model_options(f):
 @contextlib.contextmanager
 def user_errors():
     """Turn the library's errors (edgespec.EdgespecError) into one-line ClickExceptions."""
-    from .errors import EdgespecError
+    from edgespec.errors import EdgespecError
 
     try:
         yield
@@ -112,7 +112,7 @@ def _calibration_note(intro: str | None = "measuring the verify cost c(T) and ch
         return None
 
     def cb(done, total):
-        from .progress import progress_bar
+        from edgespec.progress import progress_bar
 
         if not said:
             if intro:
@@ -142,8 +142,8 @@ def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=Non
     """calibrate: True (one-shot commands: generate, bench) measures a missing
     calibration before the first answer, with a note on stderr; "background"
     (chat, serve) answers at once and measures between requests, silently."""
-    from .api import SpecModel
-    from .backend.llama import log_to_file
+    from edgespec.app.api import SpecModel
+    from edgespec.backend.llama import log_to_file
 
     log = log_settings()
     if log["log_file"]:
@@ -156,7 +156,7 @@ def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=Non
             ctx.find_root().call_on_close(lambda: log_to_file(None))
     rpc = rpc_settings()
     with user_errors():
-        from .kernelchoice import setting
+        from edgespec.calibration.kernelchoice import setting
         if setting(kernels) == "auto" and calibrate is True and not n_gpu_layers and not rpc["rpc"]:
             _measure_kernel_price(model, threads, remeasure=False)
         return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
@@ -172,7 +172,7 @@ def _upload_bar(endpoints):
     terminal, else nothing)."""
     if log_settings()["quiet"] or sys.stderr is None or not sys.stderr.isatty():
         return None
-    from .progress import progress_bar
+    from edgespec.progress import progress_bar
 
     bar = progress_bar(True, total=100, desc=f"sending the model to {', '.join(endpoints)}", unit="%")
 
@@ -186,9 +186,9 @@ def _upload_bar(endpoints):
 def _measure_kernel_price(model, threads, remeasure: bool, note: bool = True):
     """--kernels auto: time exact against fast kernels for this model (two
     child processes, a note on stderr) unless the verdict is cached."""
-    from .backend.llama import default_threads
-    from .kernelchoice import cached_price, measure_price
-    from .models import resolve_model
+    from edgespec.backend.llama import default_threads
+    from edgespec.calibration.kernelchoice import cached_price, measure_price
+    from edgespec.models.resolve import resolve_model
 
     path, n = resolve_model(model), threads or default_threads()
     if not remeasure and cached_price(path, n) is not None:
@@ -228,8 +228,8 @@ def rpc_settings(ctx=None) -> dict:
 
 def _set_rpc(ctx, param, value):
     if value and not ctx.resilient_parsing:
-        from .backend.ggml import parse_endpoints
-        from .errors import ConfigError
+        from edgespec.backend.ggml import parse_endpoints
+        from edgespec.errors import ConfigError
 
         try:
             if param.name == "rpc":
@@ -315,7 +315,7 @@ def generation_options(f):
 
 
 def make_sampling(temperature, top_k, top_p, min_p, seed):
-    from .verify import SamplingConfig
+    from edgespec.core.verify import SamplingConfig
 
     with user_errors():
         return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
@@ -408,7 +408,7 @@ def exactness_notice(model) -> str | None:
 def _with_chat_template(model, advice: str) -> str:
     """The resolved model path, or a one-line error (before the model is
     loaded and calibrated) when its GGUF has no chat template."""
-    from .models import gguf_metadata, resolve_model
+    from edgespec.models.resolve import gguf_metadata, resolve_model
 
     with user_errors():
         path = resolve_model(model)
@@ -418,7 +418,7 @@ def _with_chat_template(model, advice: str) -> str:
 
 
 def _echo_stream(piece: str) -> None:
-    from .termsafe import visible
+    from edgespec.app.termsafe import visible
 
     click.echo(visible(piece) if sys.stdout.isatty() else piece, nl=False)
 
@@ -427,8 +427,8 @@ def _echo_stream(piece: str) -> None:
 def _print_version(ctx, param, value):
     if not value or ctx.resilient_parsing:
         return
-    from . import __version__
-    from .backend.llama import build_info
+    from edgespec import __version__
+    from edgespec.backend.llama import build_info
 
     info = build_info()
     click.echo(f"edgespec {__version__}\nllama-cpp-python {info['llama_cpp_python']} "
@@ -460,9 +460,9 @@ def main():
 def models_cmd(as_json):
     """List the models on this machine: Ollama's, LM Studio's, the Hugging Face
     cache's GGUFs and edgespec's benchmark models, with the name that runs each."""
-    from .errors import ModelFileError
-    from .model_sources import list_models
-    from .models import model_summary
+    from edgespec.errors import ModelFileError
+    from edgespec.models.sources import list_models
+    from edgespec.models.resolve import model_summary
 
     rows = []
     for e in list_models():
@@ -557,7 +557,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
 def _constraint(grammar_file: str | None, schema_file: str | None) -> dict:
     """generate's grammar= / json_schema= from --grammar / --json-schema files,
     checked before the model loads."""
-    from .backend.grammar import MAX_GRAMMAR_BYTES
+    from edgespec.backend.grammar import MAX_GRAMMAR_BYTES
     if grammar_file and schema_file:
         raise click.UsageError("give --grammar or --json-schema, not both")
     path = grammar_file or schema_file
@@ -586,7 +586,7 @@ def generate_defaults() -> dict:
     its options' defaults by name (the bench's method `default` runs these)."""
     ctx = click.Context(generate)
     d = {p.name: p.get_default(ctx) for p in generate.params if isinstance(p, click.Option)}
-    from .kernelchoice import ENV
+    from edgespec.calibration.kernelchoice import ENV
     d["kernels"] = os.environ.get(ENV) or d["kernels"]     # the option's envvar
     return d
 
@@ -598,7 +598,7 @@ def generate_defaults() -> dict:
 @click.option("-sys", "--system", default=None, help="A system message that opens the conversation.")
 @click.option("--no-color", is_flag=True, help="No colours (NO_COLOR=1 does the same).")
 def chat(model, **options):
-    """Chat with MODEL in the terminal (the code is in edgespec/chat.py).
+    """Chat with MODEL in the terminal (the code is in edgespec/app/chat.py).
 
     \b
     Enter sends; Alt-Enter (or Esc, then Enter) inserts a newline; a pasted
@@ -615,7 +615,7 @@ def chat(model, **options):
     message per blank-line-separated block (a \"\"\" block keeps its blank
     lines; a block starting with /name is a command).
     """
-    from .chat import run_chat
+    from edgespec.app.chat import run_chat
     model = _with_chat_template(model, "chat needs one; `edgespec generate --raw MODEL PROMPT` continues a text instead")
 
     run_chat(model, **options)
@@ -697,7 +697,7 @@ def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, ma
             raise click.UsageError("give the API key once: --api-key-file, or --api-key / EDGESPEC_API_KEY")
         api_key = _read_key_file(api_key_file)
     try:
-        from . import server as S
+        from edgespec.app import server as S
     except ImportError as e:
         raise click.ClickException(f"serve needs {e.name}: pip install 'edgespec[serve]'") from None
     make_sampling(temperature, top_k, top_p, min_p, seed)      # a bad value fails before the model loads
@@ -810,8 +810,8 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out
     Prints a table per category and overall: decode tok/s, tokens per step,
     speedup over `none`, and how many outputs are identical to `none`.
     """
-    from . import bench as B
-    from .backend.ggml import parse_endpoints
+    from edgespec.bench import runner as B
+    from edgespec.backend.ggml import parse_endpoints
 
     with user_errors():
         prompts = B.load_prompts(prompts_file, categories=list(category), limit=limit)
@@ -852,7 +852,7 @@ def bench_report(results_files, plot_path):
     then run again on the remaining prompts with --category or --limit) are
     reported as one: each prompt's methods were timed side by side in one of
     the runs, and the header lists them."""
-    from . import bench as B
+    from edgespec.bench import runner as B
 
     with user_errors():
         head, results = B.read_results_pooled(results_files)
@@ -889,8 +889,8 @@ def rpc_worker(host, port, threads, cache, device, kernels, allow_remote):
     import socket
     import threading
 
-    from .backend import ggml
-    from .backend.llama import TILED_MM_ENV, _init_backend, default_threads
+    from edgespec.backend import ggml
+    from edgespec.backend.llama import TILED_MM_ENV, _init_backend, default_threads
 
     if not ggml.is_loopback(host) and not allow_remote:
         raise click.ClickException(f"refusing to listen on {host}: llama.cpp's RPC has no authentication and "
@@ -950,7 +950,7 @@ def build_peers_cmd(jobs, force, sdist):
     in edgespec's cache directory; bench's llama-server methods run them.
     Needs cmake and a C++ compiler; takes several minutes (about 8 on 2 cores).
     CMAKE_ARGS is passed on to CMake (e.g. -DGGML_CUDA=on)."""
-    from . import peers
+    from edgespec.bench import peers
 
     with user_errors():
         manifest = peers.build_peers(jobs=jobs, force=force, sdist=sdist,
@@ -978,7 +978,7 @@ def _answer_model(model_path: str, n_ctx: int):
                                             "with a `messages` list are rendered with the chat template.")
 @click.option("--preset", type=click.Choice(("stdlib", "chat")), default=None,
               help="Add a preset corpus: stdlib (this Python's standard library, up to 20 MB) or chat "
-                   "(the model's own answers to edgespec/corpora/chat_instructions.txt, cached in OUT.answers.jsonl).")
+                   "(the model's own answers to edgespec/corpus/corpora/chat_instructions.txt, cached in OUT.answers.jsonl).")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="With --preset: only its first N files (stdlib) or instructions (chat).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
@@ -996,8 +996,8 @@ def build_corpus_cmd(inputs, model, out_path, globs, field, preset, limit, max_t
     import os
     import time
 
-    from .corpus import build_corpus
-    from .models import resolve_model
+    from edgespec.corpus.build import build_corpus
+    from edgespec.models.resolve import resolve_model
 
     if not inputs and not preset:
         raise click.UsageError("give at least one INPUT file or directory, or --preset")

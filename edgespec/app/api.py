@@ -25,22 +25,22 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .backend.ggml import parse_endpoints
-from .backend.grammar import Grammar
-from .backend.llama import EXACT_MAX_BATCH, LlamaBackend, default_threads, kernel_options, tiled_mm_setting
-from .background import BackgroundTask, Pacer
-from .chattokens import chat_tokens
-from .kernelchoice import resolve as resolve_kernels
-from .kernelchoice import setting as kernels_setting
-from .costmodel import (CalibrationStopped, CostCurve, ExactnessReport, builtin_curve, cached_curve,
+from edgespec.backend.ggml import parse_endpoints
+from edgespec.backend.grammar import Grammar
+from edgespec.backend.llama import EXACT_MAX_BATCH, LlamaBackend, default_threads, kernel_options, tiled_mm_setting
+from edgespec.calibration.background import BackgroundTask, Pacer
+from edgespec.backend.chattokens import chat_tokens
+from edgespec.calibration.kernelchoice import resolve as resolve_kernels
+from edgespec.calibration.kernelchoice import setting as kernels_setting
+from edgespec.calibration.costmodel import (CalibrationStopped, CostCurve, ExactnessReport, builtin_curve, cached_curve,
                         calibration_key, load_or_check_exactness, load_or_measure, plan_contexts)
-from .drafters import drafter_from_spec
-from .engine import Chunk, Engine, EngineConfig, GenerationResult, _cancel_check, drain
-from .errors import ConfigError, ModelBusyError, ModelClosedError
-from .logprobs import check_top
-from .models import resolve_model
-from .structured import constraint_gbnf
-from .verify import SamplingConfig, VerifyConfig
+from edgespec.drafters import drafter_from_spec
+from edgespec.core.engine import Chunk, Engine, EngineConfig, GenerationResult, _cancel_check, drain
+from edgespec.errors import ConfigError, ModelBusyError, ModelClosedError
+from edgespec.core.logprobs import check_top
+from edgespec.models.resolve import resolve_model
+from edgespec.app.structured import constraint_gbnf
+from edgespec.core.verify import SamplingConfig, VerifyConfig
 
 Messages = Sequence[dict]
 
@@ -48,7 +48,7 @@ Messages = Sequence[dict]
 @dataclasses.dataclass
 class StreamChunk(Chunk):
     """What SpecModel.stream() yields: the engine's Chunk (text, tokens,
-    n_drafted, spans: see edgespec.engine.Chunk) and, on the last chunk only,
+    n_drafted, spans: see edgespec.core.engine.Chunk) and, on the last chunk only,
     finish_reason ("stop", "length" or "cancelled") and the GenerationResult.
     The last chunk carries no text of its own."""
     finish_reason: str | None = None
@@ -218,7 +218,7 @@ class SpecModel:
     corpora: paths of compiled corpora (`edgespec build-corpus`) for the drafters
         that use one; each is checked against this model's tokenizer.
     verify: "exact" (default, lossless) or a LOSSY opt-in, "relaxed" (ReSpec),
-        "entropy" (AASD) or "entropy_inv", or a VerifyConfig (see edgespec.verify).
+        "entropy" (AASD) or "entropy_inv", or a VerifyConfig (see edgespec.core.verify).
     n_ctx, n_gpu_layers, n_threads: llama.cpp settings (n_threads None = one per physical core).
     cache_type_k: the K cache's type, "f16" (llama.cpp's default) or "q8_0";
         None = q8_0 on CPU with more than one thread, else f16.  On CPU an f16 K cache makes
@@ -227,7 +227,7 @@ class SpecModel:
     kernels: None (default): $EDGESPEC_KERNELS, else "auto".
         "auto": "exact" where it costs at most 5% more than
         "fast" on this machine, else "fast", as measured once per model and
-        thread count in two child processes (edgespec.kernelchoice; cached);
+        thread count in two child processes (edgespec.calibration.kernelchoice; cached);
         until measured (calibrate=True or `edgespec calibrate` measures it)
         "exact".  `kernels` is the resolved setting, `kernel_price` the
         measurement behind an auto choice.
@@ -294,7 +294,7 @@ class SpecModel:
             raise ConfigError(f"calibrate must be True, False or 'background', not {calibrate!r}")
         self.model_path = resolve_model(model_path)
         self.kernels_setting = kernels_setting(kernels)
-        # "auto": the measured choice (edgespec.kernelchoice), exact until measured
+        # "auto": the measured choice (edgespec.calibration.kernelchoice), exact until measured
         rpc = parse_endpoints(rpc)
         self.kernels, self.kernel_price = resolve_kernels(kernels, self.model_path, n_threads or default_threads(),
                                                           gpu=bool(n_gpu_layers or rpc), measure=calibrate is True)
@@ -318,7 +318,7 @@ class SpecModel:
         self.vocab = self.backend.vocab
         self.corpora = []
         if corpora:
-            from .corpus import Corpus
+            from edgespec.corpus.build import Corpus
             self.corpora = [Corpus.load(p, vocab=self.vocab) for p in corpora]
         if self.backend.exact and max_nodes > EXACT_MAX_BATCH:
             raise ConfigError(f"max_nodes must be <= {EXACT_MAX_BATCH} on CPU: larger batches take a llama.cpp "
@@ -481,7 +481,7 @@ class SpecModel:
         key = drafter if isinstance(drafter, str) else id(drafter)
         if prediction:
             if ("prediction", key) not in self._engines:
-                from .drafters.prediction import PredictionDrafter
+                from edgespec.drafters.prediction import PredictionDrafter
                 base = self._engine_for(drafter)
                 d = PredictionDrafter(base.drafter)
                 d.warmup()
@@ -670,7 +670,7 @@ class SpecModel:
         logprobs: N in 0..20 also returns every generated token's
             log-probability under the model (before temperature and the other
             samplers) and the N likeliest tokens there: result.logprobs, a list
-            of edgespec.logprobs.TokenLogprob (token, logprob, top).
+            of edgespec.core.logprobs.TokenLogprob (token, logprob, top).
         grammar: a GBNF grammar (llama.cpp's format) the answer must follow;
         json_schema: a JSON schema (dict or JSON text; True or {} for any JSON
             object) it must follow instead, through llama.cpp's converter.

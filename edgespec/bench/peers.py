@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .costmodel import cache_dir
-from .errors import PeerError
+from edgespec.calibration.costmodel import cache_dir
+from edgespec.errors import PeerError
 
 SERVER_ENV = "EDGESPEC_LLAMA_SERVER"
 BUILD_COMMAND = "edgespec build-peers"

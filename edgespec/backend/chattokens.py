@@ -23,7 +23,7 @@ import secrets
 import jinja2
 import numpy as np
 
-from .errors import ConfigError
+from edgespec.errors import ConfigError
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,6 +1,6 @@
 """Preset corpora for `edgespec build-corpus --preset NAME`.
 
-The recipes are package data in edgespec/corpora/ (so a wheel install has them):
+The recipes are package data in edgespec/corpus/corpora/ (so a wheel install has them):
 
 * stdlib (corpora/stdlib.json): the .py files of this interpreter's standard
   library (sysconfig's stdlib path) without site-packages, test suites, IDLE
@@ -25,8 +25,8 @@ import sysconfig
 import time
 from importlib import resources
 
-from .errors import CorpusError
-from .progress import progress_bar
+from edgespec.errors import CorpusError
+from edgespec.progress import progress_bar
 
 PRESETS = ("stdlib", "chat")
 

@@ -22,7 +22,7 @@ import os
 import re
 from typing import NamedTuple
 
-from .errors import ModelFileError
+from edgespec.errors import ModelFileError
 
 HF_PREFIX = "hf://"
 DEFAULT_QUANT = "Q4_K_M"          # what llama.cpp's -hf picks when no tag is given
@@ -43,7 +43,7 @@ class Entry(NamedTuple):
 def resolve(name: str | None) -> str:
     """The GGUF path MODEL `name` stands for (None: the default model).
     Raises ModelFileError with a one-line reason (and close matches)."""
-    from .models import default_model_path
+    from edgespec.models.resolve import default_model_path
 
     if not name:
         return default_model_path()
@@ -72,7 +72,7 @@ def _close_hint(name: str) -> str:
 
 
 def _zoo_path(name: str) -> str | None:
-    from .modelzoo import MODELS, find_model
+    from edgespec.models.zoo import MODELS, find_model
 
     if name not in MODELS:
         return None
@@ -347,7 +347,7 @@ def _hf_entries() -> list[Entry]:
 
 # ------------------------------------------------------------------ listing
 def _zoo_entries() -> list[Entry]:
-    from .modelzoo import MODELS, find_model
+    from edgespec.models.zoo import MODELS, find_model
 
     return [Entry("bench", n, p) for n in MODELS if (p := find_model(n))]
 

@@ -26,8 +26,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .costmodel import cache_dir, calibration_key, write_cache
-from .errors import ConfigError
+from edgespec.calibration.costmodel import cache_dir, calibration_key, write_cache
+from edgespec.errors import ConfigError
 
 KERNELS = ("auto", "exact", "fast")
 ENV = "EDGESPEC_KERNELS"    # the default setting where none is given (else "auto")
@@ -93,7 +93,7 @@ def measure_price(model_path: str, n_threads: int, progress=None) -> KernelPrice
     progress(done, total) after each child.  ConfigError when a child fails."""
     secs = {}
     for i, k in enumerate(("exact", "fast")):
-        cmd = [sys.executable, "-m", "edgespec.kernelchoice", model_path, k, str(n_threads)]
+        cmd = [sys.executable, "-m", "edgespec.calibration.kernelchoice", model_path, k, str(n_threads)]
         env = dict(os.environ, GGML_CPU_TILED_MM="1" if k == "fast" else "0")
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env)
@@ -140,8 +140,8 @@ def _time_one_setting(model_path: str, kernels: str, n_threads: int) -> dict:
     """In the child: load with these kernels, time decodes of each size."""
     import numpy as np
 
-    from .backend.llama import LlamaBackend, kernel_options
-    from .costmodel import _measure_at
+    from edgespec.backend.llama import LlamaBackend, kernel_options
+    from edgespec.calibration.costmodel import _measure_at
 
     be = LlamaBackend(model_path, n_ctx=2048, n_threads=n_threads, max_nodes=max(SIZES), max_leaves=1,
                       **kernel_options(kernels == "fast"))

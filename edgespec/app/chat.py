@@ -17,8 +17,8 @@ import sys
 
 import click
 
-from .termsafe import private_file, read_bounded, visible
-from .cli import (acceptance_lines, calibration_line, exactness_notice, kernels_line, load_model, make_sampling,
+from edgespec.app.termsafe import private_file, read_bounded, visible
+from edgespec.app.cli import (acceptance_lines, calibration_line, exactness_notice, kernels_line, load_model, make_sampling,
                   user_errors)
 
 DRAFT_COLOR = "cyan"

@@ -2,11 +2,11 @@
 
 Starlette routes on uvicorn (the `serve` extra).  Endpoints:
 
-    GET  /                      the chat page (edgespec/static/chat.html)
+    GET  /                      the chat page (edgespec/app/static/chat.html)
     GET  /health                {"status": "ok", "model": ..., "requests": {counters}}
     GET  /v1/models             the one model this server runs
     GET  /props                 the model, context, drafter and request defaults (llama-server's /props)
-    GET  /metrics               Prometheus counters (edgespec/metrics.py)
+    GET  /metrics               Prometheus counters (edgespec/app/metrics.py)
     POST /v1/chat/completions   OpenAI chat completions, streamed as server-sent events or not
     POST /v1/completions        OpenAI (legacy) text completions, likewise
 
@@ -30,8 +30,8 @@ with `top_logprobs` 0..20; completions: `logprobs` 0..20) are the model's
 own, from the logits verification computes.  `response_format`,
 `json_schema` and `grammar` constrain the answer to a grammar (converted
 and bounded beside the event loop, compiled by the SpecModel on the model
-thread: edgespec.structured); chat's `tools` / `tool_choice` render tools
-with the model's template and answer `tool_calls` (edgespec.tools).  A
+thread: edgespec.app.structured); chat's `tools` / `tool_choice` render tools
+with the model's template and answer `tool_calls` (edgespec.app.tools).  A
 request without max_tokens runs to the end of its turn or a full context,
 unless the server was started with --max-tokens.  docs/api.md lists every
 request field.
@@ -39,7 +39,7 @@ Mistakes get OpenAI-style error JSON ({"error": {"message", "type",
 "param", "code"}}) with a 4xx status; an unexpected failure is a 500 whose
 details stay in the server's log.
 
-Before any work a request passes edgespec.guard (Host, Origin, API key,
+Before any work a request passes edgespec.app.guard (Host, Origin, API key,
 Content-Type, body size), then the checks of its fields (every field is
 honoured, or accepted only at its "off" value, or refused with a 400 that
 names it: HONOURED and _NEUTRAL), then admission to the queue, and only then
@@ -70,16 +70,16 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import tools as tooling
-from .backend.grammar import MAX_GRAMMAR_BYTES
-from .compat import chat_chunk, chat_response, completion_response, new_id, usage
-from .errors import ConfigError, ModelClosedError, PromptTooLongError
-from .guard import Access, Guard, error_body
-from .logprobs import MAX_TOP_LOGPROBS, LogprobFormatter
-from .structured import ConstraintError, grammar_text, response_format_schema, schema_gbnf
-from .verify import SamplingConfig
+from edgespec.app import tools as tooling
+from edgespec.backend.grammar import MAX_GRAMMAR_BYTES
+from edgespec.app.compat import chat_chunk, chat_response, completion_response, new_id, usage
+from edgespec.errors import ConfigError, ModelClosedError, PromptTooLongError
+from edgespec.app.guard import Access, Guard, error_body
+from edgespec.core.logprobs import MAX_TOP_LOGPROBS, LogprobFormatter
+from edgespec.app.structured import ConstraintError, grammar_text, response_format_schema, schema_gbnf
+from edgespec.core.verify import SamplingConfig
 
-log = logging.getLogger("edgespec.server")
+log = logging.getLogger("edgespec.app.server")
 
 BODY_BASE = 1 << 20        # default body limit: this many bytes ...
 BODY_PER_TOKEN = 64        # ... plus this many per context token
@@ -385,7 +385,7 @@ class Server:
     (max_tokens, temperature, top_k, top_p, min_p, seed, stop, drafter);
     max_tokens None (the default) runs to the end of the turn or a full context.
     limits: what a request may ask for (Limits); access: who may ask
-    (edgespec.guard.Access; by default loopback names, no CORS, api_key)."""
+    (edgespec.app.guard.Access; by default loopback names, no CORS, api_key)."""
 
     def __init__(self, model, *, model_id: str, api_key: str | None = None, max_queue: int = 16,
                  defaults: dict | None = None, limits: Limits | None = None, access: Access | None = None):
@@ -438,7 +438,7 @@ class Server:
 
     # ---------------------------------------------------------------- small
     async def page(self, request: Request):
-        html = resources.files("edgespec").joinpath("static/chat.html").read_text(encoding="utf-8")
+        html = resources.files("edgespec.app").joinpath("static/chat.html").read_text(encoding="utf-8")
         return HTMLResponse(html)
 
     async def health(self, request: Request):
@@ -461,7 +461,7 @@ class Server:
     def _new_metrics(self):
         """This server's Prometheus counters, or None without prometheus-client."""
         try:
-            from .metrics import ServerMetrics
+            from edgespec.app.metrics import ServerMetrics
             return ServerMetrics(lambda: max(0, self._pending - 1), lambda: min(1, self._pending))
         except ImportError:
             return None
@@ -472,7 +472,7 @@ class Server:
         return response
 
     async def prometheus(self, request: Request):
-        """GET /metrics (behind the API key, as llama-server's: edgespec.guard.KEYED)."""
+        """GET /metrics (behind the API key, as llama-server's: edgespec.app.guard.KEYED)."""
         if self.metrics is None:
             return RequestError(501, "/metrics needs prometheus-client: pip install 'edgespec[serve]'", None,
                                 "not_implemented", "server_error").response()
@@ -481,15 +481,15 @@ class Server:
 
     async def props(self, request: Request):
         """GET /props: llama-server's fields that apply, plus edgespec's own
-        (behind the API key: edgespec.guard.KEYED)."""
+        (behind the API key: edgespec.app.guard.KEYED)."""
         m, d = self.model, self.defaults
         n_predict = -1 if d["max_tokens"] is None else d["max_tokens"]
         params = {"n_predict": n_predict, "max_tokens": n_predict, "temperature": d["temperature"],
                   "top_k": d["top_k"], "top_p": d["top_p"], "min_p": d["min_p"],
                   "seed": -1 if d["seed"] is None else d["seed"], "stop": list(d["stop"]), "n_probs": 0}
         drafter = self._drafter_name()
-        from . import __version__
-        from .backend.llama import llama_cpp_version
+        from edgespec import __version__
+        from edgespec.backend.llama import llama_cpp_version
         return self._counted("/props", JSONResponse({
             "default_generation_settings": {"id": 0, "n_ctx": m.n_ctx, "model": self.model_id,
                                             "speculative": drafter != "none", "params": params},
@@ -621,7 +621,7 @@ class Server:
         return req
 
     def _tools(self, body: dict, constraint) -> tooling.ToolRequest | None:
-        """The request's tools, when it may call one (see edgespec.tools)."""
+        """The request's tools, when it may call one (see edgespec.app.tools)."""
         try:
             template = self.chat_template if body.get("tools") else None     # read only when there are tools
             tools = tooling.tool_request(body.get("tools"), body.get("tool_choice"), template)

@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 import re
 
-from .backend.grammar import MAX_GRAMMAR_BYTES, gbnf_for
-from .errors import ConfigError
+from edgespec.backend.grammar import MAX_GRAMMAR_BYTES, gbnf_for
+from edgespec.errors import ConfigError
 
 # The largest repetition count a schema may ask for (minItems, maxLength, ...):
 # the converter writes a count out as that many (nested) copies of a rule.

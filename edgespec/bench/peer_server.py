@@ -1,6 +1,6 @@
 """llama.cpp's llama-server as a method of `edgespec bench`.
 
-Each llama-server method starts the binary edgespec.peers finds on a free
+Each llama-server method starts the binary edgespec.bench.peers finds on a free
 loopback port, with the bench's model, context, GPU layers and threads, one
 slot, and the speculative settings llama.cpp's docs/speculative.md
 recommends for it (SERVER_METHODS), CPU weight repacking off as edgespec
@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 
-from .errors import PeerError
+from edgespec.errors import PeerError
 
 SERVER_METHODS = {
     "llama-server": (),
@@ -211,7 +211,7 @@ def server_env() -> dict:
     """The environment llama-server runs in: the one the user gave (edgespec
     sets one of llama.cpp's switches for its own process, see
     backend.llama.TILED_MM_ENV)."""
-    from .backend.llama import TILED_MM_ENV, USER_TILED_MM
+    from edgespec.backend.llama import TILED_MM_ENV, USER_TILED_MM
 
     env = dict(os.environ)
     env.pop(TILED_MM_ENV, None)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ConfigError
+from edgespec.errors import ConfigError
 
 
 @dataclass
@@ -169,7 +169,7 @@ class VerifyConfig:
     @property
     def relax_sources(self) -> tuple:
         """The draft sources a relaxed rule may accept."""
-        from .tree import SOURCE_ALIGN, SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_EDIT, SOURCE_PROMPT
+        from edgespec.core.tree import SOURCE_ALIGN, SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_EDIT, SOURCE_PROMPT
         if self.mode == "entropy":
             return (SOURCE_PROMPT, SOURCE_ALIGN)
         return (SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT, SOURCE_EDIT)

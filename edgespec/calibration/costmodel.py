@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .kernels.tree import N_SCORE_BUCKETS, SCORE_EDGES
-from .tree import N_SOURCES, SOURCE_NAMES
+from edgespec.kernels.tree import N_SCORE_BUCKETS, SCORE_EDGES
+from edgespec.core.tree import N_SOURCES, SOURCE_NAMES
 
 CALIBRATION_VERSION = 5
 DEFAULT_TS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 48, 64)
@@ -84,7 +84,7 @@ def model_fingerprint(model_path: str, span: int = 1 << 20) -> str:
 
 
 def calibration_key(model_path: str, n_gpu_layers: int, n_threads: int, extra: str = "") -> str:
-    from .backend.llama import llama_cpp_version
+    from edgespec.backend.llama import llama_cpp_version
 
     parts = [model_fingerprint(model_path),
              f"ngl={n_gpu_layers}", f"threads={n_threads}", platform.machine(), _cpu_name(),
@@ -431,7 +431,7 @@ def load_or_measure(backend, key: str, remeasure: bool = False, progress=None, n
     process that wants the same key waits and then reads the first one's
     result.  A cache that cannot be written is a warning; the curve is used.
     pacer: None, or what paces a measurement between requests (its pause()
-    and stopped(); see edgespec.background)."""
+    and stopped(); see edgespec.calibration.background)."""
     path = _curve_path(key)
     if not remeasure and (c := cached_curve(key, needed)) is not None:
         return c
@@ -443,7 +443,7 @@ def load_or_measure(backend, key: str, remeasure: bool = False, progress=None, n
             try:
                 _check_finite(curve)
             except ValueError as e:
-                from .errors import BackendError
+                from edgespec.errors import BackendError
                 raise BackendError(f"the measured cost curve is not usable ({e}); run `edgespec calibrate` "
                                    "again") from None
             if (bad := implausible_batch(curve)) is None:

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend.llama import SPLIT_KV_FREE_CELLS
-from .drafters.base import Drafter
-from .engine import CostBuckets, drain
-from .tree import DraftTree
+from edgespec.backend.llama import SPLIT_KV_FREE_CELLS
+from edgespec.drafters.base import Drafter
+from edgespec.core.engine import CostBuckets, drain
+from edgespec.core.tree import DraftTree
 
 _OFF_TEXT = 0
 """Token the fake logits favour after a slot that left the recorded text (only
@@ -61,7 +61,7 @@ def gpu_curve(name: str):
     CostCurve's table: the last two points' slope), e.g. for the RTX 3090
     c(16) = 2.15 + 8 * (2.15 - 1.33) / 4 = 3.79 and c(32) = 7.07; no
     after-batch cost, one context (no attention growth modelled)."""
-    from .costmodel import CostCurve
+    from edgespec.calibration.costmodel import CostCurve
     ts, rel = GPU_CURVES[name]
     every = list(range(1, max(ts) + 1))     # every size (a table charges a step function between points)
     return CostCurve(every, [float(x) for x in np.interp(every, ts, rel)], GPU_T1_S, {"prefix": 512, "source": name})
@@ -72,7 +72,7 @@ def curve_from_file(path: str):
     or {"ts": [1, 2, ...], "rel": [1.0, ...]} (linear between the points,
     extrapolated from the last two)."""
     import json
-    from .costmodel import CostCurve
+    from edgespec.calibration.costmodel import CostCurve
     with open(path) as f:
         d = json.load(f)
     d.setdefault("t1_s", GPU_T1_S)
@@ -130,7 +130,7 @@ def teacher_pass(backend, tokens: np.ndarray, n_prompt: int, k: int = 8, hidden:
     numbers are those the real engine sees.  `backend` must allow batches of
     `chunk` tokens (a LlamaBackend with exact=False and max_nodes=chunk); its
     KV cache is reset."""
-    from .kernels.topk import row_entropy, topk_rows_vals
+    from edgespec.kernels.topk import row_entropy, topk_rows_vals
     tokens = np.asarray(tokens, np.int32)
     n = len(tokens)
     ids = np.zeros((n, k), np.int32)

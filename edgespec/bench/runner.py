@@ -23,7 +23,7 @@ Methods
                            llama.cpp's own server, plain or with its draftless
                            speculative decoding, each with the settings
                            llama.cpp's docs recommend; built by `edgespec
-                           build-peers` (see edgespec.peer_server, docs/peers.md)
+                           build-peers` (see edgespec.bench.peer_server, docs/peers.md)
   default                  what `edgespec generate MODEL PROMPT` runs with no
                            options (its drafter; the bench's model must be loaded
                            with generate's default settings; the header says
@@ -80,9 +80,9 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from .errors import BenchError  # re-exported
-from .peer_server import SERVER_METHODS as _SERVER_ARGS
-from .verify import rouge_l
+from edgespec.errors import BenchError  # re-exported
+from edgespec.bench.peer_server import SERVER_METHODS as _SERVER_ARGS
+from edgespec.core.verify import rouge_l
 
 LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-expert", "llama-cpp-python-pld", "llama-cpp-python-pld-cpu")
 SERVER_METHODS = tuple(_SERVER_ARGS)
@@ -199,8 +199,8 @@ def _prompt_constraint(path: str, lineno: int, rec: dict) -> tuple[dict | None, 
     problem = _schema_problem(schema) if schema is not None else _grammar_problem(grammar)
     if problem:
         raise BenchError(f"{where}: {problem}")
-    from .backend.grammar import gbnf_for
-    from .errors import ConfigError
+    from edgespec.backend.grammar import gbnf_for
+    from edgespec.errors import ConfigError
     try:
         gbnf_for(grammar=grammar, json_schema=schema)
     except ConfigError as e:
@@ -453,7 +453,7 @@ def grammar_answer_error(vocab, gbnf: str, text: str) -> str | None:
     the same text gives the same verdict: the grammar reads characters):
     the first token it rejects, or an answer that stops before the grammar
     allows it to end; None when it accepts it."""
-    from .backend.grammar import Grammar
+    from edgespec.backend.grammar import Grammar
 
     g = Grammar(vocab, gbnf)
     try:
@@ -506,8 +506,8 @@ def prompt_constraint(vocab, p: BenchPrompt) -> Constraint | None:
     the prompt when the parser rejects it."""
     if not p.constrained:
         return None
-    from .backend.grammar import Grammar, gbnf_for
-    from .errors import ConfigError
+    from edgespec.backend.grammar import Grammar, gbnf_for
+    from edgespec.errors import ConfigError
     if p.json_schema is not None and p.grammar is not None:
         raise BenchError(f"prompt {p.question_id} ({p.category}): give a JSON schema or a grammar, not both")
     problem = _schema_problem(p.json_schema) if p.json_schema is not None else _grammar_problem(p.grammar)
@@ -558,7 +558,7 @@ def is_peer(method: str) -> bool:
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
     """'none,suffix,...' -> a list without duplicates; edgespec drafter names are
     checked against the drafter registry, peer names against PEER_METHODS."""
-    from .drafters import check_drafter_name
+    from edgespec.drafters import check_drafter_name
 
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     methods: list[str] = []
@@ -590,7 +590,7 @@ def _llama_kwargs(method: str, threads: int | None, cache_type_k: str) -> dict:
         # fails with a numpy broadcast error (llama-cpp-python 0.3.36).
         kw["logits_all"] = True
     if method == "llama-cpp-python-expert":
-        from .backend.llama import CACHE_TYPES_K, default_threads
+        from edgespec.backend.llama import CACHE_TYPES_K, default_threads
         n = threads or default_threads()
         kw.update(n_threads=n, n_threads_batch=n, flash_attn=True, type_k=CACHE_TYPES_K[cache_type_k])
     elif threads:
@@ -614,7 +614,7 @@ def _llama_worker(conn, model_path: str, n_ctx: int, n_gpu_layers: int, kw: dict
                       LlamaPromptLookupDecoding(num_pred_tokens=n))
         # with CPU weight repacking off, as edgespec runs (backend.llama.load_model:
         # repacked kernels are not exact and llama.cpp's AMX one crashed here)
-        from .backend.llama import llama_cpp_python_repack
+        from edgespec.backend.llama import llama_cpp_python_repack
         with llama_cpp_python_repack(False):
             llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=512, n_gpu_layers=n_gpu_layers,
                                   verbose=False, **kw)
@@ -679,7 +679,7 @@ class _LlamaRunner:
 
     def __init__(self, method: str, model_path: str, n_ctx: int, threads: int | None, n_gpu_layers: int,
                  cache_type_k: str = "f16", raw: bool = False):
-        from .backend.llama import TILED_MM_ENV, USER_TILED_MM
+        from edgespec.backend.llama import TILED_MM_ENV, USER_TILED_MM
 
         self.method, self.raw = method, raw
         base, n = split_peer(method)
@@ -738,10 +738,10 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
     it did not run), `exactness` its detail; `exact_mode` says whether the
     backend runs the settings meant to be exact (CPU thread and K cache
     choices), which alone does not make a model exact."""
-    from . import __version__
-    from .backend.llama import llama_cpp_version, tiled_mm_setting
-    from .backend.ggml import hello_ms
-    from .costmodel import _cpu_name
+    from edgespec import __version__
+    from edgespec.backend.llama import llama_cpp_version, tiled_mm_setting
+    from edgespec.backend.ggml import hello_ms
+    from edgespec.calibration.costmodel import _cpu_name
 
     be = model.backend
     ex = getattr(model, "exactness", None)
@@ -792,7 +792,7 @@ def llama_peer_settings(method: str, llama_threads: int | None, cache_type_k: st
     """What a llama-cpp-python method runs with (the header's record; the
     library's defaults: half the logical CPUs for single tokens, all of them
     for batches, no flash attention, an f16 K cache)."""
-    from .backend.llama import default_threads
+    from edgespec.backend.llama import default_threads
 
     base, n = split_peer(method)
     n = n or llama_threads
@@ -815,15 +815,15 @@ def resolve_default(model) -> dict:
     same backend settings (it is loaded once for every method); BenchError
     naming the differences otherwise.  "drafter" is the spec to run: without
     the corpora the bench loaded (generate loads none by default)."""
-    from .backend.llama import auto_cache_type_k, default_threads
-    from .cli import generate_defaults
+    from edgespec.backend.llama import auto_cache_type_k, default_threads
+    from edgespec.app.cli import generate_defaults
 
     d = generate_defaults()
     be = model.backend
     threads = d["threads"] or default_threads()
     kernels = d["kernels"]
     if kernels == "auto":          # what generate would resolve it to here (the cached verdict)
-        from .kernelchoice import resolve
+        from edgespec.calibration.kernelchoice import resolve
         kernels, _ = resolve("auto", model.model_path, threads, gpu=bool(d["n_gpu_layers"] or be.rpc),
                              measure=False)
     exact = kernels != "fast" and (not d["n_gpu_layers"] or bool(be.rpc))
@@ -847,7 +847,7 @@ def fresh_drafter(model, spec: str):
     Method `default` runs its own (so its own engine, drafter memory and
     acceptance statistics): it never learns from the answers of a method that
     runs the same drafter in this bench."""
-    from .drafters import drafter_from_spec
+    from edgespec.drafters import drafter_from_spec
 
     return drafter_from_spec(spec, n_vocab=model.vocab.n_vocab, model_path=model.model_path,
                              corpora=model.corpora)[0]
@@ -909,7 +909,7 @@ def _grammar_row(vocab, gbnf: str, prefix: Sequence[int], row: np.ndarray) -> np
     """A logits row with -inf at the tokens the grammar rejects after
     `prefix` (none's answer so far); the row unchanged when the grammar
     rejects a token of the prefix itself (then it says nothing here)."""
-    from .backend.grammar import Grammar
+    from edgespec.backend.grammar import Grammar
 
     g = Grammar(vocab, gbnf)
     try:
@@ -923,12 +923,12 @@ def _grammar_row(vocab, gbnf: str, prefix: Sequence[int], row: np.ndarray) -> np
 
 
 def server_binary(methods: Sequence[str]):
-    """The llama-server the methods need (edgespec.peers.find_llama_server),
+    """The llama-server the methods need (edgespec.bench.peers.find_llama_server),
     None when they need none; PeerError (one line, with the build command)
     when it is not built, does not run or was built from another llama.cpp."""
     if not any(split_peer(m) and split_peer(m)[0] in SERVER_METHODS for m in methods):
         return None
-    from .peers import find_llama_server
+    from edgespec.bench.peers import find_llama_server
     return find_llama_server()
 
 
@@ -971,7 +971,7 @@ class _Methods:
         """The header's record of the llama-server methods: binary, version, arguments, threads."""
         if self.server is None:
             return None
-        from .backend.llama import default_threads
+        from edgespec.backend.llama import default_threads
         out = {"binary": self.server.describe(), "methods": {}}
         for m in methods:
             peer = split_peer(m)
@@ -1004,7 +1004,7 @@ class _Methods:
             be = self.model.backend
             base, n = split_peer(m)
             if base in SERVER_METHODS:
-                from .peer_server import LlamaServerRunner, server_env
+                from edgespec.bench.peer_server import LlamaServerRunner, server_env
                 self.peers[m] = LlamaServerRunner(base, self.server.path, self.model.model_path, be.n_ctx,
                                                   be.n_gpu_layers, n or self.llama_threads, env=server_env(),
                                                   rpc=self.peer_rpc, tensor_split=be.tensor_split)
@@ -1412,7 +1412,7 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
                    (f", {reps} passes (each a fresh session)" if reps > 1 else ""))
         out.append(_exact_line(head))
         if head.get("kernel_price"):
-            from .kernelchoice import KernelPrice
+            from edgespec.calibration.kernelchoice import KernelPrice
             out.append("kernels auto: " + KernelPrice.from_json(head["kernel_price"]).describe())
         if head.get("constrained"):
             out.append(constraint_line(head["constrained"]))

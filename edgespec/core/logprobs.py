@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ConfigError
+from edgespec.errors import ConfigError
 
 MAX_TOP_LOGPROBS = 20      # the most alternatives one position reports (OpenAI's limit)
 

@@ -26,7 +26,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 
-from .costmodel import cache_dir
+from edgespec.calibration.costmodel import cache_dir
 
 CHUNK = 1 << 22
 
@@ -145,7 +145,7 @@ def check_model_file(s: ModelSpec, path: str, progress=None) -> None:
                 progress(done, size)
     if h.hexdigest() != s.sha256:
         raise ModelZooError(f"{s.name}: sha256 {h.hexdigest()} does not match the expected {s.sha256}")
-    from .models import ModelFileError, gguf_metadata
+    from edgespec.models.resolve import ModelFileError, gguf_metadata
     try:
         meta = gguf_metadata(path)
     except ModelFileError as e:

@@ -37,7 +37,7 @@ llama-cpp-python lets response_format win silently.  A schema the converter
 cannot take is a ConfigError, not llama-cpp-python's silent fallback to any
 JSON.  create_chat_completion(tools=..., tool_choice=...) renders the tools
 with the GGUF's template and answers calls in OpenAI's shape
-(message.tool_calls, finish_reason "tool_calls"; edgespec.tools), for
+(message.tool_calls, finish_reason "tool_calls"; edgespec.app.tools), for
 templates that write Qwen2.5's <tool_call> blocks.
 
 The response builders here (completion_response, chat_response, ...) are
@@ -50,12 +50,12 @@ import uuid
 import warnings
 from typing import Iterator
 
-from . import tools as tooling
-from .api import SpecModel
-from .errors import ConfigError
-from .logprobs import LogprobFormatter, check_top
-from .structured import grammar_text, response_format_schema, schema_gbnf
-from .verify import SamplingConfig
+from edgespec.app import tools as tooling
+from edgespec.app.api import SpecModel
+from edgespec.errors import ConfigError
+from edgespec.core.logprobs import LogprobFormatter, check_top
+from edgespec.app.structured import grammar_text, response_format_schema, schema_gbnf
+from edgespec.core.verify import SamplingConfig
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF    # llama_cpp.LLAMA_DEFAULT_SEED
 
@@ -161,7 +161,7 @@ class Llama:
         Face repo `repo_id` that the glob `filename` names (a split GGUF: all
         its parts) through huggingface_hub's cache, then load it; kwargs go
         to Llama()."""
-        from .model_sources import hf_pretrained
+        from edgespec.models.sources import hf_pretrained
 
         path = hf_pretrained(repo_id, filename, additional_files, cache_dir=cache_dir, local_dir=local_dir)
         return cls(model_path=path, **kwargs)
@@ -303,7 +303,7 @@ class Llama:
         logprobs=True (top_logprobs=N, 0..20): choices[].logprobs.content.
         response_format / grammar: the answer's format (the module doc);
         tools / tool_choice: OpenAI's, answered in message.tool_calls
-        (edgespec.tools); with stream=True and tools the answer is gathered
+        (edgespec.app.tools); with stream=True and tools the answer is gathered
         and sent as one content or tool_calls chunk."""
         _refuse_unsupported(functions=functions, function_call=function_call, typical_p=typical_p,
                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,

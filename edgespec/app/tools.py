@@ -24,9 +24,9 @@ import json
 import re
 import uuid
 
-from .chattokens import chat_tokens, render
-from .errors import ConfigError
-from .structured import ConstraintError, check_gbnf, schema_gbnf
+from edgespec.backend.chattokens import chat_tokens, render
+from edgespec.errors import ConfigError
+from edgespec.app.structured import ConstraintError, check_gbnf, schema_gbnf
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")       # OpenAI's rule for a function name
@@ -193,7 +193,7 @@ def render_prompt(model, messages: list[dict], tools: list[dict]) -> str:
 
 def prompt_tokens(model, messages: list[dict], tools: list[dict]):
     """SpecModel.prompt_tokens for messages rendered with tools (contents
-    never special: edgespec.chattokens)."""
+    never special: edgespec.backend.chattokens)."""
     with model._gate.using():
         return chat_tokens(model.vocab, messages, tools)
 

@@ -15,7 +15,7 @@ import atexit
 import threading
 import weakref
 
-from .costmodel import CalibrationStopped
+from edgespec.calibration.costmodel import CalibrationStopped
 
 
 class Pacer:

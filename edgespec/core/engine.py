@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .backend.llama import SPLIT_KV_FREE_CELLS, LlamaBackend
-from .costmodel import AcceptanceModel, CostCurve
-from .errors import ConfigError, PromptTooLongError
-from .drafters.base import Drafter, StepResult
-from .kernels.tree import learn_step, plan_step, shadow_learn
-from .kernels.tree import warmup as _warmup_tree_kernels
-from .logprobs import check_top, token_logprobs
-from .tree import SOURCE_CARRY, SOURCE_GRAMMAR, DraftTree
-from .verify import SamplingConfig, VerifyConfig, relaxed_accepts, sample_token
+from edgespec.backend.llama import SPLIT_KV_FREE_CELLS, LlamaBackend
+from edgespec.calibration.costmodel import AcceptanceModel, CostCurve
+from edgespec.errors import ConfigError, PromptTooLongError
+from edgespec.drafters.base import Drafter, StepResult
+from edgespec.kernels.tree import learn_step, plan_step, shadow_learn
+from edgespec.kernels.tree import warmup as _warmup_tree_kernels
+from edgespec.core.logprobs import check_top, token_logprobs
+from edgespec.core.tree import SOURCE_CARRY, SOURCE_GRAMMAR, DraftTree
+from edgespec.core.verify import SamplingConfig, VerifyConfig, relaxed_accepts, sample_token
 
 SHADOW_KEEP = 16      # proposals judged at once: deeper than any draft the engine verifies
 COST_BUCKET = 128     # the cost gate's table is re-interpolated every 128 context cells
@@ -371,7 +371,7 @@ class Engine:
         self._plain = getattr(drafter, "name", "") == "none"     # plain decoding drafts nothing, forced text included
         self._topk = int(getattr(drafter, "topk", 0) or 0) if self._observes else 0
         if self._topk:
-            from .kernels.topk import topk_rows_vals
+            from edgespec.kernels.topk import topk_rows_vals
             self._topk_rows = topk_rows_vals
             self._tk = np.zeros((n, self._topk), np.int32)
             self._tv = np.zeros((n, self._topk), np.float32)
@@ -380,7 +380,7 @@ class Engine:
         self._want_entropy = self._observes and bool(getattr(drafter, "wants_entropy", False))
         self._want_hidden = self._observes and bool(getattr(drafter, "wants_hidden", False))
         if self._want_entropy:
-            from .kernels.topk import row_entropy
+            from edgespec.kernels.topk import row_entropy
             self._row_entropy = row_entropy
             self._ent = np.zeros(n, np.float32)
         self._o = np.zeros(n, np.int64)
@@ -492,7 +492,7 @@ class Engine:
         and before every step; once set the answer ends with stop_reason
         "cancelled" and the KV cache holds exactly what was committed.
         logprobs: N in 0..20 also reports every generated token's
-        log-probability and the N likeliest tokens there (edgespec.logprobs),
+        log-probability and the N likeliest tokens there (edgespec.core.logprobs),
         in the chunks and in GenerationResult.logprobs.
         grammar: a backend Grammar (edgespec.backend.grammar) the answer must
         follow: every committed token is the model's choice among the tokens
@@ -598,7 +598,7 @@ class Engine:
             self.drafter.observe_prefill_hidden(st.n_common, hid)
         first = self._pick(st, be.logits(), 0)
         if record_topk:
-            from .kernels.topk import topk_rows
+            from edgespec.kernels.topk import topk_rows
             st.rec_rows = np.arange(self.config.max_nodes + 1, dtype=np.int64)
             st.rec_buf = np.zeros((self.config.max_nodes + 1, record_topk), np.int32)
             topk_rows(be.logits(), st.rec_rows, 1, record_topk, st.rec_buf)
@@ -681,7 +681,7 @@ class Engine:
         slot, accepted, carried = self._verify(st, logits, tree, btok, k)
         be.keep(slot + 1)
         if st.record_topk:
-            from .kernels.topk import topk_rows
+            from edgespec.kernels.topk import topk_rows
             topk_rows(logits, st.rec_rows, slot + 1, st.record_topk, st.rec_buf)
             st.topk_log.append(st.rec_buf[:slot + 1].copy())
         if carried is not None:

@@ -5,7 +5,7 @@ import math
 import os
 import struct
 
-from .errors import ModelFileError  # re-exported
+from edgespec.errors import ModelFileError  # re-exported
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = ("no MODEL given and the default model is not installed: "
@@ -86,7 +86,7 @@ def _check_gguf(path: str) -> tuple[dict, int, dict]:
 
 def gguf_tensor(path: str, name: str) -> tuple[list[int], int, int]:
     """(dims, ggml type id, absolute file offset) of one tensor of a GGUF file,
-    from the header alone (edgespec.embeddings maps token_embd.weight this way:
+    from the header alone (edgespec.drafters.embeddings maps token_embd.weight this way:
     a generic GGUF reader parses the whole vocabulary first, ~2.8 s)."""
     tensors, data_start = check_gguf(path)
     if name not in tensors:
@@ -185,10 +185,10 @@ def _check_body(f, size: int, n_tensors: int, n_kv: int, path: str):
 
 
 def resolve_model(path: str | None) -> str:
-    """The model to load: any MODEL name edgespec.model_sources resolves (a
+    """The model to load: any MODEL name edgespec.models.sources resolves (a
     GGUF path or folder, hf://user/repo[:QUANT], an Ollama or LM Studio name,
     a benchmark model's name) or the default; checked with check_gguf."""
-    from .model_sources import resolve
+    from edgespec.models.sources import resolve
 
     p = resolve(path)
     check_gguf(p)

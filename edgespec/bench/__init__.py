@@ -1,0 +1,1 @@
+"""The benchmark: runner, peers (llama-server, llama-cpp-python) and report."""

@@ -1,0 +1,1 @@
+"""Corpora for the drafters: the .esc file format, building and merging, presets."""
