@@ -9,7 +9,7 @@ Errors that are a caller's mistake (a bad file, a bad setting, a prompt too
 long) also derive from ValueError, so code that caught ValueError before keeps
 working; errors about the state of things (llama.cpp failed, the model is busy
 or closed) derive from RuntimeError.  The modules that raise them re-export
-them under their old names (edgespec.models.resolve.ModelFileError, ...).
+them under their old names (edgespec.models.gguf.ModelFileError, ...).
 """
 from __future__ import annotations
 

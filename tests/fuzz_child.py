@@ -81,9 +81,10 @@ def target_build_corpus(path: str, args: dict) -> str:
 def target_corpus(path: str, args: dict) -> str:
     """Load the (damaged) corpus for the model and generate with every drafter
     that reads it, cost gate off (every drafted node verified)."""
-    from edgespec.corpus.build import Corpus
+    from edgespec.corpus.format import Corpus
     from edgespec.drafters import make_drafter
-    from edgespec.core.engine import Engine, EngineConfig, drain
+    from edgespec.core.config import EngineConfig
+    from edgespec.core.engine import Engine, drain
 
     m = _model(args["model"])
     c = Corpus.load(path, vocab=m.vocab)

@@ -458,9 +458,9 @@ def test_drafter_rejects_bad_vocab_and_corpus_shape():
 
 
 def test_seed_from_compiled_corpus():
-    corpus_mod = pytest.importorskip("edgespec.corpus.build")
+    corpus_mod = pytest.importorskip("edgespec.corpus.compile")
     if not hasattr(corpus_mod, "compile_tokens"):
-        pytest.skip("edgespec.corpus.build.compile_tokens not available")
+        pytest.skip("edgespec.corpus.compile.compile_tokens not available")
     docs = [np.array([1, 2, 1, 2, 1, 3, 1, 4], np.int32), np.array([5, 6, 5, 6, 1, 3], np.int32)]
     corpus = corpus_mod.compile_tokens(docs, 12, k_adj=3)
     d = AdjacencyDrafter(12, corpora=[corpus, fake_corpus(docs, 12, 2)], config=AdjacencyConfig(k=4))

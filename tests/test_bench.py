@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from edgespec.bench import runner as B
+from edgespec.bench.divergence import divergence, plain_logits_at
+from edgespec.bench.llama_peer import _llama_kwargs
+from edgespec.bench.methods import parse_methods
+from edgespec.bench.prompts import BenchPrompt, load_prompts
+from edgespec.bench.report import divergence_lines, format_report, plot_results
+from edgespec.bench.runner import run_bench
+from edgespec.errors import BenchError
 from edgespec.app.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,12 +41,12 @@ INEXACT = dict(EXACT, exact=False, max_abs_diff=0.25, failed=[8, 16], argmax_fli
 
 def test_header_line_states_the_self_check():
     rows = [result(1, "a", "none", 11, 1.0), result(1, "a", "suffix", 11, 0.5)]
-    out = B.format_report(rows, {"model": "m.gguf", "exact": True, "exactness": EXACT})
+    out = format_report(rows, {"model": "m.gguf", "exact": True, "exactness": EXACT})
     assert "exact: true (self-check: batches of 2..48 tokens gave logits bit-identical" in out
-    out = B.format_report(rows, {"model": "m.gguf", "exact": False, "exactness": INEXACT})
+    out = format_report(rows, {"model": "m.gguf", "exact": False, "exactness": INEXACT})
     assert "exact: FALSE (self-check: batches of 8, 16 tokens differ from one-token decoding by up to 0.25" in out
     # an old results file, or a run without calibration: says it was not checked
-    assert "exact: not checked" in B.format_report(rows, {"model": "m.gguf", "exact": True})
+    assert "exact: not checked" in format_report(rows, {"model": "m.gguf", "exact": True})
     assert "divergences from none: 0 of 1 runs" in out
 
 
@@ -55,7 +61,7 @@ def test_divergences_are_judged_against_the_self_check():
             result(1, "a", "auto", 11, 0.5, identical_to_none=False, divergence=far),
             result(1, "a", "suffix@relaxed", 11, 0.5, identical_to_none=False, verify="relaxed"),
             result(1, "a", "llama-cpp-python", 11, 0.9, identical_to_none=False)]
-    lines = B.divergence_lines(rows, {"exactness": INEXACT})
+    lines = divergence_lines(rows, {"exactness": INEXACT})
     text = "\n".join(lines)
     # the lossy method and the llama-cpp-python peer are not counted
     assert "divergences from none: 2 of 2 runs of exact edgespec methods" in text
@@ -64,10 +70,10 @@ def test_divergences_are_judged_against_the_self_check():
     auto = next(ln for ln in lines if ln.strip().startswith("auto"))
     assert "end of answer instead of 3" in auto and "NOT a near-tie" in auto and "look for a bug" in auto
     # checked exact (max |dlogit| 0): every divergence is a bug
-    lines = B.divergence_lines(rows, {"exactness": EXACT})
+    lines = divergence_lines(rows, {"exactness": EXACT})
     assert sum("NOT a near-tie" in ln for ln in lines) == 2
     bad = dict(near, reproduced=False)
-    lines = B.divergence_lines([rows[0], dict(rows[1], divergence=bad)], {"exactness": INEXACT})
+    lines = divergence_lines([rows[0], dict(rows[1], divergence=bad)], {"exactness": INEXACT})
     assert "did not reproduce" in lines[-1]
 
 
@@ -75,8 +81,8 @@ def test_plot_draws_categories_and_methods(tmp_path):
     rows = [result(q, c, m, 20, t) for q, c in ((1, "rename"), (2, "fix_bug")) for m, t in
             (("none", 1.0), ("suffix", 0.5), ("llama-cpp-python", 1.5))]
     path = tmp_path / "speed.png"
-    B.plot_results(rows, str(path), {"model": "/x/qwen.gguf", "cpu": "cpu", "n_threads": 2,
-                                     "cache_type_k": "q8_0", "max_tokens": 128})
+    plot_results(rows, str(path), {"model": "/x/qwen.gguf", "cpu": "cpu", "n_threads": 2,
+                                   "cache_type_k": "q8_0", "max_tokens": 128})
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     # the same through bench-report --plot, from a results file
@@ -124,8 +130,8 @@ def test_bench_report_pools_runs_of_the_same_settings(tmp_path):
 
 def test_plot_without_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)      # import fails
-    with pytest.raises(B.BenchError, match=r"pip install 'edgespec\[plot\]'"):
-        B.plot_results([result(1, "a", "none", 5, 1.0)], str(tmp_path / "x.png"))
+    with pytest.raises(BenchError, match=r"pip install 'edgespec\[plot\]'"):
+        plot_results([result(1, "a", "none", 5, 1.0)], str(tmp_path / "x.png"))
     res = tmp_path / "r.jsonl"
     res.write_text(json.dumps(result(1, "a", "none", 5, 1.0)) + "\n")
     r = CliRunner().invoke(main, ["bench-report", str(res), "--plot", str(tmp_path / "x.png")])
@@ -136,22 +142,22 @@ def test_expert_peer_settings():
     """The expert runs llama-cpp-python with one thread per physical core for
     single tokens and batches, flash attention, and edgespec's K cache; the
     default peer keeps the library's own defaults (no arguments)."""
-    from edgespec.backend.llama import default_threads
+    from edgespec.backend.process import default_threads
     n = default_threads()
-    kw = B._llama_kwargs("llama-cpp-python-expert", None, "q8_0")
+    kw = _llama_kwargs("llama-cpp-python-expert", None, "q8_0")
     assert kw == {"n_threads": n, "n_threads_batch": n, "flash_attn": True, "type_k": 8}
-    assert B._llama_kwargs("llama-cpp-python-expert", 3, "f16")["type_k"] == 1
-    assert B._llama_kwargs("llama-cpp-python", None, "q8_0") == {}
-    assert B._llama_kwargs("llama-cpp-python", 4, "q8_0") == {"n_threads": 4, "n_threads_batch": 4}
-    assert B._llama_kwargs("llama-cpp-python-pld", None, "q8_0") == {"logits_all": True}
-    assert B.parse_methods("none,llama-cpp-python-expert") == ["none", "llama-cpp-python-expert"]
+    assert _llama_kwargs("llama-cpp-python-expert", 3, "f16")["type_k"] == 1
+    assert _llama_kwargs("llama-cpp-python", None, "q8_0") == {}
+    assert _llama_kwargs("llama-cpp-python", 4, "q8_0") == {"n_threads": 4, "n_threads_batch": 4}
+    assert _llama_kwargs("llama-cpp-python-pld", None, "q8_0") == {"logits_all": True}
+    assert parse_methods("none,llama-cpp-python-expert") == ["none", "llama-cpp-python-expert"]
 
 
 def test_code_edit_prompts():
     """24 code-editing prompts in the bench's format: five kinds of edit, six
     or more languages, realistic code (20-80 lines) in one fenced block, and an
     instruction to return the whole edited code."""
-    prompts = B.load_prompts(EDITS)
+    prompts = load_prompts(EDITS)
     assert len(prompts) == 24
     assert len({p.question_id for p in prompts}) == 24
     cats = {p.category for p in prompts}
@@ -170,7 +176,7 @@ def test_code_edit_prompts():
 @pytest.fixture(scope="module")
 def smol():
     from edgespec import SpecModel
-    from edgespec.models.resolve import ModelFileError, default_model_path
+    from edgespec.models.sources import ModelFileError, default_model_path
     try:
         path = default_model_path()
     except ModelFileError as e:
@@ -188,15 +194,15 @@ def test_divergence_re_decodes_plain_logits(smol):
     end-of-generation token; equal answers have no divergence."""
     toks = smol.prompt_tokens("List three colors.")
     ref = smol.generate(toks, max_tokens=12, drafter="none").tokens
-    assert B.divergence(smol, toks, ref, list(ref)) is None
+    assert divergence(smol, toks, ref, list(ref)) is None
     i = 4
-    lg = B.plain_logits_at(smol, toks, ref[:i])
+    lg = plain_logits_at(smol, toks, ref[:i])
     assert int(lg.argmax()) == ref[i]          # re-decoding reproduces none's choice
     second = int(np.argsort(lg)[-2])
-    d = B.divergence(smol, toks, ref, ref[:i] + [second] + ref[i + 1:])
+    d = divergence(smol, toks, ref, ref[:i] + [second] + ref[i + 1:])
     assert d["index"] == i and d["none_token"] == ref[i] and d["token"] == second and d["reproduced"]
     assert d["gap"] == pytest.approx(d["top2_gap"]) and d["gap"] >= 0
-    d = B.divergence(smol, toks, ref, ref[:i])
+    d = divergence(smol, toks, ref, ref[:i])
     eog = smol.backend.vocab.eog_mask()
     assert d["token"] is None and d["gap"] == pytest.approx(lg.max() - lg[eog].max())
     assert smol.backend.n_past == 0           # the cache is left empty
@@ -207,9 +213,9 @@ def test_bench_raw_and_expert_peer(smol, tmp_path):
     """--raw sends the text without the chat template (edgespec and
     llama-cpp-python's create_completion alike); the expert peer runs in its
     own process with the settings in the header."""
-    prompts = [B.BenchPrompt(1, "raw", "Once upon a time, there was a")]
-    head, rows = B.run_bench(smol, prompts, ["none", "llama-cpp-python-expert"], max_tokens=6, raw=True,
-                             out_path=str(tmp_path / "r.jsonl"))
+    prompts = [BenchPrompt(1, "raw", "Once upon a time, there was a")]
+    head, rows = run_bench(smol, prompts, ["none", "llama-cpp-python-expert"], max_tokens=6, raw=True,
+                           out_path=str(tmp_path / "r.jsonl"))
     assert head["raw"] is True
     peer = head["llama_cpp_python"]["llama-cpp-python-expert"]
     assert peer["flash_attn"] is True and peer["cache_type_k"] == smol.backend.cache_type_k
@@ -224,7 +230,7 @@ def test_replay_flat_cost_curve():
     context and in the short regime, no after-batch cost, one-token times kept."""
     import importlib.util
 
-    from edgespec.calibration.costmodel import CostCurve
+    from edgespec.calibration.curve import CostCurve
     spec = importlib.util.spec_from_file_location("replay_tool", os.path.join(ROOT, "tools", "replay.py"))
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)

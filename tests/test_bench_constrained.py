@@ -21,10 +21,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgespec.bench import runner as B
+from edgespec.bench.answers import grammar_answer_error, json_answer_error, schema_error
+from edgespec.bench.divergence import divergence, plain_logits_at
+from edgespec.bench.prompts import BenchPrompt, Constraint, constraint_summary, load_prompts, prompt_constraint
+from edgespec.bench.report import divergence_lines, format_report
+from edgespec.bench.results import read_results
+from edgespec.bench.runner import WARMUP_SCHEMA, _Methods, run_bench
 from edgespec.bench import peer_server as S
 from edgespec.app.cli import main
-from edgespec.errors import PeerError
+from edgespec.errors import BenchError, PeerError
 
 ROOT = Path(__file__).resolve().parent.parent
 JSON_SET = ROOT / "bench" / "prompts" / "json_extraction.jsonl"
@@ -51,13 +56,13 @@ def line(**kw) -> dict:
 def test_load_prompts_reads_constraints(tmp_path):
     path = write_prompts(tmp_path, line(question_id=1, json_schema=SCHEMA),
                          line(question_id=2, grammar='root ::= "yes" | "no"'), line(question_id=3))
-    a, b, c = B.load_prompts(path)
+    a, b, c = load_prompts(path)
     assert a.json_schema == SCHEMA and a.grammar is None and a.constrained
     assert b.grammar == 'root ::= "yes" | "no"' and b.json_schema is None and b.constrained
     assert c.json_schema is None and c.grammar is None and not c.constrained
-    s = B.constraint_summary([a, b, c])
+    s = constraint_summary([a, b, c])
     assert (s["json_schema"], s["grammar"], s["n_prompts"]) == (1, 1, 3)
-    assert B.constraint_summary([c]) is None
+    assert constraint_summary([c]) is None
 
 
 @pytest.mark.parametrize("rec, message", [
@@ -76,8 +81,8 @@ def test_load_prompts_reads_constraints(tmp_path):
 def test_load_prompts_refuses_bad_constraints(tmp_path, rec, message):
     """A bad constraint is a BenchError naming the file and line."""
     path = write_prompts(tmp_path, line(question_id=0), rec)
-    with pytest.raises(B.BenchError) as e:
-        B.load_prompts(path)
+    with pytest.raises(BenchError) as e:
+        load_prompts(path)
     assert str(e.value).startswith(f"{path}:2: {message}"), str(e.value)
 
 
@@ -86,7 +91,7 @@ def test_json_extraction_set():
     asking for JSON, its input 300-1500 characters, its schema an object of
     3-10 required properties of the plain types (what the answer check and
     llama.cpp's converter both take)."""
-    prompts = B.load_prompts(str(JSON_SET))
+    prompts = load_prompts(str(JSON_SET))
     assert len(prompts) >= 24 and len({p.question_id for p in prompts}) == len(prompts)
     cats = [p.category for p in prompts]
     assert {c: cats.count(c) for c in set(cats)} == {"email": 6, "invoice": 6, "log": 6, "bug_report": 6}
@@ -118,18 +123,18 @@ def test_json_extraction_set():
     ('[{"name": "Ada"}]', "$: expected object, got array"),
 ])
 def test_json_answer_check(answer, error):
-    assert B.json_answer_error(answer, SCHEMA) == error
+    assert json_answer_error(answer, SCHEMA) == error
 
 
 def test_schema_check_bounds_and_subschemas():
-    assert B.schema_error("abc", {"type": "string", "maxLength": 2}) == "$: 3 characters, more than maxLength 2"
-    assert B.schema_error("ab-12", {"type": "string", "pattern": "^[a-z]+-[0-9]+$"}) is None
-    assert B.schema_error(5, {"type": "integer", "minimum": 1, "exclusiveMaximum": 5}) == "$: 5 breaks exclusiveMaximum 5"
-    assert B.schema_error([1, 2, 3], {"type": "array", "maxItems": 2}) == "$: 3 items, more than maxItems 2"
+    assert schema_error("abc", {"type": "string", "maxLength": 2}) == "$: 3 characters, more than maxLength 2"
+    assert schema_error("ab-12", {"type": "string", "pattern": "^[a-z]+-[0-9]+$"}) is None
+    assert schema_error(5, {"type": "integer", "minimum": 1, "exclusiveMaximum": 5}) == "$: 5 breaks exclusiveMaximum 5"
+    assert schema_error([1, 2, 3], {"type": "array", "maxItems": 2}) == "$: 3 items, more than maxItems 2"
     either = {"anyOf": [{"type": "string"}, {"type": "null"}]}
-    assert B.schema_error(None, either) is None and "follows none of anyOf" in B.schema_error(3, either)
-    assert B.schema_error(1, {"const": True}) == "$: 1 is not true"       # JSON's true is no 1
-    assert B.schema_error({"a": 1}, {"type": "object"}) is None           # other keys allowed by default
+    assert schema_error(None, either) is None and "follows none of anyOf" in schema_error(3, either)
+    assert schema_error(1, {"const": True}) == "$: 1 is not true"       # JSON's true is no 1
+    assert schema_error({"a": 1}, {"type": "object"}) is None           # other keys allowed by default
 
 
 # ------------------------------------------------------------------ report
@@ -157,11 +162,11 @@ def test_report_counts_valid_answers(tmp_path):
             "constrained": {"json_schema": 2, "grammar": 0, "n_prompts": 2}}
     rows = [row(1, "none", True), row(1, "suffix", True),
             row(2, "none", False, invalid_reason="not JSON"), row(2, "suffix", False), row(2, "llama-server", True)]
-    out = B.format_report(rows, head)
+    out = format_report(rows, head)
     assert "constrained: 2 of 2 prompts (2 by a JSON schema); every method decodes under the same grammar" in out
     assert valid_column(out) == {"none": "1/2", "suffix": "1/2", "llama-server": "1/1"}
     plain = [{k: v for k, v in r.items() if k != "valid"} for r in rows]
-    out = B.format_report(plain, {"model": "m.gguf"})
+    out = format_report(plain, {"model": "m.gguf"})
     assert " valid " not in out and "constrained:" not in out
     # and from a results file, through bench-report
     res = tmp_path / "r.jsonl"
@@ -174,8 +179,8 @@ def test_divergence_the_grammar_rejects():
     """A divergence where the grammar rejects the method's token has no gap
     (-inf logit): the report says so instead of failing on it."""
     d = {"index": 3, "none_token": 5, "token": 9, "gap": None, "top2_gap": None, "reproduced": True}
-    lines = B.divergence_lines([row(1, "none", True), row(1, "suffix", True, identical_to_none=False, divergence=d)],
-                               {"exactness": {"max_abs_diff": 0.0}})
+    lines = divergence_lines([row(1, "none", True), row(1, "suffix", True, identical_to_none=False, divergence=d)],
+                             {"exactness": {"max_abs_diff": 0.0}})
     assert "gap -, top-2 gap -: the grammar rejects the method's token there: look for a bug" in lines[-1]
 
 
@@ -218,9 +223,9 @@ def test_llama_server_method_sends_the_prompts_gbnf():
     try:
         srv = S.LlamaServerRunner.__new__(S.LlamaServerRunner)       # no process: the stand-in answers
         srv.method, srv.port = "llama-server", httpd.server_address[1]
-        methods = B._Methods.__new__(B._Methods)
+        methods = _Methods.__new__(_Methods)
         methods.peers = {"llama-server": srv}
-        c = B.Constraint(SCHEMA, None, "root ::= \"{}\"")
+        c = Constraint(SCHEMA, None, "root ::= \"{}\"")
         tokens = list(range(rec["n_prompt_tokens"]))
         r = methods.run("llama-server", "turn", tokens, 24, c)
         methods.run("llama-server", "turn", tokens, 24)
@@ -239,11 +244,11 @@ def test_grammar_answer_check(model):
     """A GBNF prompt's answers are checked by llama.cpp's grammar engine: the
     whole text accepted, a token it rejects, an answer cut short."""
     g = 'root ::= "The answer is " ("yes" | "no") "."'
-    assert B.grammar_answer_error(model.vocab, g, "The answer is no.") is None
-    assert B.grammar_answer_error(model.vocab, g, "The answer is maybe.").startswith("the grammar rejects")
-    assert B.grammar_answer_error(model.vocab, g, "The answer is") == "the answer stops before the grammar's end"
-    with pytest.raises(B.BenchError, match="prompt 7 \\(c\\): the grammar cannot be used"):
-        B.prompt_constraint(model.vocab, B.BenchPrompt(7, "c", "x", grammar="root ::= undefined-rule"))
+    assert grammar_answer_error(model.vocab, g, "The answer is no.") is None
+    assert grammar_answer_error(model.vocab, g, "The answer is maybe.").startswith("the grammar rejects")
+    assert grammar_answer_error(model.vocab, g, "The answer is") == "the answer stops before the grammar's end"
+    with pytest.raises(BenchError, match="prompt 7 \\(c\\): the grammar cannot be used"):
+        prompt_constraint(model.vocab, BenchPrompt(7, "c", "x", grammar="root ::= undefined-rule"))
 
 
 def test_divergence_under_a_grammar(model):
@@ -251,27 +256,27 @@ def test_divergence_under_a_grammar(model):
     none's constrained choice is the re-decoded argmax there (it need not be
     the model's unconstrained one), and a token the grammar rejects has no gap."""
     toks = model.prompt_tokens("Say hello.")
-    gbnf = B.prompt_constraint(model.vocab, B.BenchPrompt(1, "c", "x", B.WARMUP_SCHEMA)).gbnf
-    ref = model.generate(toks, max_tokens=8, drafter="none", json_schema=B.WARMUP_SCHEMA).tokens
-    plain = B.plain_logits_at(model, toks, [])
+    gbnf = prompt_constraint(model.vocab, BenchPrompt(1, "c", "x", WARMUP_SCHEMA)).gbnf
+    ref = model.generate(toks, max_tokens=8, drafter="none", json_schema=WARMUP_SCHEMA).tokens
+    plain = plain_logits_at(model, toks, [])
     assert int(plain.argmax()) != ref[0]            # the grammar chose "{" over the model's own pick
     rejected = int(plain.argmax())
-    d = B.divergence(model, toks, ref, [rejected] + ref[1:], gbnf=gbnf)
+    d = divergence(model, toks, ref, [rejected] + ref[1:], gbnf=gbnf)
     assert d["index"] == 0 and d["reproduced"] and d["gap"] is None
-    assert B.divergence(model, toks, ref, [rejected] + ref[1:])["reproduced"] is False    # without the grammar
-    d = B.divergence(model, toks, ref, ref[:3], gbnf=gbnf)       # ends where the grammar wants more
+    assert divergence(model, toks, ref, [rejected] + ref[1:])["reproduced"] is False    # without the grammar
+    d = divergence(model, toks, ref, ref[:3], gbnf=gbnf)       # ends where the grammar wants more
     assert d["index"] == 3 and d["token"] is None and d["gap"] is None and d["reproduced"]
 
 
 def small_prompts():
-    return [p for p in B.load_prompts(str(JSON_SET)) if p.question_id in SMALL]
+    return [p for p in load_prompts(str(JSON_SET)) if p.question_id in SMALL]
 
 
 def test_bench_on_json_prompts(model, tmp_path):
     """none and suffix on two prompts of the set under their schemas: the
     same tokens, every answer valid, the header and report saying so."""
     out = tmp_path / "r.jsonl"
-    head, rows = B.run_bench(model, small_prompts(), ["none", "suffix"], max_tokens=96, out_path=str(out))
+    head, rows = run_bench(model, small_prompts(), ["none", "suffix"], max_tokens=96, out_path=str(out))
     assert head["constrained"]["json_schema"] == 2 and head["constrained"]["grammar"] == 0
     res = [r for r in rows if r["kind"] == "result"]
     assert len(res) == 4
@@ -280,10 +285,10 @@ def test_bench_on_json_prompts(model, tmp_path):
         assert r["stop_reason"] == "stop" and r["text"].lstrip().startswith("{")
         if r["method"] == "suffix":
             assert r["identical_to_none"] is True
-    report = B.format_report(rows, head)
+    report = format_report(rows, head)
     assert "constrained: 2 of 2 prompts (2 by a JSON schema)" in report
     assert valid_column(report) == {"none": "2/2", "suffix": "2/2"}
-    saved_head, saved = B.read_results(str(out))
+    saved_head, saved = read_results(str(out))
     assert saved_head["constrained"] == head["constrained"] and all(r["valid"] for r in saved if r["kind"] == "result")
 
 
@@ -291,7 +296,7 @@ def test_prompt_lookup_follows_a_grammar(model):
     """llama-cpp-python with its prompt-lookup draft model (in its own
     process) runs the prompt's grammar: none's text, a valid answer."""
     p = small_prompts()[:1]
-    head, rows = B.run_bench(model, p, ["none", "llama-cpp-python-pld@t1"], max_tokens=96)
+    head, rows = run_bench(model, p, ["none", "llama-cpp-python-pld@t1"], max_tokens=96)
     r = next(r for r in rows if r["method"] == "llama-cpp-python-pld@t1")
     assert r["valid"] is True and r["identical_to_none"] is True, r["text"]
 
@@ -303,8 +308,8 @@ def test_llama_server_follows_the_grammar(server_binary):
     cache, llama-server's default: see tests/test_peers.py.)"""
     from edgespec import SpecModel
     with SpecModel(drafter="none", n_ctx=2048, cache_type_k="f16", calibrate=False) as m:
-        head, rows = B.run_bench(m, small_prompts(), ["none", "llama-server", "llama-server-ngram-simple"],
-                                 max_tokens=96)
+        head, rows = run_bench(m, small_prompts(), ["none", "llama-server", "llama-server-ngram-simple"],
+                               max_tokens=96)
     res = [r for r in rows if r["kind"] == "result"]
     assert len(res) == 6
     for r in res:

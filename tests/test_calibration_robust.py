@@ -18,9 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.calibration import costmodel as C
+from edgespec.calibration import curve as C
+from edgespec.calibration import exactness as E
 from edgespec.calibration.background import BackgroundTask, Pacer
-from edgespec.calibration.costmodel import CalibrationCacheWarning, CalibrationStopped, CostCurve
+from edgespec.calibration.cache import CalibrationCacheWarning, CalibrationStopped, cache_lock, curve_path
+from edgespec.calibration.curve import CostCurve
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +54,7 @@ def measured(monkeypatch):
 # ------------------------------------------------------------- corrupt entries
 @pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity", "1e999"])
 def test_a_non_finite_cache_entry_is_measured_again_with_a_warning(cache, measured, bad):
-    path = Path(C._curve_path("k"))
+    path = Path(curve_path("k"))
     path.parent.mkdir(parents=True)
     text = json.dumps(small_curve().to_json()).replace('"rel": [1.0, 1.5, 2.5]', f'"rel": [1.0, {bad}, 2.5]')
     assert bad in text
@@ -73,20 +75,20 @@ def test_a_measured_curve_with_nan_is_refused(cache, monkeypatch):
     from edgespec import BackendError
     with pytest.raises(BackendError, match="not usable"):
         C.load_or_measure("backend", "k")
-    assert not Path(C._curve_path("k")).exists()
+    assert not Path(curve_path("k")).exists()
 
 
 def test_a_non_finite_exactness_entry_is_rejected(cache):
-    r = C.ExactnessReport(False, 8, [100, 600], 0.5, [2], 1).to_json()
+    r = E.ExactnessReport(False, 8, [100, 600], 0.5, [2], 1).to_json()
     r["max_abs_diff"] = float("inf")
-    path = Path(C._curve_path("k").replace(".json", ".exact.json"))
+    path = Path(curve_path("k").replace(".json", ".exact.json"))
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(r))
 
     class Be:
         max_nodes, n_ctx = 8, 1024
     with pytest.warns(CalibrationCacheWarning, match="malformed"):
-        assert C.load_or_check_exactness(Be(), "k", cached_only=True) is None
+        assert E.load_or_check_exactness(Be(), "k", cached_only=True) is None
 
 
 # ------------------------------------------------------------- write failures
@@ -102,7 +104,7 @@ def test_an_unwritable_cache_is_a_warning_and_the_curve_is_used(tmp_path, monkey
 def test_a_failed_write_leaves_no_temporary_file(cache, monkeypatch, measured):
     def full(src, dst):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(C.os, "replace", full)
+    monkeypatch.setattr(os, "replace", full)
     with pytest.warns(CalibrationCacheWarning, match="No space left"):
         c = C.load_or_measure("backend", "k")
     assert c.rel == [1.0, 1.5, 2.5]
@@ -113,7 +115,7 @@ def test_a_failed_write_leaves_no_temporary_file(cache, monkeypatch, measured):
 # ------------------------------------------------------------- two processes
 RACER = r"""
 import json, sys, time
-from edgespec.calibration import costmodel as C
+from edgespec.calibration import curve as C
 log = sys.argv[1]
 
 def slow(backend, progress=None, pause=None):
@@ -152,14 +154,14 @@ def test_two_processes_calibrating_the_same_key_measure_once(cache, tmp_path):
 
 
 def test_a_stopped_pacer_ends_a_wait_for_the_lock(cache):
-    path = C._curve_path("held")
+    path = curve_path("held")
     p = Pacer()
-    with C.cache_lock(path):
+    with cache_lock(path):
         got = []
 
         def wait():
             try:
-                with C.cache_lock(path, p):
+                with cache_lock(path, p):
                     got.append("lock")
             except CalibrationStopped:
                 got.append("stopped")
@@ -222,7 +224,7 @@ def test_background_calibration_answers_first_then_switches(model_path, cache, m
     from edgespec import ConfigError, SpecModel
 
     go = threading.Event()
-    real_measure, real_check = C.measure_cost_curve, C.check_exactness
+    real_measure, real_check = C.measure_cost_curve, E.check_exactness
 
     def measure(backend, progress=None, pause=None):
         while not go.is_set():          # slices of 10 ms that yield to requests
@@ -233,7 +235,7 @@ def test_background_calibration_answers_first_then_switches(model_path, cache, m
     def check(backend, progress=None, pause=None):
         return real_check(backend, ts=(2, 3, 8), pause=pause)
     monkeypatch.setattr(C, "measure_cost_curve", measure)
-    monkeypatch.setattr(C, "check_exactness", check)
+    monkeypatch.setattr(E, "check_exactness", check)
     t0 = time.perf_counter()
     m = SpecModel(model_path, drafter="suffix", n_ctx=512)
     try:
@@ -254,7 +256,7 @@ def test_background_calibration_answers_first_then_switches(model_path, cache, m
         assert m.calibration_state == "measured" and m.calibration_error is None
         assert not m.cost.builtin and m.engine.cost is m.cost and m.cost.ts == [1, 2, 4, 8]
         assert m.exact is not None
-        assert os.path.isfile(C._curve_path(m._calibration_key()))
+        assert os.path.isfile(curve_path(m._calibration_key()))
         after = m.generate(PROMPT, max_tokens=24)
         assert after.tokens == first.tokens
         print(f"first answer {took:.2f} s after SpecModel() began")
@@ -285,7 +287,7 @@ def test_close_stops_a_background_calibration(model_path, cache, monkeypatch):
     m.close()
     assert time.perf_counter() - t0 < 5
     assert m.calibration_state == "built-in" and m.exact is None
-    assert not os.path.exists(C._curve_path(m._calibration_key()))
+    assert not os.path.exists(curve_path(m._calibration_key()))
 
 
 def test_stats_and_json_say_where_the_calibration_comes_from(model):
@@ -344,7 +346,7 @@ def test_an_implausible_curve_is_measured_again_then_capped_and_not_cached(cache
     assert C.implausible_batch(busy_curve()) == 2 and C.implausible_batch(small_curve()) is None
     with pytest.warns(CalibrationCacheWarning, match="implausible"):
         c = C.load_or_measure("backend", "k")
-    assert len(calls) == 2 and not Path(C._curve_path("k")).exists()
+    assert len(calls) == 2 and not Path(curve_path("k")).exists()
     assert c.rel == [1.0, 2.0, 4.0] and c.short_rel == [1.0, 2.0, 4.0] and c.longer[0]["rel"] == [1.0, 2.0, 4.0]
     assert c.meta["capped"] and C.implausible_batch(c) is None
 

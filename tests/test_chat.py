@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT_ON = "\x1b[?2004h"       # prompt_toolkit reads keys (bracketed paste on)
 PROMPT_OFF = "\x1b[?2004l"      # ... and has handed the terminal back: the answer follows
 SUMMARY = r"(?:\x1b\[90m)?\[(\d+) tokens, (\d+) from drafts, [^\]]*\]"
-DRAFT_SGR = "\x1b[36m"          # cyan, chat.DRAFT_COLOR
+DRAFT_SGR = "\x1b[36m"          # cyan, chat_session.DRAFT_COLOR
 # about 600 tokens of plain notes: their prefill takes seconds with the exact kernels
 LONG_NOTES = "\n".join(f"Note {i}: the shipment of crate {i} left the north depot on day {i % 28 + 1} "
                         f"and reached the harbour {i % 5 + 2} days later." for i in range(24))
@@ -252,7 +252,7 @@ def test_piped_stdin(calibrated, tmp_path):
 def test_base_model_says_it_cannot_chat(tmp_path):
     """A GGUF without a chat template (a base model): one line, non-zero exit.
     The default model with its template key renamed stands in for one."""
-    from edgespec.models.resolve import ModelFileError, default_model_path
+    from edgespec.models.sources import ModelFileError, default_model_path
 
     try:
         src = default_model_path()

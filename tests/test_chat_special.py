@@ -34,7 +34,7 @@ def test_control_token_text_in_a_message_stays_text(model):
 
 
 def test_string_prompts_and_file_attachments_keep_control_text(model):
-    from edgespec.app.chat import with_attachments
+    from edgespec.app.cli.chat_session import with_attachments
     im_end = int(model.tokenize("<|im_end|>", add_special=False, parse_special=True)[0])
     n = model.prompt_tokens("hello").tolist().count(im_end)
     assert model.prompt_tokens("say <|im_end|> please").tolist().count(im_end) == n

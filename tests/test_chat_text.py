@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from edgespec.app import chat as C
+from edgespec.app.cli import chat_session as C
+from edgespec.app.cli.chat import use_color
 from edgespec.errors import PromptTooLongError
 
 
@@ -117,14 +118,14 @@ def test_use_color(monkeypatch):
     monkeypatch.setattr(C.sys, "stdout", Tty())
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setenv("TERM", "xterm-256color")
-    assert C.use_color(False) is True
-    assert C.use_color(True) is False                   # --no-color
+    assert use_color(False) is True
+    assert use_color(True) is False                     # --no-color
     monkeypatch.setenv("NO_COLOR", "1")                  # no-color.org: any non-empty value
-    assert C.use_color(False) is False
+    assert use_color(False) is False
     monkeypatch.setenv("NO_COLOR", "")                   # ... an empty one does not count
-    assert C.use_color(False) is True
+    assert use_color(False) is True
     monkeypatch.setenv("TERM", "dumb")
-    assert C.use_color(False) is False
+    assert use_color(False) is False
 
 
 def test_stop_label_names_a_full_context():
@@ -161,7 +162,7 @@ class FakeModel:
     def chat(self, messages, on_chunk=None, **kw):
         from types import SimpleNamespace
 
-        from edgespec.core.engine import Chunk
+        from edgespec.core.stream import Chunk
         self.calls.append([dict(m) for m in messages])
         step = self.script.pop(0)
         if isinstance(step, BaseException):

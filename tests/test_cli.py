@@ -11,9 +11,12 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from edgespec.bench import runner as B
+from edgespec.bench.prompts import load_prompts
+from edgespec.bench.report import format_report
+from edgespec.bench.runner import RESULT_FIELDS
+from edgespec.bench.stats import method_stats, speedup_ci
 from edgespec.app.cli import main
-from edgespec.models.resolve import ModelFileError, default_model_path
+from edgespec.models.sources import ModelFileError, default_model_path
 
 pytestmark = pytest.mark.model
 
@@ -172,7 +175,7 @@ def test_ctx_below_the_minimum(model_path):
 def test_gpu_layers_need_a_gpu_build(model_path):
     """--n-gpu-layers on a llama-cpp-python built without a GPU backend is one
     clear error (llama.cpp itself would run on the CPU without a word)."""
-    from edgespec.backend.llama import gpu_offload_available
+    from edgespec.backend.process import gpu_offload_available
     r = invoke(["generate", "--n-gpu-layers", "-1", "--max-tokens", "4", "hi"])
     if gpu_offload_available():
         assert r.exit_code == 0, r.output
@@ -242,7 +245,7 @@ def test_bench_writes_results_and_table(model_path, tmp_path):
     assert len(rows) == 4
     assert [(x["question_id"], x["method"]) for x in rows] == [(1, "none"), (1, "suffix"), (2, "none"), (2, "suffix")]
     for x in rows:
-        for k in B.RESULT_FIELDS:
+        for k in RESULT_FIELDS:
             assert k in x, k
         assert x["n_generated"] <= 16 and x["n_steps"] >= 1
         assert x["identical_to_none"] is True
@@ -314,12 +317,12 @@ def test_format_report_arithmetic():
         _row("b", "suffix", 21, 2.0, 10, 2.0, False, 0.04),
         _row("b", "llama-cpp-python", 21, 4.0, None, None, True),
     ]
-    st = B.method_stats([r for r in rows if r["method"] == "suffix"])
+    st = method_stats([r for r in rows if r["method"] == "suffix"])
     assert st["tokens_per_s"] == pytest.approx(30 / 2.5)
     assert st["mean_accepted"] == pytest.approx(2.0)
     assert (st["identical"], st["n_compared"]) == (1, 2)
     assert st["engine_ms_per_step"] == pytest.approx(4.0)   # 0.02/5 and 0.04/10 s per step
-    text = B.format_report(rows)
+    text = format_report(rows)
     lines = text.splitlines()
     a = lines.index("a (1 prompt)")
     # rows without question_id cannot be paired: no confidence interval ("-")
@@ -339,30 +342,30 @@ def test_speedup_ci():
     # one pass, prompts resampled: four prompts at 2x, 2x, 1x, 1x (equal decode time
     # of none) -> pooled 4/3x; resamples range from all-1x to all-2x
     rows = [x for q, d in enumerate([0.5, 0.5, 1.0, 1.0]) for x in _pair(q, 0, 1.0, d)]
-    lo, hi = B.speedup_ci(rows, "suffix")
+    lo, hi = speedup_ci(rows, "suffix")
     assert 1.0 <= lo < 4 / 3 < hi <= 2.0
-    assert B.speedup_ci(rows[:6], "suffix") is None            # 3 units: too few
-    assert B.speedup_ci(rows, "auto") is None                  # method not in the rows
+    assert speedup_ci(rows[:6], "suffix") is None            # 3 units: too few
+    assert speedup_ci(rows, "auto") is None                  # method not in the rows
     # several passes: resampled within each prompt, so a prompt that is 2x in
     # every pass and one that is 1x in every pass give no spread at all
     rows = [x for rep in range(3) for q, d in ((0, 0.5), (1, 1.0)) for x in _pair(q, rep, 1.0, d)]
-    lo, hi = B.speedup_ci(rows, "suffix")
+    lo, hi = speedup_ci(rows, "suffix")
     assert lo == pytest.approx(4 / 3) and hi == pytest.approx(4 / 3)
     # ... while noise between passes widens it around the pooled figure
     rows = [x for rep, d in enumerate((0.9, 1.0, 1.1, 0.95, 1.05)) for x in _pair(0, rep, 1.0, d)]
-    lo, hi = B.speedup_ci(rows, "suffix")
+    lo, hi = speedup_ci(rows, "suffix")
     assert lo < 1.0 < hi and hi - lo > 0.05
-    text = B.format_report(rows)
+    text = format_report(rows)
     line = [x for x in text.splitlines() if x.startswith("suffix")][0]
     assert f"{lo:.2f}-{hi:.2f}" in line.split()
 
 
 def test_load_prompts_filters(tmp_path):
     p = write_prompts(tmp_path / "p.jsonl", PROMPTS + [{"question_id": 9, "category": "chat", "turns": ["Hi"]}, ""])
-    assert [x.question_id for x in B.load_prompts(str(p))] == [1, 2, 9]
-    assert [x.question_id for x in B.load_prompts(str(p), categories=["chat"])] == [2, 9]
-    assert [x.question_id for x in B.load_prompts(str(p), categories=["chat"], limit=1)] == [2]
-    assert B.load_prompts(str(p))[0].turn == REPEAT_PROMPT
+    assert [x.question_id for x in load_prompts(str(p))] == [1, 2, 9]
+    assert [x.question_id for x in load_prompts(str(p), categories=["chat"])] == [2, 9]
+    assert [x.question_id for x in load_prompts(str(p), categories=["chat"], limit=1)] == [2]
+    assert load_prompts(str(p))[0].turn == REPEAT_PROMPT
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

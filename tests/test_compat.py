@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 import edgespec
-from edgespec.backend.llama import llama_cpp_python_repack
+from edgespec.bench.llamacpp import llama_cpp_python_repack
 
 pytestmark = pytest.mark.model
 

@@ -1,4 +1,4 @@
-"""Compiled corpora (edgespec.corpus.build): the arrays against pure-Python references,
+"""Compiled corpora (edgespec.corpus): the arrays against pure-Python references,
 the file format and its checks, atomic writing, and `edgespec build-corpus` with
 the real default model's tokenizer (tests marked `model`)."""
 from __future__ import annotations
@@ -13,8 +13,12 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import edgespec.corpus.build as C
-from edgespec.corpus.build import Corpus, CorpusError, compile_tokens, suffix_array
+import edgespec.corpus.build as B
+import edgespec.corpus.compile as CP
+import edgespec.corpus.format as F
+import edgespec.corpus.sources as S
+from edgespec.corpus.compile import compile_tokens, suffix_array
+from edgespec.corpus.format import Corpus, CorpusError
 from edgespec.progress import NoBar
 
 
@@ -90,7 +94,7 @@ def test_ngram_rows_match_reference(vd, max_successors, k_adj):
         want_next = [s for s, _ in succ] + [-1] * (k_adj - len(succ))
         want_cnt = [n for _, n in succ] + [0] * (k_adj - len(succ))
         assert c.adj_next[w].tolist() == want_next and c.adj_count[w].tolist() == want_cnt
-    for name, (dtype, ndim) in C.ARRAYS.items():
+    for name, (dtype, ndim) in F.ARRAYS.items():
         a = getattr(c, name)
         assert a.dtype == np.dtype(dtype) and a.ndim == ndim, name
 
@@ -101,9 +105,9 @@ def test_counting_in_blocks(block, monkeypatch):
     rng = np.random.default_rng(block)
     docs = [rng.integers(0, 9, n) for n in rng.integers(0, 60, 25)]
     whole = compile_tokens(docs, 9, max_successors=3, k_adj=2)
-    monkeypatch.setattr(C, "COUNT_BLOCK", block)
+    monkeypatch.setattr(CP, "COUNT_BLOCK", block)
     c = compile_tokens(docs, 9, max_successors=3, k_adj=2)
-    for name in C.ARRAYS:
+    for name in F.ARRAYS:
         assert np.array_equal(getattr(c, name), getattr(whole, name)), name
     assert corpus_tri_rows(c) == ref_rows(ngrams([d.tolist() for d in docs], 3), 3)
 
@@ -163,19 +167,19 @@ def small():
 
 def test_round_trip(tmp_path, small):
     p = str(tmp_path / "c.corpus")
-    small.header["tokenizer"] = C.tokenizer_fingerprint(FakeVocab(50))
+    small.header["tokenizer"] = F.tokenizer_fingerprint(FakeVocab(50))
     small.save(p)
     d = Corpus.load(p, vocab=FakeVocab(50))
     assert d.path == p and d.n_vocab == 50 and d.sa_depth == 32 and d.n_docs == 4
-    for name in C.ARRAYS:
+    for name in F.ARRAYS:
         a, b = getattr(small, name), getattr(d, name)
         assert isinstance(b, np.memmap) and not b.flags.writeable, name
         assert b.dtype == a.dtype and np.array_equal(a, b), name
-        assert b.ctypes.data % C.ALIGN == 0 or b.size == 0
+        assert b.ctypes.data % F.ALIGN == 0 or b.size == 0
     assert d.header["params"] == small.header["params"]
     assert os.listdir(tmp_path) == ["c.corpus"]
     with open(p, "rb") as f:
-        assert f.read(8) == C.MAGIC
+        assert f.read(8) == F.MAGIC
 
 
 def read_bytes(p):
@@ -283,7 +287,7 @@ def test_load_bad_values(saved):
 
 def test_wrong_tokenizer(tmp_path, small):
     p = str(tmp_path / "c.corpus")
-    small.header["tokenizer"] = dict(C.tokenizer_fingerprint(FakeVocab(50)), model_name="Other 7B")
+    small.header["tokenizer"] = dict(F.tokenizer_fingerprint(FakeVocab(50)), model_name="Other 7B")
     small.save(p)
     Corpus.load(p, vocab=FakeVocab(50))
     msg = load_error(p, "another tokenizer", "Other 7B", vocab=FakeVocab(50, salt=b"!"))
@@ -293,7 +297,7 @@ def test_wrong_tokenizer(tmp_path, small):
 
 def test_interrupted_write_leaves_nothing(tmp_path, small, monkeypatch):
     p = str(tmp_path / "c.corpus")
-    real = C._write_array
+    real = F._write_array
     calls = []
 
     def boom(f, arr, bar):
@@ -301,16 +305,16 @@ def test_interrupted_write_leaves_nothing(tmp_path, small, monkeypatch):
         if len(calls) == 3:
             raise KeyboardInterrupt
         real(f, arr, bar)
-    monkeypatch.setattr(C, "_write_array", boom)
+    monkeypatch.setattr(F, "_write_array", boom)
     with pytest.raises(KeyboardInterrupt):
         small.save(p)
     assert os.listdir(tmp_path) == []
     # an existing corpus survives an interrupted rewrite
-    monkeypatch.setattr(C, "_write_array", real)
+    monkeypatch.setattr(F, "_write_array", real)
     small.save(p)
     before = read_bytes(p)
     calls.clear()
-    monkeypatch.setattr(C, "_write_array", boom)
+    monkeypatch.setattr(F, "_write_array", boom)
     with pytest.raises(KeyboardInterrupt):
         small.save(p)
     assert os.listdir(tmp_path) == ["c.corpus"] and read_bytes(p) == before
@@ -318,7 +322,7 @@ def test_interrupted_write_leaves_nothing(tmp_path, small, monkeypatch):
 
 def test_split_text():
     text = "".join(f"line {i}\n" for i in range(5000)) + "x" * 300
-    parts = list(C.split_text(text, 1000))
+    parts = list(S.split_text(text, 1000))
     assert "".join(parts) == text
     assert all(len(s) <= 1000 for s in parts) and all(s.endswith("\n") for s in parts[:-1])
 
@@ -327,17 +331,18 @@ def test_file_chunks(tmp_path):
     p = tmp_path / "a.txt"
     text = "héllo wörld\n" * 20000 + "no newline at the end " * 10
     p.write_text(text, encoding="utf-8")
-    parts = list(C._file_chunks(str(p), NoBar(), size=4096))
+    parts = list(S._file_chunks(str(p), NoBar(), size=4096))
     assert "".join(parts) == text and len(parts) > 10
     b = tmp_path / "b.bin"
     b.write_bytes(b"\x00\x01binary")
-    assert list(C._file_chunks(str(b), NoBar())) == []
+    assert list(S._file_chunks(str(b), NoBar())) == []
 
 
 # --------------------------------------------------- building (real model)
 @pytest.fixture(scope="module")
 def model_path():
-    from edgespec.models.resolve import ModelFileError, resolve_model
+    from edgespec.models.resolve import resolve_model
+    from edgespec.models.sources import ModelFileError
     try:
         return resolve_model(None)
     except ModelFileError as e:
@@ -346,7 +351,7 @@ def model_path():
 
 @pytest.fixture(scope="module")
 def tok(model_path):
-    t = C._ModelTokenizer(model_path)
+    t = S.ModelTokenizer(model_path)
     yield t
     t.close()
 
@@ -452,9 +457,9 @@ def test_interrupted_build_leaves_nothing(tmp_path, model_path, monkeypatch):
 
     def boom(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(C, "_compile_arrays", boom)
+    monkeypatch.setattr(B, "compile_arrays", boom)
     with pytest.raises(KeyboardInterrupt):
-        C.build_corpus([str(d)], model_path, str(tmp_path / "x.corpus"), progress=False)
+        B.build_corpus([str(d)], model_path, str(tmp_path / "x.corpus"), progress=False)
     assert sorted(os.listdir(tmp_path)) == ["d"]
 
 
@@ -496,7 +501,7 @@ def test_chat_preset_needs_a_model_to_answer_with(tmp_path, model_path):
     with answers still to generate is one clear error, and nothing is written."""
     from edgespec.corpus.presets import PresetError
     with pytest.raises(PresetError, match="load_model"):
-        C.build_corpus([], model_path, str(tmp_path / "chat.corpus"), preset="chat", limit=1, progress=False)
+        B.build_corpus([], model_path, str(tmp_path / "chat.corpus"), preset="chat", limit=1, progress=False)
     assert not (tmp_path / "chat.corpus").exists()
 
 

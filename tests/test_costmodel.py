@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.calibration.costmodel import CostCurve, measure_cost_curve
-from edgespec.core.engine import Engine, EngineConfig, drain
+from edgespec.calibration.curve import CostCurve, measure_cost_curve
+from edgespec.core.config import EngineConfig
+from edgespec.core.engine import Engine, drain
 from edgespec.drafters import make_drafter
 
 TS = [1, 2, 4, 8]
@@ -138,7 +139,7 @@ def test_gate_reads_the_cost_of_its_context(model):
 def test_cached_curve_reused_only_when_it_covers_the_context(tmp_path, monkeypatch):
     """A curve cached by a run with a small context (contexts capped) is measured
     again for a larger one; one measured with a larger context serves a smaller."""
-    from edgespec.calibration import costmodel
+    from edgespec.calibration import curve
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))
     calls = []
 
@@ -147,14 +148,14 @@ def test_cached_curve_reused_only_when_it_covers_the_context(tmp_path, monkeypat
         return CostCurve(TS, [1.0, 1.2, 1.8, 3.0], 0.01, {"prefix": 300}, 0.0,
                          [{"n_kv": 1000, "t1_s": 0.02, "rel": [1.0, 1.4, 2.6, 5.0]}])
 
-    monkeypatch.setattr(costmodel, "measure_cost_curve", fake_measure)
-    assert costmodel.plan_contexts(2048) == [300, 1000]
-    assert costmodel.plan_contexts(4096) == [300, 1000, 2000]
-    assert costmodel.plan_contexts(512) == [256]
-    costmodel.load_or_measure(None, "k", needed=1000)
-    costmodel.load_or_measure(None, "k", needed=256)         # covered: from the cache
+    monkeypatch.setattr(curve, "measure_cost_curve", fake_measure)
+    assert curve.plan_contexts(2048) == [300, 1000]
+    assert curve.plan_contexts(4096) == [300, 1000, 2000]
+    assert curve.plan_contexts(512) == [256]
+    curve.load_or_measure(None, "k", needed=1000)
+    curve.load_or_measure(None, "k", needed=256)         # covered: from the cache
     assert len(calls) == 1
-    costmodel.load_or_measure(None, "k", needed=2000)        # not covered: measured again
+    curve.load_or_measure(None, "k", needed=2000)        # not covered: measured again
     assert len(calls) == 2
 
 
@@ -164,7 +165,7 @@ def test_calibration_key_follows_the_file_content_not_its_place(tmp_path):
     last MiB gets its own; so do other settings."""
     import shutil
 
-    from edgespec.calibration.costmodel import calibration_key, model_fingerprint
+    from edgespec.calibration.cache import calibration_key, model_fingerprint
 
     rng = np.random.default_rng(1)
     a = tmp_path / "a.gguf"

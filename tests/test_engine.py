@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from edgespec.drafters import make_drafter
-from edgespec.core.engine import Engine, EngineConfig, drain
+from edgespec.core.config import EngineConfig
+from edgespec.core.engine import Engine, drain
 
 from conftest import OracleDrafter, dev_prompts
 
@@ -377,7 +378,7 @@ def test_default_threads_counts_physical_cores(tmp_path, monkeypatch):
     list the same siblings are one core; without sysfs, every allowed CPU."""
     import os
 
-    from edgespec.backend.llama import default_threads
+    from edgespec.backend.process import default_threads
     # 4 cores with 2 hardware threads each, numbered as Linux does (0-3, then 4-7)
     sysfs = _fake_sysfs(tmp_path / "smt", {c: f"{c % 4},{c % 4 + 4}" for c in range(8)})
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
@@ -398,7 +399,7 @@ def test_chunks_carry_tokens_and_which_text_came_from_drafts(model):
     the answer's tokens, the drafted counts to n_draft_accepted, and each
     chunk's spans cover its text exactly, drafted text only where drafts were
     accepted."""
-    from edgespec.core.engine import Chunk
+    from edgespec.core.stream import Chunk
     toks = model.prompt_tokens("Write a long story about a dragon.")
     ref = plain(model, toks, max_tokens=48)
     drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=5)

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from edgespec.app import chat
+from edgespec.app.cli import chat, chat_session
 from edgespec.app.termsafe import private_file, read_bounded, visible
 
 
@@ -22,7 +22,7 @@ def test_history_file_is_private(tmp_path, monkeypatch):
         chat._history()
     finally:
         os.umask(old)
-    path = chat.history_path()
+    path = chat_session.history_path()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
 
@@ -41,14 +41,14 @@ def test_attachment_read_is_bounded(tmp_path, monkeypatch):
     p.write_text("a" * 100)
     # the size check passes, yet the file is larger when read: only limit+1 bytes are read
     monkeypatch.setattr(os.path, "getsize", lambda _p: 1)
-    monkeypatch.setattr(chat, "FILE_LIMIT", 50)
+    monkeypatch.setattr(chat_session, "FILE_LIMIT", 50)
     with pytest.raises(ValueError, match="over"):
-        chat.read_attachment(str(p))
+        chat_session.read_attachment(str(p))
     assert len(read_bounded(str(p), 50)) == 51
 
 
 def test_chat_show_makes_escapes_visible(capsys):
-    s = chat.ChatSession.__new__(chat.ChatSession)
+    s = chat_session.ChatSession.__new__(chat_session.ChatSession)
     s.color, s.tty = False, True
 
     class Chunk:
@@ -59,9 +59,9 @@ def test_chat_show_makes_escapes_visible(capsys):
 
 
 def test_generate_streaming_to_a_terminal_shows_escapes(capsys, monkeypatch):
-    from edgespec.app import cli
-    monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: True)
-    cli._echo_stream("a\x1b[31mb\n")
-    monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: False)
-    cli._echo_stream("\x1b")
+    from edgespec.app.cli import output
+    monkeypatch.setattr(output.sys.stdout, "isatty", lambda: True)
+    output.echo_stream("a\x1b[31mb\n")
+    monkeypatch.setattr(output.sys.stdout, "isatty", lambda: False)
+    output.echo_stream("\x1b")
     assert capsys.readouterr().out == "a^[[31mb\n\x1b"

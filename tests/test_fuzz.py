@@ -6,7 +6,7 @@ prints as one `Error:` line), never in a crash, a hang, a huge allocation or a
 half-written output file.
 
 What only Python reads (corpus headers, the GGUF header walk of
-edgespec.models.resolve, prompts files) is fuzzed in this process; whatever reaches
+edgespec.models.gguf, prompts files) is fuzzed in this process; whatever reaches
 llama.cpp or the numba kernels runs in a child process (tests/fuzz_child.py)
 with a timeout and its address space capped, so an abort, a segfault or a
 runaway allocation fails the test instead of killing the run.  The number
@@ -28,11 +28,13 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from edgespec.bench import runner as B
+from edgespec.bench.prompts import MAX_PROMPTS_BYTES, load_prompts
+from edgespec.bench.runner import run_bench
 from edgespec.app.cli import main
-from edgespec.errors import EdgespecError
-from edgespec.corpus.build import Corpus, CorpusError, build_corpus
-from edgespec.models.resolve import ModelFileError, check_gguf
+from edgespec.errors import BenchError, EdgespecError
+from edgespec.corpus.build import build_corpus
+from edgespec.corpus.format import Corpus, CorpusError
+from edgespec.models.gguf import ModelFileError, check_gguf
 
 CHILD = Path(__file__).with_name("fuzz_child.py")
 MEM_CAP = 6 << 30          # address space of a child: a loaded model needs ~0.8 GB of it
@@ -146,8 +148,8 @@ def tiny_corpus(model_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vocab(model_path):
-    from edgespec.corpus.build import _ModelTokenizer
-    t = _ModelTokenizer(model_path)
+    from edgespec.corpus.sources import ModelTokenizer
+    t = ModelTokenizer(model_path)
     yield t.vocab
     t.close()
 
@@ -436,8 +438,8 @@ def test_malformed_prompts_file_is_one_clear_error(tmp_path, content):
     p.write_bytes(content)
     CASES["prompts file"] += 1
     try:
-        prompts = B.load_prompts(str(p))
-    except B.BenchError as e:
+        prompts = load_prompts(str(p))
+    except BenchError as e:
         assert str(p) in one_clear_line(e)
         return
     # the random bytes happened to hold valid records: each is a usable prompt
@@ -466,10 +468,10 @@ def test_oversized_prompts_file_is_refused_before_reading(tmp_path):
     p = tmp_path / "huge.jsonl"
     with open(p, "wb") as f:
         f.write(json.dumps(GOOD).encode() + b"\n")
-        f.truncate(B.MAX_PROMPTS_BYTES + 1)           # sparse: no disk, no memory
+        f.truncate(MAX_PROMPTS_BYTES + 1)           # sparse: no disk, no memory
     CASES["prompts file"] += 1
-    with pytest.raises(B.BenchError, match="MiB"):
-        B.load_prompts(str(p))
+    with pytest.raises(BenchError, match="MiB"):
+        load_prompts(str(p))
 
 
 def test_bench_with_a_prompt_longer_than_the_context_writes_nothing(model, tmp_path):
@@ -480,8 +482,8 @@ def test_bench_with_a_prompt_longer_than_the_context_writes_nothing(model, tmp_p
                            enumerate(["Name a colour.", "word " * (model.backend.n_ctx + 50)])) + "\n")
     out = tmp_path / "results.jsonl"
     CASES["bench prompt too long"] += 1
-    with pytest.raises(B.BenchError, match="more than the context"):
-        B.run_bench(model, B.load_prompts(str(p)), ["none"], max_tokens=4, out_path=str(out))
+    with pytest.raises(BenchError, match="more than the context"):
+        run_bench(model, load_prompts(str(p)), ["none"], max_tokens=4, out_path=str(out))
     assert not out.exists()
 
 

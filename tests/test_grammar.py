@@ -9,7 +9,8 @@ import pytest
 
 from edgespec.backend.grammar import Grammar, _forced_choice, gbnf_for
 from edgespec.drafters import Drafter
-from edgespec.core.engine import Engine, EngineConfig, drain
+from edgespec.core.config import EngineConfig
+from edgespec.core.engine import Engine, drain
 from edgespec.errors import ConfigError
 from edgespec.core.verify import SamplingConfig
 

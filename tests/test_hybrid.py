@@ -165,7 +165,7 @@ def test_schedule_idles_a_part_whose_tokens_do_not_pay_for_its_time():
         return d, kinds
 
     d, kinds = run(1e-5)            # worthless tokens: the part goes idle, then probes after 8, 16, 32 steps
-    (name, gain, ms, idle), = d.schedule_report()
+    (name, gain, ms, idle), = d.schedule.report()
     assert name == "trigram" and idle and gain < 0.9 and ms > 0     # decayed from 1.0 with every try
     steps = [i for i, k in enumerate(kinds) if k]
     first_idle = next(i for i in range(len(kinds)) if not kinds[i])
@@ -173,7 +173,7 @@ def test_schedule_idles_a_part_whose_tokens_do_not_pay_for_its_time():
     assert probes and probes[0] - first_idle == 7          # 8 steps after the last proposal
     assert [b - a for a, b in zip(probes, probes[1:])] == [16, 32][:len(probes) - 1]
     d, kinds = run(0.0)             # no plain-step time from the engine: no scheduling
-    assert all(kinds) and not d.schedule_report()[0][3]
+    assert all(kinds) and not d.schedule.report()[0][3]
 
 
 def test_graft_continues_retrieval_from_a_confident_drafted_leaf():
@@ -186,12 +186,12 @@ def test_graft_continues_retrieval_from_a_confident_drafted_leaf():
     par = np.array([-1, -1], np.int32)
     pr = np.array([0.8, 0.1], np.float32)
     src = np.array([SOURCE_TRIGRAM, SOURCE_CONTEXT], np.int8)
-    t, p, q, s = d._graft(ctx, tok, par, pr, src, 16)
+    t, p, q, s = d.graft_tail.graft(ctx, tok, par, pr, src, 16)
     # "7 8" occurred at the start: what followed (9 10 11 5) hangs under the tri-gram leaf
     assert t.tolist() == [8, 3, 9, 10, 11, 5] and p.tolist() == [-1, -1, 0, 2, 3, 4]
     assert s[2:].tolist() == [SOURCE_CONTEXT] * 4 and (q[2:] > 0).all()
     DraftTree(t, p, q, s)            # a valid tree (parents first, distinct siblings)
     # a retrieved or unlikely leaf is no graft point; a tiny budget leaves no room
     src2 = np.array([SOURCE_CONTEXT, SOURCE_TRIGRAM], np.int8)
-    assert len(d._graft(ctx, tok, par, pr, src2, 16)[0]) == 2
-    assert len(d._graft(ctx, tok, par, pr, src, 3)[0]) == 2
+    assert len(d.graft_tail.graft(ctx, tok, par, pr, src2, 16)[0]) == 2
+    assert len(d.graft_tail.graft(ctx, tok, par, pr, src, 3)[0]) == 2

@@ -44,7 +44,7 @@ def test_resolve_passes_settings_through_and_reads_the_cached_verdict(real_cache
     assert kc.cached_price("/no/such/model.gguf", 2) is None
     # a cached verdict is used, per thread count
     p = kc.KernelPrice({1: 0.03, 16: 0.09}, {1: 0.02, 16: 0.06}, "fast", "x")
-    from edgespec.calibration.costmodel import write_cache
+    from edgespec.calibration.cache import write_cache
     assert write_cache(kc._path(model_path, 2), p.to_json())
     assert kc.resolve("auto", model_path, 2, gpu=False, measure=False) == ("fast", p)
     assert kc.resolve("auto", model_path, 3, gpu=False, measure=False) == ("exact", None)
@@ -64,8 +64,8 @@ def test_both_settings_are_timed_in_child_processes_and_cached(real_cache, model
 
 def test_spec_model_loads_what_auto_resolves_to(real_cache, model_path):
     from edgespec import SpecModel
-    from edgespec.app.cli import kernels_line
-    from edgespec.calibration.costmodel import write_cache
+    from edgespec.app.cli.output import kernels_line
+    from edgespec.calibration.cache import write_cache
     p = kc.KernelPrice({1: 0.03, 16: 0.09}, {1: 0.02, 16: 0.06}, "fast", "x")
     assert write_cache(kc._path(model_path, 2), p.to_json())
     m = SpecModel(model_path, drafter="none", n_ctx=512, n_threads=2, calibrate=False, kernels="auto")
@@ -91,7 +91,7 @@ def test_the_default_setting_comes_from_the_environment(real_cache, model_path, 
     assert kc.resolve(None, model_path, 2, gpu=False, measure=False) == ("fast", None)
     monkeypatch.delenv("EDGESPEC_KERNELS")
     p = kc.KernelPrice({1: 0.02, 16: 0.06}, {1: 0.02, 16: 0.06}, "exact", "x")
-    from edgespec.calibration.costmodel import write_cache
+    from edgespec.calibration.cache import write_cache
     assert write_cache(kc._path(model_path, 2), p.to_json())
     assert kc.resolve(None, model_path, 2, gpu=False, measure=False) == ("exact", p)
     monkeypatch.setenv("EDGESPEC_KERNELS", "quick")

@@ -120,7 +120,7 @@ def test_llama_compat_logprobs_in_llama_cpp_pythons_shapes(model):
     import llama_cpp
 
     import edgespec
-    from edgespec.backend.llama import llama_cpp_python_repack
+    from edgespec.bench.llamacpp import llama_cpp_python_repack
     raw = "The capital of France is"
     msgs = [{"role": "user", "content": "Name three fruits."}]
     with llama_cpp_python_repack(False):

@@ -141,6 +141,7 @@ def test_serve_max_tokens_default_is_unbounded_unless_given(monkeypatch, args, w
     from click.testing import CliRunner
 
     import edgespec.app.cli as cli
+    import edgespec.app.cli.serve as serve_cmd
     import edgespec.app.server as S
     seen = {}
 
@@ -150,8 +151,8 @@ def test_serve_max_tokens_default_is_unbounded_unless_given(monkeypatch, args, w
 
         def close(self):
             pass
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: Fake())
-    monkeypatch.setattr(cli, "exactness_notice", lambda m: None)
+    monkeypatch.setattr(serve_cmd, "load_model", lambda *a, **k: Fake())
+    monkeypatch.setattr(serve_cmd, "exactness_notice", lambda m: None)
     monkeypatch.setattr(S, "serve", lambda m, **kw: seen.update(kw["defaults"]))
     r = CliRunner().invoke(cli.main, ["serve", *args])
     assert r.exit_code == 0, r.output

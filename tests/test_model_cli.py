@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 from test_model_sources import REPO, fake_gguf, hub, ollama_model
 
-from edgespec.app import cli
-from edgespec.backend.llama import _check_llama_cpp_version
+from edgespec.app.cli import generate as generate_cmd
+from edgespec.backend.process import _check_llama_cpp_version
 from edgespec.app.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,7 +81,7 @@ def test_models_lists_ollama_and_lmstudio(tree):
 
 def test_aliases_reach_the_library(tree, monkeypatch):
     rec = Recorder()
-    monkeypatch.setattr(cli, "load_model", rec)
+    monkeypatch.setattr(generate_cmd, "load_model", rec)
     r = invoke(["generate", "-m", "qwen2.5-coder:1.5b", "-c", "512", "-ngl", "3", "-t", "2", "-n", "5",
                 "--temp", "0.5", "--seed", "1", "--quiet", "hello"])
     assert r.exit_code == 0, r.output
@@ -96,7 +96,7 @@ def test_aliases_reach_the_library(tree, monkeypatch):
     assert r.exit_code == 2 and "named twice" in r.stderr
     # chat: -sys is --system, -m the model
     seen = {}
-    monkeypatch.setattr("edgespec.app.chat.run_chat", lambda model, **kw: seen.update(kw, model=model))
+    monkeypatch.setattr("edgespec.app.cli.chat.run_chat", lambda model, **kw: seen.update(kw, model=model))
     r = invoke(["chat", "-m", "Tiny-Q4_0", "-sys", "Be brief.", "-c", "1024"])
     assert r.exit_code == 0, r.output
     assert seen["model"] == tree["lms"] and seen["system"] == "Be brief." and seen["ctx"] == 1024
@@ -106,7 +106,7 @@ def test_aliases_reach_the_library(tree, monkeypatch):
 
 def test_hf_option_downloads_by_quant(tree, monkeypatch):
     rec = Recorder()
-    monkeypatch.setattr(cli, "load_model", rec)
+    monkeypatch.setattr(generate_cmd, "load_model", rec)
     with hub() as url:
         r = invoke(["generate", "-hf", "me/tiny-GGUF:Q8_0", "hi"],
                    env={"HF_ENDPOINT": url, "HF_HOME": os.environ["HOME"] + "/hf"})

@@ -17,7 +17,8 @@ import pytest
 
 from edgespec.models import sources as M
 from edgespec.errors import ModelFileError
-from edgespec.models.resolve import model_summary, resolve_model
+from edgespec.models.gguf import model_summary
+from edgespec.models.resolve import resolve_model
 
 
 def _str(s: str) -> bytes:

@@ -10,7 +10,8 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from edgespec.calibration import costmodel as C
+from edgespec.calibration import exactness as E
+from edgespec.calibration.cache import cache_dir
 from edgespec.backend.llama import EXACT_MAX_BATCH, LlamaBackend
 from edgespec.app.cli import main
 
@@ -24,9 +25,9 @@ def test_default_settings_pass_the_self_check(model):
     r = model.exactness
     assert model.exact is True and r.exact and r.failed == [] and r.max_abs_diff == 0.0
     assert r.max_t == EXACT_MAX_BATCH and r.contexts == [100, 600]
-    path = os.path.join(C.cache_dir(), "calibration", model._calibration_key() + ".exact.json")
+    path = os.path.join(cache_dir(), "calibration", model._calibration_key() + ".exact.json")
     with open(path) as f:
-        assert C.ExactnessReport.from_json(json.load(f)).exact is True
+        assert E.ExactnessReport.from_json(json.load(f)).exact is True
     assert os.path.isfile(path.replace(".exact.json", ".json"))
 
 
@@ -37,7 +38,7 @@ def test_the_check_catches_split_kv_numerics(model):
     order than a batch.  The check must see that, and only past 512 cells."""
     be = LlamaBackend(model.model_path, n_ctx=1024, n_threads=2, max_nodes=8, exact=False, cache_type_k="f16")
     try:
-        r = C.check_exactness(be, contexts=(100, 600), ts=(2, 3, 8))
+        r = E.check_exactness(be, contexts=(100, 600), ts=(2, 3, 8))
     finally:
         be.close()
     assert not r.exact
@@ -53,24 +54,24 @@ def test_verdict_is_cached_and_rechecked_when_it_covers_less(model, tmp_path, mo
 
     def fake_check(backend, progress=None, **kw):
         calls.append(1)
-        return C.ExactnessReport(True, backend.max_nodes, C._exact_contexts(backend, backend.max_nodes))
+        return E.ExactnessReport(True, backend.max_nodes, E._exact_contexts(backend, backend.max_nodes))
 
-    monkeypatch.setattr(C, "check_exactness", fake_check)
-    r = C.load_or_check_exactness(be, "k1")
+    monkeypatch.setattr(E, "check_exactness", fake_check)
+    r = E.load_or_check_exactness(be, "k1")
     assert r.exact and len(calls) == 1
-    assert C.load_or_check_exactness(be, "k1").exact and len(calls) == 1            # from the cache
-    C.load_or_check_exactness(be, "k1", recheck=True)
+    assert E.load_or_check_exactness(be, "k1").exact and len(calls) == 1            # from the cache
+    E.load_or_check_exactness(be, "k1", recheck=True)
     assert len(calls) == 2                                                       # edgespec calibrate
     # a verdict for smaller batches (an older max_nodes) is not trusted
     path = tmp_path / "calibration" / "k1.exact.json"
     d = json.loads(path.read_text())
     path.write_text(json.dumps(dict(d, max_t=8)))
-    C.load_or_check_exactness(be, "k1")
+    E.load_or_check_exactness(be, "k1")
     assert len(calls) == 3
-    assert C.load_or_check_exactness(be, "missing", cached_only=True) is None and len(calls) == 3
+    assert E.load_or_check_exactness(be, "missing", cached_only=True) is None and len(calls) == 3
 
 
-INEXACT = C.ExactnessReport(False, 48, [100, 600], 0.31, [8, 16, 48], 2)
+INEXACT = E.ExactnessReport(False, 48, [100, 600], 0.31, [8, 16, 48], 2)
 
 
 def test_generate_reports_the_verdict(model, monkeypatch):
@@ -82,8 +83,8 @@ def test_generate_reports_the_verdict(model, monkeypatch):
     assert out["exact"] is True and "exactness" not in out
     assert "exact: batches of 2..48 tokens give logits bit-identical" in r.stderr
     assert "note: on this model" not in r.stderr
-    import edgespec.app.api
-    monkeypatch.setattr(edgespec.app.api, "load_or_check_exactness", lambda *a, **k: INEXACT)
+    import edgespec.app.engines
+    monkeypatch.setattr(edgespec.app.engines, "load_or_check_exactness", lambda *a, **k: INEXACT)
     r = CliRunner().invoke(main, ["generate", "--max-tokens", "4", "Say hi."])
     assert r.exit_code == 0, r.output
     assert "note: on this model and machine a verification batch's logits differ from one-token decoding " \
@@ -106,7 +107,7 @@ def test_fast_kernels_are_faster_settings_and_not_exact(model):
         be = fast.backend
         assert be.flash_attn is False and be.cache_type_k == "f16" and be.one_thread_after is None
         assert fast._calibration_key() != model._calibration_key()
-        r = C.check_exactness(be, contexts=(100, 600), ts=(2, 8, 16))
+        r = E.check_exactness(be, contexts=(100, 600), ts=(2, 8, 16))
         assert not r.exact and r.failed and r.max_abs_diff > 0
         toks = fast.prompt_tokens("Repeat exactly: alpha beta gamma delta, alpha beta gamma delta.")
         out = fast.generate(toks, max_tokens=16)
@@ -125,7 +126,7 @@ def test_fast_kernels_turn_the_tiled_product_on_in_a_fresh_process(model):
     import sys
     code = ("import os; from edgespec import SpecModel; "
             "m = SpecModel(os.environ['M'], drafter='none', calibrate=False, n_ctx=256, kernels=os.environ['K']); "
-            "from edgespec.backend.llama import tiled_mm_setting; print(tiled_mm_setting())")
+            "from edgespec.backend.process import tiled_mm_setting; print(tiled_mm_setting())")
     for kernels, env, want in (("fast", None, "1"), ("exact", None, "0"), ("fast", "0", "0")):
         e = {k: v for k, v in os.environ.items() if k != "GGML_CPU_TILED_MM"}
         e.update(M=model.model_path, K=kernels, **({"GGML_CPU_TILED_MM": env} if env else {}))

@@ -27,8 +27,9 @@ import numpy as np
 import pytest
 
 from edgespec import SpecModel
-from edgespec.calibration.costmodel import check_exactness
-from edgespec.core.engine import Engine, EngineConfig, drain
+from edgespec.calibration.exactness import check_exactness
+from edgespec.core.config import EngineConfig
+from edgespec.core.engine import Engine, drain
 from edgespec.models.zoo import MODELS, ModelZooError, require_model
 
 from conftest import OracleDrafter
@@ -171,7 +172,7 @@ def test_forced_trees_off_the_first_path(zoo, shape):
 
 
 def _plain_last_logits(m: SpecModel, prompt, tokens) -> np.ndarray:
-    from edgespec.bench.runner import plain_logits_at
+    from edgespec.bench.divergence import plain_logits_at
     return plain_logits_at(m, prompt, tokens).astype(np.float32)
 
 
@@ -219,13 +220,14 @@ def test_answers_end_at_the_family_end_token(zoo):
 def test_bench_runs_each_family(zoo, tmp_path):
     """The bench on each family (raw prompts for the base model): none and
     suffix identical, and no divergence records."""
-    from edgespec.bench import runner as B
+    from edgespec.bench.prompts import BenchPrompt
+    from edgespec.bench.runner import run_bench
     name, m = zoo
     raw = not MODELS[name].chat
-    prompts = [B.BenchPrompt("p1", "edit", edit_prompt("edit-param-rs") if not raw else
-                             "fn main() {\n    let xs = vec![1, 2, 3];\n    let ys = vec![1, 2, 3];\n")]
-    head, rows = B.run_bench(m, prompts, ["none", "suffix"], max_tokens=24, raw=raw,
-                             out_path=str(tmp_path / "r.jsonl"))
+    prompts = [BenchPrompt("p1", "edit", edit_prompt("edit-param-rs") if not raw else
+                           "fn main() {\n    let xs = vec![1, 2, 3];\n    let ys = vec![1, 2, 3];\n")]
+    head, rows = run_bench(m, prompts, ["none", "suffix"], max_tokens=24, raw=raw,
+                           out_path=str(tmp_path / "r.jsonl"))
     assert head["raw"] is raw and head["exact"] == m.exact    # the self-check's verdict, if cached
     res = [r for r in rows if r["kind"] == "result"]
     assert [r["method"] for r in res] == ["none", "suffix"]

@@ -1,4 +1,4 @@
-"""AdaPLD as published (drafters/adapld.py, the rerank in drafters/hybrid.py):
+"""AdaPLD as published (drafters/adapld.py, the rerank in drafters/mechanisms/rerank.py):
 worked examples on hand-written token arrays, rankings, embeddings and hidden
 states.  Which anchors are chosen, which branch tokens and successor drafts
 are added, and what the semantic fallback and the rerank do."""

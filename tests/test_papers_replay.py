@@ -52,7 +52,7 @@ class _Vocab:
 
 
 def test_replay_rows_on_the_record_carry_the_teachers_numbers():
-    from edgespec.calibration.costmodel import CostCurve
+    from edgespec.calibration.curve import CostCurve
     cost = CostCurve([1, 2, 4], [1.0, 1.5, 2.0], 0.01)
     be = ReplayBackend(_Vocab(), 64, 8, cost, eog_token=49)
     truth = np.array([3, 4, 5, 6, 7, 8], np.int32)          # prompt 3 4 5, answer 6 7 8
@@ -92,7 +92,8 @@ def test_teacher_backed_replay_matches_the_real_engine(model):
     pass, takes the real engine's decisions step for step."""
     from edgespec.backend.llama import LlamaBackend
     from edgespec.drafters import make_drafter, parse_drafter_name
-    from edgespec.core.engine import Engine, EngineConfig, drain
+    from edgespec.core.config import EngineConfig
+    from edgespec.core.engine import Engine, drain
     from edgespec.backend.replay import ReplayRequest, replay, teacher_pass
 
     from conftest import dev_prompts
@@ -127,4 +128,4 @@ def test_teacher_backed_replay_matches_the_real_engine(model):
     d = drafter()
     out = replay(Engine(be, d, model.cost, config), be, reqs, 48)
     assert [(r["n_steps"], r["n_draft_nodes"], r["n_draft_accepted"]) for r in out] == real
-    assert d.n_trigger_checks > 0 and 0 < d.n_triggered     # the trigger ran on the teacher's entropies
+    assert d.trigger.n_trigger_checks > 0 and 0 < d.trigger.n_triggered     # the trigger ran on the teacher's entropies

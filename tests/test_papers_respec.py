@@ -1,4 +1,4 @@
-"""ReSpec as published: the entropy trigger (drafters/hybrid.py), the
+"""ReSpec as published: the entropy trigger (drafters/mechanisms/trigger.py), the
 feedback-driven candidate selection (drafters/suffix.py) and the cap Phi on
 relaxed acceptances (engine + VerifyConfig.max_relaxed): worked examples."""
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_trigger_retrieves_only_when_some_window_is_confident():
     d.warmup()
     ctx = np.array([1, 2, 3, 4, 5, 9, 8, 1, 2], I32)     # "1 2" -> retrieval would copy 3
     d.begin(ctx)
-    assert d.triggered()            # nothing known yet: retrieve
+    assert d.trigger.triggered()            # nothing known yet: retrieve
 
     def retrieved():
         t = d.propose(ctx, 16)
@@ -52,17 +52,17 @@ def test_trigger_retrieves_only_when_some_window_is_confident():
     # entropies of the last three committed positions 2.0, 0.4, 0.5 (lambda 0.5, theta 1.5):
     # C_1 = 0.5 + 0.5 = 1.0 <= 1.5: retrieve
     _step(d, ctx, DraftTree.empty(), 3, [2.0, 0.4, 0.5])
-    assert d.triggered() and retrieved()
+    assert d.trigger.triggered() and retrieved()
     # 2.0, 1.4, 1.3: C_1 = 1.3 + 0.5 = 1.8, C_2 = 1.35 + 0.25 = 1.6, C_3 = 1.567 + 0.167 = 1.733;
     # the smallest, 1.6, is above 1.5: no retrieval (the tri-gram / adjacency parts still draft)
     _step(d, ctx, DraftTree.empty(), 3, [2.0, 1.4, 1.3])
-    assert not d.triggered() and not retrieved()
+    assert not d.trigger.triggered() and not retrieved()
     # one confident position (0.2): the window is 1.4, 1.3, 0.2 and C_1 = 0.7: retrieve again
     _step(d, ctx, DraftTree.empty(), 3, [0.2])
-    assert d.triggered() and retrieved()
+    assert d.trigger.triggered() and retrieved()
     # theta and lambda are settings: with theta = 0.6 the same window does not retrieve
     d.config.trigger_theta = 0.6
-    assert not d.triggered()
+    assert not d.trigger.triggered()
 
 
 def _tree(chains):

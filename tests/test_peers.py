@@ -19,11 +19,15 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from edgespec.bench import runner as B
+from edgespec.bench.llama_peer import _llama_kwargs, llama_peer_settings
+from edgespec.bench import methods as M
+from edgespec.bench.prompts import BenchPrompt
+from edgespec.bench.report import format_report, peer_header_lines
+from edgespec.bench.runner import run_bench
 from edgespec.bench import peer_server as S
 from edgespec.bench import peers as P
 from edgespec.app.cli import main
-from edgespec.errors import PeerError
+from edgespec.errors import BenchError, PeerError
 
 DATA = Path(__file__).resolve().parent / "data"
 RECORDED = DATA / "llama_server_completion.json"
@@ -63,7 +67,7 @@ def test_not_built_says_how_to_build(cache, tmp_path):
                                   "--methods", "none,llama-server-ngram-simple"])
     assert r.exit_code == 1 and "edgespec build-peers" in r.output and "Traceback" not in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
-    assert B.server_binary(["none", "llama-cpp-python-pld-cpu"]) is None     # no llama-server method: no lookup
+    assert M.server_binary(["none", "llama-cpp-python-pld-cpu"]) is None     # no llama-server method: no lookup
 
 
 def test_env_binary_missing_or_not_running(cache, tmp_path, monkeypatch):
@@ -154,26 +158,26 @@ def test_parse_recorded_completion():
 
 
 def test_peer_methods_and_thread_suffixes():
-    assert B.parse_methods("none,default,llama-server@t1,llama-cpp-python-pld-cpu@t2,llama-server-ngram-mod") == \
+    assert M.parse_methods("none,default,llama-server@t1,llama-cpp-python-pld-cpu@t2,llama-server-ngram-mod") == \
         ["none", "default", "llama-server@t1", "llama-cpp-python-pld-cpu@t2", "llama-server-ngram-mod"]
-    assert B.split_peer("llama-server-ngram-map-k@t3") == ("llama-server-ngram-map-k", 3)
-    assert B.split_peer("suffix@relaxed") is None and B.split_peer("llama-server") == ("llama-server", None)
+    assert M.split_peer("llama-server-ngram-map-k@t3") == ("llama-server-ngram-map-k", 3)
+    assert M.split_peer("suffix@relaxed") is None and M.split_peer("llama-server") == ("llama-server", None)
     for bad in ("llama-server@t0", "llama-server@x2", "llama-cpp-python@relaxed"):
-        with pytest.raises(B.BenchError, match="@tN"):
-            B.parse_methods(bad)
-    with pytest.raises(B.BenchError, match="llama-server-ngram-simple"):
-        B.parse_methods("llama-server-ngram")
+        with pytest.raises(BenchError, match="@tN"):
+            M.parse_methods(bad)
+    with pytest.raises(BenchError, match="llama-server-ngram-simple"):
+        M.parse_methods("llama-server-ngram")
     # prompt lookup at its README's CPU draft length, beside its default
-    assert B._llama_kwargs("llama-cpp-python-pld-cpu", None, "q8_0") == {"logits_all": True}
-    assert B.llama_peer_settings("llama-cpp-python-pld-cpu@t2", None, "q8_0")["draft"] == \
+    assert _llama_kwargs("llama-cpp-python-pld-cpu", None, "q8_0") == {"logits_all": True}
+    assert llama_peer_settings("llama-cpp-python-pld-cpu@t2", None, "q8_0")["draft"] == \
         "LlamaPromptLookupDecoding(num_pred_tokens=2)"
-    pld = B.llama_peer_settings("llama-cpp-python-pld", None, "q8_0")
+    pld = llama_peer_settings("llama-cpp-python-pld", None, "q8_0")
     assert pld["draft"] == "LlamaPromptLookupDecoding()" and pld["n_threads"] == max(os.cpu_count() // 2, 1)
-    assert B.llama_peer_settings("llama-cpp-python@t3", None, "q8_0")["n_threads_batch"] == 3
+    assert llama_peer_settings("llama-cpp-python@t3", None, "q8_0")["n_threads_batch"] == 3
 
 
 def fake_model(**over):
-    from edgespec.backend.llama import default_threads
+    from edgespec.backend.process import default_threads
     from edgespec.core.verify import VerifyConfig
     n = default_threads()
     be = SimpleNamespace(n_threads=n, n_ctx=4096, n_gpu_layers=0, cache_type_k="q8_0" if n > 1 else "f16")
@@ -189,17 +193,17 @@ def test_default_resolves_generate_defaults():
     """`default` is what `edgespec generate MODEL PROMPT` runs: its option
     defaults, resolved here; a bench model loaded otherwise is refused with
     the differences named."""
-    d = B.resolve_default(fake_model())
+    d = M.resolve_default(fake_model())
     assert d["drafter"] == d["generate_drafter"] == "suffix" and d["kernels"] == "exact" and d["cost_gate"]
     assert d["n_ctx"] == 4096 and d["max_nodes"] == 48
     # the bench's corpora are not generate's: default runs without them
-    assert B.resolve_default(fake_model(corpora=["c.esc"]))["drafter"] == "suffix-nocorpus"
-    with pytest.raises(B.BenchError) as e:
-        B.resolve_default(fake_model(kernels="fast", n_ctx=1024))
+    assert M.resolve_default(fake_model(corpora=["c.esc"]))["drafter"] == "suffix-nocorpus"
+    with pytest.raises(BenchError) as e:
+        M.resolve_default(fake_model(kernels="fast", n_ctx=1024))
     assert "kernels fast (generate's default: exact)" in str(e.value)
     assert "n_ctx 1024 (generate's default: 4096)" in str(e.value)
     head = {"default": d}
-    line = B.peer_header_lines(head)[0]
+    line = peer_header_lines(head)[0]
     assert line.startswith("default = `edgespec generate` with no options: drafter suffix, kernels exact")
 
 
@@ -240,16 +244,16 @@ def test_llama_server_gives_nones_tokens(server_binary, tmp_path):
     """llama-server plain and with ngram-simple, on the same chat-templated
     prompt tokens: the same greedy answers as edgespec's `none`, timings from
     the server, the header naming the binary."""
-    prompts = [B.BenchPrompt(1, "copy", "Repeat exactly: the quick brown fox jumps over the lazy dog. "
+    prompts = [BenchPrompt(1, "copy", "Repeat exactly: the quick brown fox jumps over the lazy dog. "
                                         "the quick brown fox jumps over the lazy dog."),
-               B.BenchPrompt(2, "qa", "What is the capital of France?")]
+               BenchPrompt(2, "qa", "What is the capital of France?")]
     # llama-server's default K cache is f16: edgespec's `none` on the same
     # cache type gives bit-comparable logits (with q8_0, SmolLM2's near-ties
     # part the two answers within 32 tokens)
     from edgespec import SpecModel
     with SpecModel(drafter="none", n_ctx=2048, cache_type_k="f16", calibrate=False) as m:
-        head, rows = B.run_bench(m, prompts, ["none", "llama-server", "llama-server-ngram-simple"],
-                                 max_tokens=32, out_path=str(tmp_path / "r.jsonl"))
+        head, rows = run_bench(m, prompts, ["none", "llama-server", "llama-server-ngram-simple"],
+                               max_tokens=32, out_path=str(tmp_path / "r.jsonl"))
     srv = head["llama_server"]
     assert srv["binary"]["path"] == server_binary.path and srv["binary"]["version"].startswith("version:")
     assert srv["methods"]["llama-server-ngram-simple"]["spec_args"][:2] == ["--spec-type", "ngram-simple"]
@@ -263,7 +267,7 @@ def test_llama_server_gives_nones_tokens(server_binary, tmp_path):
     for r in res:
         if r["method"] != "none":
             assert r["server_timings"]["predicted_n"] in (r["n_generated"], r["n_generated"] + 1)
-    assert "llama-server: version:" in B.format_report(rows, head)
+    assert "llama-server: version:" in format_report(rows, head)
 
 
 @pytest.mark.model
@@ -273,23 +277,23 @@ def test_default_method_runs_generates_defaults(tmp_path):
     drafter), gives none's tokens, and the header and report name what it
     resolved to."""
     from edgespec import SpecModel
-    prompts = [B.BenchPrompt(1, "qa", "Name three primary colors.")]
+    prompts = [BenchPrompt(1, "qa", "Name three primary colors.")]
     with SpecModel(drafter="none") as m:
-        head, rows = B.run_bench(m, prompts, ["none", "suffix", "default"], max_tokens=24)
+        head, rows = run_bench(m, prompts, ["none", "suffix", "default"], max_tokens=24)
     d = head["default"]
     assert d["drafter"] == "suffix" and d["kernels"] == "exact" and d["n_ctx"] == 4096
     res = {r["method"]: r for r in rows if r["kind"] == "result"}
     assert res["default"]["tokens"] == res["none"]["tokens"] and res["default"]["identical_to_none"]
     assert res["default"]["drafter"] == "suffix"
     assert {r["method"] for r in rows if r["kind"] == "calibration"} == {"suffix", "default"}
-    assert "default = `edgespec generate` with no options: drafter suffix" in B.format_report(rows, head)
+    assert "default = `edgespec generate` with no options: drafter suffix" in format_report(rows, head)
 
 
 def test_prompt_lookup_at_the_cpu_draft_length(model):
     """llama-cpp-python-pld-cpu runs LlamaPromptLookupDecoding(num_pred_tokens=2)
     in its own process, at the threads its @tN suffix asks for."""
-    prompts = [B.BenchPrompt(1, "copy", "Repeat exactly: one two three four five six seven eight.")]
-    head, rows = B.run_bench(model, prompts, ["none", "llama-cpp-python-pld-cpu@t1"], max_tokens=12)
+    prompts = [BenchPrompt(1, "copy", "Repeat exactly: one two three four five six seven eight.")]
+    head, rows = run_bench(model, prompts, ["none", "llama-cpp-python-pld-cpu@t1"], max_tokens=12)
     peer = head["llama_cpp_python"]["llama-cpp-python-pld-cpu@t1"]
     assert peer["draft"] == "LlamaPromptLookupDecoding(num_pred_tokens=2)" and peer["n_threads"] == 1
     r = next(r for r in rows if r["method"] == "llama-cpp-python-pld-cpu@t1")

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from edgespec.drafters import make_drafter
-from edgespec.core.engine import Engine, EngineConfig, drain
+from edgespec.core.config import EngineConfig
+from edgespec.core.engine import Engine, drain
 from edgespec.backend.replay import ReplayBackend, ReplayRequest, replay
 
 from conftest import dev_prompts
@@ -142,3 +143,12 @@ def test_copy_chains_walks_and_fits_by_hand():
     key = lambda f: (f["score_b"],)                                   # noqa: E731
     choose = cc.fit([[pos(3, 9), pos(3, 9), pos(0, 5), pos(0, 5)]], key, cost_at)
     assert choose(pos(0, 9)) == 3 and choose(pos(0, 5)) == 0 and choose(pos(0, 7)) == 0
+
+
+def test_llama_and_replay_backends_satisfy_the_backend_protocol(model):
+    """The engine and the calibration are written against backend/protocol.py's
+    Backend: the real backend and the replay one both have every member."""
+    from edgespec.backend.protocol import Backend
+    eog = int(np.nonzero(model.vocab.eog_mask())[0][0])
+    be = ReplayBackend(model.vocab, model.backend.n_ctx, model.backend.max_nodes, model.cost, eog)
+    assert isinstance(model.backend, Backend) and isinstance(be, Backend)

@@ -190,23 +190,23 @@ def test_a_worker_lost_mid_answer_ends_the_process_with_a_clear_line(model_path)
 def test_bench_over_rpc_needs_workers_of_its_own_for_llama_server():
     from types import SimpleNamespace
 
-    from edgespec.bench import runner as B
+    from edgespec.bench.runner import _Methods
     from edgespec.errors import BenchError
 
     model = SimpleNamespace(backend=SimpleNamespace(rpc=["127.0.0.1:50052"]))
     with pytest.raises(BenchError, match="--peer-rpc"):
-        B._Methods(model, ["none", "llama-server-ngram-simple"], None, False)
+        _Methods(model, ["none", "llama-server-ngram-simple"], None, False)
     with pytest.raises(BenchError, match="llama-cpp-python-pld cannot run over --rpc"):
-        B._Methods(model, ["none", "llama-cpp-python-pld"], None, False)
+        _Methods(model, ["none", "llama-cpp-python-pld"], None, False)
     with pytest.raises(BenchError, match="one llama-server method per run"):
-        B._Methods(model, ["llama-server", "llama-server-ngram-simple"], None, False, ["127.0.0.1:50053"])
+        _Methods(model, ["llama-server", "llama-server-ngram-simple"], None, False, ["127.0.0.1:50053"])
 
 
 def test_bench_report_names_the_workers_and_their_latency():
-    from edgespec.bench import runner as B
+    from edgespec.bench.report import format_report
 
     head = {"model": "m.gguf", "rpc": ["127.0.0.1:50071", "127.0.0.1:50072"], "tensor_split": [3, 1],
             "rpc_hello_ms": {"127.0.0.1:50071": 2.25}, "peer_rpc": ["127.0.0.1:50081"], "max_tokens": 8}
-    text = B.format_report([], head)
+    text = format_report([], head)
     assert "RPC workers: 127.0.0.1:50071 (HELLO 2.2 ms), 127.0.0.1:50072, split 3:1; " \
            "llama-server's: 127.0.0.1:50081" in text

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from edgespec import SamplingConfig
-from edgespec.core.engine import Engine, EngineConfig
+from edgespec.core.config import EngineConfig
+from edgespec.core.engine import Engine
 from edgespec.core.verify import sample_token, sampling_distribution
 
 from conftest import OracleDrafter

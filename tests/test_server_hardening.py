@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serving import running_server
 
-from edgespec.core.engine import _TextStream
+from edgespec.core.stream import TextStream
 from edgespec.app.guard import Access, host_name
 
 KEY = "hardening-key-30"
@@ -570,7 +570,7 @@ def _reference(text: str, stops: list[str]) -> str | None:
 @given(st.lists(st.text("ab", min_size=1, max_size=5), min_size=1, max_size=4),
        st.lists(st.text("abc", min_size=1, max_size=4), min_size=1, max_size=30))
 def test_stop_scan_finds_what_a_full_rescan_finds(stops, steps):
-    out = _TextStream(Chars(), stops)
+    out = TextStream(Chars(), stops)
     for s in steps:
         if out.push_many([ord(c) for c in s]):
             break
@@ -588,7 +588,7 @@ def test_stop_scan_is_linear():
     second (testing every prefix of the stop strings at every step, as the
     scan did before, took 12 s here, growing with the square of the text)."""
     stops = ["x" + "a" * 99_999, "a" * 99_999 + "x"]
-    out = _TextStream(Chars(), stops)
+    out = TextStream(Chars(), stops)
     t0 = time.perf_counter()
     for _ in range(5_000):
         assert not out.push_many([ord("a")] * 4)

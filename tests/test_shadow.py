@@ -75,7 +75,7 @@ def test_verified_nodes_are_followed_but_not_counted_again():
 
 
 def test_history_cap_bounds_the_fine_cells_and_keeps_the_coarse():
-    from edgespec.calibration.costmodel import AcceptanceModel
+    from edgespec.core.gate import AcceptanceModel
 
     acc = AcceptanceModel()
     acc.n_c[1, 3], acc.a_c[1, 3] = 40.0, 30.0

@@ -146,7 +146,7 @@ def test_make_drafter():
 # corpora
 
 def make_corpus(docs, depth=32, readonly=False):
-    """A stand-in for edgespec.corpus.build.Corpus with the arrays the suffix
+    """A stand-in for edgespec.corpus.format.Corpus with the arrays the suffix
     drafter reads, built by a pure-Python reference of the spec's order."""
     toks = []
     for d in docs:

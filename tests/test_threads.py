@@ -226,8 +226,8 @@ def test_errors_form_one_exported_hierarchy():
     for name in ("ConfigError", "PromptTooLongError", "ModelFileError", "CorpusError", "BenchError"):
         assert issubclass(getattr(edgespec, name), ValueError), name     # callers that caught ValueError
     from edgespec.backend.llama import BackendError
-    from edgespec.corpus.build import CorpusError
-    from edgespec.models.resolve import ModelFileError
+    from edgespec.corpus.format import CorpusError
+    from edgespec.models.gguf import ModelFileError
     assert (BackendError, CorpusError, ModelFileError) == (edgespec.BackendError, edgespec.CorpusError,
                                                            edgespec.ModelFileError)
     with pytest.raises(edgespec.ConfigError):
@@ -252,6 +252,7 @@ def test_init_failure_releases_the_backend(model, monkeypatch):
     """A SpecModel whose set-up fails after llama.cpp loaded (a bad drafter, a
     calibration that raises) frees the model and context before raising."""
     import edgespec.app.api as api
+    import edgespec.app.engines as engines
 
     made = []
 
@@ -268,7 +269,7 @@ def test_init_failure_releases_the_backend(model, monkeypatch):
     def boom(done, total):
         raise RuntimeError("calibration interrupted")
 
-    monkeypatch.setattr(api, "load_or_measure", lambda be, key, **kw: kw["progress"](0, 1))
+    monkeypatch.setattr(engines, "load_or_measure", lambda be, key, **kw: kw["progress"](0, 1))
     with pytest.raises(RuntimeError, match="calibration interrupted"):
         SpecModel(model.model_path, n_ctx=256, progress=boom, calibrate=True)
     assert len(made) == 2 and made[1].ctx is None and made[1].model is None

@@ -168,9 +168,9 @@ def arr(x):
 
 
 def test_reference_corpus_matches_compile_tokens():
-    corpus_mod = pytest.importorskip("edgespec.corpus.build")
+    corpus_mod = pytest.importorskip("edgespec.corpus.compile")
     if not hasattr(corpus_mod, "compile_tokens"):
-        pytest.skip("edgespec.corpus.build.compile_tokens not there yet")
+        pytest.skip("edgespec.corpus.compile.compile_tokens not there yet")
     rng = np.random.default_rng(1)
     docs = [rng.integers(0, 6, size=n) for n in (30, 2, 0, 17, 40)]
     a = ref_corpus(docs, 8, max_successors=3, k_adj=4)

@@ -34,10 +34,11 @@ import numpy as np
 
 from edgespec.app.api import SpecModel
 from edgespec.backend.llama import SPLIT_KV_FREE_CELLS
-from edgespec.bench.runner import load_prompts, read_results
-from edgespec.calibration.costmodel import CostCurve
+from edgespec.bench.prompts import load_prompts
+from edgespec.bench.results import read_results
+from edgespec.calibration.curve import CostCurve
 from edgespec.drafters import make_drafter
-from edgespec.core.engine import CostBuckets
+from edgespec.core.gate import CostBuckets
 from edgespec.kernels import suffix as _k
 
 MAX_K = 12

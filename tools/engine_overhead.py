@@ -64,7 +64,7 @@ def main() -> None:
         drain(eng.run(toks, max_tokens=16))                       # warm-up
         print("copy:     ", measure(eng, [toks], a.steps, 256))
     if a.case in ("realistic", "both"):
-        from edgespec.bench.runner import load_prompts
+        from edgespec.bench.prompts import load_prompts
         eng = Engine(m.backend, make_drafter("suffix", min_match=1, max_matches=16, max_nodes=a.nodes),
                      m.cost, cfg)
         prompts = [m.prompt_tokens(p.turn) for p in load_prompts(a.prompts)][::7]

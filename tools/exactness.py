@@ -5,7 +5,7 @@
     python tools/exactness.py model.gguf --cache-type-k q8_0,f16 --contexts 100,600 --max-t 48
 
 For each model (a path, or a name from tools/get_models.py) and K cache type
-it runs edgespec.calibration.costmodel.check_exactness (the check SpecModel runs at
+it runs edgespec.calibration.exactness.check_exactness (the check SpecModel runs at
 calibration): max-t tokens decoded one at a time after each context, then as
 one batch of every size 2..max-t, logits compared bit for bit.  It prints one
 line per (model, cache, context): the batch sizes that differed, the largest
@@ -22,7 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from edgespec.backend.llama import EXACT_MAX_BATCH, LlamaBackend  # noqa: E402
-from edgespec.calibration.costmodel import _ranges, check_exactness  # noqa: E402
+from edgespec.calibration.exactness import _ranges, check_exactness  # noqa: E402
 from edgespec.models.zoo import MODELS, require_model  # noqa: E402
 
 

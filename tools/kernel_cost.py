@@ -42,7 +42,8 @@ SETTINGS = {"default": ("0", False, None, None), "tiled": ("1", False, None, Non
 def measure(path: str, setting: str, threads, n_prompt: int, n_decode: int, batch: int, reps: int) -> dict:
     import numpy as np
 
-    from edgespec.backend.llama import LlamaBackend, tiled_mm_setting
+    from edgespec.backend.llama import LlamaBackend
+    from edgespec.backend.process import tiled_mm_setting
 
     _, repack, flash_attn, cache_type_k = SETTINGS[setting]
     be = LlamaBackend(path, n_ctx=n_prompt + n_decode + batch + 64, n_threads=threads, max_nodes=max(batch, 1),

@@ -48,10 +48,12 @@ import sys
 import numpy as np
 
 from edgespec.app.api import SpecModel
-from edgespec.bench.runner import load_prompts, read_results
-from edgespec.calibration.costmodel import CostCurve
+from edgespec.bench.prompts import load_prompts
+from edgespec.bench.results import read_results
+from edgespec.calibration.curve import CostCurve
 from edgespec.drafters import drafter_from_spec
-from edgespec.core.engine import Engine, EngineConfig
+from edgespec.core.config import EngineConfig
+from edgespec.core.engine import Engine
 from edgespec.backend.replay import (GPU_CURVES, OracleDrafter, ReplayBackend, ReplayRequest, Teacher, curve_from_file,
                              gpu_curve, replay, teacher_pass)
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from serving import running_server  # noqa: E402
 
 from edgespec.app.api import SpecModel  # noqa: E402
-from edgespec.bench.runner import load_prompts  # noqa: E402
+from edgespec.bench.prompts import load_prompts  # noqa: E402
 
 
 def stream_request(base: str, prompt: str, max_tokens: int) -> dict:

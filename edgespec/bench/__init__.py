@@ -1,1 +1,3 @@
-"""The benchmark: runner, peers (llama-server, llama-cpp-python) and report."""
+"""The benchmark: the prompts and their answer checks (prompts, answers), the
+methods and the peers they run (methods, llama_peer, peers, peer_server), the
+run itself (runner, divergence) and the report (results, stats, report)."""

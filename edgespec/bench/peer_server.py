@@ -210,8 +210,8 @@ class LlamaServerRunner:
 def server_env() -> dict:
     """The environment llama-server runs in: the one the user gave (edgespec
     sets one of llama.cpp's switches for its own process, see
-    backend.llama.TILED_MM_ENV)."""
-    from edgespec.backend.llama import TILED_MM_ENV, USER_TILED_MM
+    backend.process.TILED_MM_ENV)."""
+    from edgespec.backend.process import TILED_MM_ENV, USER_TILED_MM
 
     env = dict(os.environ)
     env.pop(TILED_MM_ENV, None)

@@ -15,7 +15,7 @@ import atexit
 import threading
 import weakref
 
-from edgespec.calibration.costmodel import CalibrationStopped
+from edgespec.calibration.cache import CalibrationStopped
 
 
 class Pacer:

@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from edgespec.calibration.costmodel import cache_dir, calibration_key, write_cache
+from edgespec.calibration.cache import cache_dir, calibration_key, write_cache
 from edgespec.errors import ConfigError
 
 KERNELS = ("auto", "exact", "fast")
@@ -140,8 +140,9 @@ def _time_one_setting(model_path: str, kernels: str, n_threads: int) -> dict:
     """In the child: load with these kernels, time decodes of each size."""
     import numpy as np
 
-    from edgespec.backend.llama import LlamaBackend, kernel_options
-    from edgespec.calibration.costmodel import _measure_at
+    from edgespec.backend.llama import LlamaBackend
+    from edgespec.backend.process import kernel_options
+    from edgespec.calibration.curve import _measure_at
 
     be = LlamaBackend(model_path, n_ctx=2048, n_threads=n_threads, max_nodes=max(SIZES), max_leaves=1,
                       **kernel_options(kernels == "fast"))

@@ -15,7 +15,7 @@ The recipes are package data in edgespec/corpus/corpora/ (so a wheel install has
 
 The caller hands the chat preset a function that loads the model it answers
 with (e.g. edgespec.SpecModel): this module does not import the API, so
-corpus.py uses it without an import cycle.
+edgespec.corpus.build uses it without an import cycle.
 """
 from __future__ import annotations
 

@@ -131,7 +131,7 @@ def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), model_pat
                  first; the engine's gate keeps what pays
 
     n_vocab: the model's vocabulary size (needed by trigram and adjacency).
-    corpora: compiled corpora (edgespec.corpus.build.Corpus) for drafters that use them.
+    corpora: compiled corpora (edgespec.corpus.format.Corpus) for drafters that use them.
     model_path: the GGUF, for drafters that read the model's token embeddings
         (auto's semantic fallback; without it that part is left out).
     Other keywords are fields of the drafter's config, e.g.

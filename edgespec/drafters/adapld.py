@@ -23,7 +23,7 @@ parameter values below are the issue's):
   that followed.
 * the copy itself (length 30 in the paper) is the suffix part's
   (`copy_len` in `auto`), and the hidden-state rerank of the lexical anchors
-  is the hybrid's (`rerank`), since both act on the suffix part's anchors.
+  is the hybrid's (`rerank`, drafters/mechanisms/rerank.py), since both act on the suffix part's anchors.
 
 edgespec's earlier variants stay beside these under their own names:
 `branch_depth` (2 alternatives at depths 1-4, drafters/branch.py) and
@@ -53,7 +53,7 @@ class AdaPLDDrafter(BranchDrafter):
     ``AdaPLDDrafter(branch=True, embeddings=None, k=8, successor_len=4,
     tau=0.1, max_nodes=64)``: ``branch`` drafts around lexical anchors; the
     semantic fallback runs when ``embeddings`` (a TokenEmbeddings) is given.
-    ``anchor_hook(ctx, n, ends, lens, k) -> k`` (set by the hybrid's rerank)
+    ``anchor_hook(ctx, n, ends, lens, k) -> k`` (set by the hybrid's rerank, mechanisms/rerank.py)
     may reorder and cut the lexical anchors."""
 
     name = "adapld"

@@ -201,7 +201,7 @@ class AdjacencyDrafter(Drafter):
     score, parents before children, so any prefix of a proposal is a valid
     tree of its best nodes.
 
-    corpora: compiled corpora (``edgespec.corpus.build.Corpus`` or anything with
+    corpora: compiled corpora (``edgespec.corpus.format.Corpus`` or anything with
     ``n_vocab``, ``adj_next`` int32 [V, W] and ``adj_count`` [V, W]). Their
     successor counts are summed per (token, successor) and the top k seed the
     table. With none, the table starts empty.

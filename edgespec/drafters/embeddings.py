@@ -2,7 +2,7 @@
 
 The semantic fallback (drafters/semantic.py) compares tokens by the cosine of
 their input embeddings.  The matrix is memory-mapped straight from the file
-(edgespec.models.resolve finds its offset in the header) and rows are dequantized by
+(edgespec.models.gguf finds its offset in the header) and rows are dequantized by
 the `gguf` package (the llama.cpp project's Python GGUF library, which knows
 every ggml tensor type); only the rows of tokens that actually occur are
 dequantized (and kept by the semantic drafter), so a 49k x 576 table costs a
@@ -42,7 +42,7 @@ class TokenEmbeddings:
                 from gguf.quants import dequantize
             except ImportError as e:  # pragma: no cover - a declared dependency
                 raise EmbeddingsError("the semantic fallback needs the 'gguf' package (pip install gguf)") from e
-            from edgespec.models.resolve import gguf_tensor
+            from edgespec.models.gguf import gguf_tensor
             dims, ggml_type, offset = gguf_tensor(path, TENSOR)
             try:
                 qtype = GGMLQuantizationType(ggml_type)

@@ -61,7 +61,7 @@ class PredictionDrafter(Drafter):
         self.inner.begin(prompt)
         self._index = None
         if len(self._pred):
-            from edgespec.corpus.build import suffix_array
+            from edgespec.corpus.compile import suffix_array
             toks = np.concatenate([np.asarray(prompt[-PROMPT_TAIL:], np.int32), self._pred,
                                    np.array([-1], np.int32)])
             self._index = (toks, suffix_array(toks, 32).astype(np.int32))

@@ -2,13 +2,13 @@
 
 Each step it looks for earlier occurrences of the end of the context (prompt,
 earlier chat turns and generation so far) and proposes the tokens that followed
-them, merged into a trie.  With compiled corpora loaded (edgespec.corpus.build) it
+them, merged into a trie.  With compiled corpora loaded (edgespec.corpus.format) it
 also looks the end of the context up in each corpus's suffix array and adds
 what followed there (the SuffixDecoding / SAM-Decoding idea).  It is
 stateless (but for the opt-in `edits`, which keeps the current answer's
 alignment to its prompt): the engine passes the whole context every step, and a backward scan
-over it plus a few binary searches per corpus are cheap enough (see the timing
-note on ``SuffixDrafter.propose``).
+over it plus a few binary searches per corpus are cheap enough (timings in
+BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ class SuffixDrafter(Drafter):
 
     ``SuffixDrafter(config=None, corpora=())``: ``corpora`` is a sequence of
     compiled corpora (objects with ``tokens``, ``sa`` and ``sa_depth`` as in
-    edgespec.corpus.build.Corpus); none are needed.
+    edgespec.corpus.format.Corpus); none are needed.
 
     Each step:
 
@@ -217,20 +217,9 @@ class SuffixDrafter(Drafter):
         _e.warmup()
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
-        # Measured after warm-up on the 2-core dev sandbox (Python 3.11, numba
-        # 0.68), budget 64, without corpora: n = 4000 random tokens (vocab
-        # 32000) ending in a repeated 10-token phrase -> 6.8 us (12 nodes);
-        # n = 4000 tokens over an alphabet of 4 (8 matches, full 64-node tree)
-        # -> 10.3 us; no match -> 5 us; n = 100k tokens -> 73 us, almost all
-        # of it the backward scan.  With one corpus of 5M tokens (synthetic
-        # phrase-based text, read-only memmap, sa_depth 32) and contexts
-        # n = 3000..3999 of the same kind (corpus match in 92% of steps,
-        # longest 21 tokens on average, 41 nodes of which 17 corpus): 21 us
-        # (7 us without the corpus; sa_find_matches alone 7 us), each further
-        # corpus about +7 us.  Those are warm-cache figures; with the caches
-        # flushed before every call (as a model decode between steps does)
-        # the corpus lookup costs about 90 us more, mostly DRAM misses of the
-        # binary searches.
+        # Cost: microseconds a step, mostly the backward scan over the context,
+        # plus a suffix-array lookup per corpus whose binary searches miss the
+        # caches a model decode between steps has flushed (BENCHMARKS.md).
         c = self.config
         max_nodes = min(int(budget), c.max_nodes)
         if max_nodes <= 0:
@@ -238,7 +227,20 @@ class SuffixDrafter(Drafter):
         ctx = np.ascontiguousarray(context, dtype=np.int32)
         n = ctx.shape[0]
         cur, spare, tmp = self._bufs
-        m = 0
+        m = self._context_tree(ctx, n, max_nodes, cur)
+        m, cur, tmp = self._add_corpora(ctx, n, max_nodes, m, cur, spare, tmp)
+        if c.edits and 0 < self._n_prompt < n:
+            m, cur, tmp = self._edited(ctx, n, max_nodes, m, cur, tmp)
+        if m == 0:
+            return DraftTree.empty()
+        return DraftTree.raw(cur[0][:m].copy(), cur[1][:m].copy(),
+                             cur[2][:m].copy(), cur[3][:m].copy())
+
+    def _context_tree(self, ctx, n, max_nodes, cur) -> int:
+        """The continuation tree of the context's own matches, built into `cur`
+        (after the anchor hook, the position EMA and feedback have filtered
+        them); returns its node count."""
+        c = self.config
         k = _k.find_suffix_matches(ctx, n, c.min_match, c.max_match, c.max_matches,
                                    self._ends, self._lens)
         if k and self.anchor_hook is not None:
@@ -251,13 +253,20 @@ class SuffixDrafter(Drafter):
             self._fb_last = []
             if k:
                 k = self._select_by_feedback(ctx, n, k)
-        if k:
-            m = _k.build_continuation_tree(ctx, n, self._ends, self._lens, k, c.max_depth,
-                                           max_nodes, cur[0], cur[1], cur[2], self._mlen)
-            cur[3][:m] = SOURCE_CONTEXT
-            if c.prompt_source and self._n_prompt:
-                _a.mark_copied_from(ctx, n, self._n_prompt, self._ends, k, c.max_depth, cur[0], cur[1], m,
-                                    cur[3], SOURCE_CONTEXT, SOURCE_PROMPT)
+        if not k:
+            return 0
+        m = _k.build_continuation_tree(ctx, n, self._ends, self._lens, k, c.max_depth,
+                                       max_nodes, cur[0], cur[1], cur[2], self._mlen)
+        cur[3][:m] = SOURCE_CONTEXT
+        if c.prompt_source and self._n_prompt:
+            _a.mark_copied_from(ctx, n, self._n_prompt, self._ends, k, c.max_depth, cur[0], cur[1], m,
+                                cur[3], SOURCE_CONTEXT, SOURCE_PROMPT)
+        return m
+
+    def _add_corpora(self, ctx, n, max_nodes, m, cur, spare, tmp):
+        """Each corpus's continuation tree merged into the m-node tree in `cur`
+        (the buffers swap as they fill); returns (m, cur, tmp) after the merges."""
+        c = self.config
         for tokens, sa, depth in self._corpora:
             k = _k.sa_find_matches(tokens, sa, depth, ctx, n, c.corpus_min_match,
                                    c.max_match, c.max_matches, self._ends, self._lens)
@@ -277,12 +286,7 @@ class SuffixDrafter(Drafter):
                                spare[0], spare[1], spare[2], self._src_corpus, mc,
                                max_nodes, tmp[0], tmp[1], tmp[2], tmp[3])
             cur, tmp = tmp, cur
-        if c.edits and 0 < self._n_prompt < n:
-            m, cur, tmp = self._edited(ctx, n, max_nodes, m, cur, tmp)
-        if m == 0:
-            return DraftTree.empty()
-        return DraftTree.raw(cur[0][:m].copy(), cur[1][:m].copy(),
-                             cur[2][:m].copy(), cur[3][:m].copy())
+        return m, cur, tmp
 
     def _edited(self, ctx, n, max_nodes, m, cur, tmp):
         """Merge the aligned, edited copy chain (kernels/edits.py) ahead of the

@@ -152,7 +152,12 @@ def merge_corpora(corpora, n_vocab: int) -> dict:
         c = corpora[0]
         return {name: getattr(c, name) for name in _TABLES}
 
-    # tri-grams: flatten every corpus to (context key, w3, count) rows
+    return {**_merge_trigrams(corpora, V), **_merge_bigrams(corpora, V)}
+
+
+def _merge_trigrams(corpora, V: int) -> dict:
+    """The tri-gram tables of several corpora in one: every corpus flattened
+    to (context key, w3, count) rows, equal rows summed, re-sorted."""
     ctx_keys, ctx_counts, ent_ctx, ent_w3, ent_cnt = [], [], [], [], []
     for c in corpora:
         w1 = np.repeat(np.arange(V, dtype=np.int64), np.diff(np.asarray(c.tri_w1_offsets)))
@@ -178,8 +183,16 @@ def merge_corpora(corpora, n_vocab: int) -> dict:
     tri_offsets = np.zeros(len(ctx_key) + 1, np.int64)
     np.cumsum(np.bincount(row, minlength=len(ctx_key)), out=tri_offsets[1:])
     tri_w1_offsets = np.searchsorted(ctx_key // V, np.arange(V + 1))
+    return dict(
+        tri_w1_offsets=tri_w1_offsets.astype(np.int32), tri_w2=(ctx_key % V).astype(np.int32),
+        tri_ctx_count=_clip_u32(ctx_count.astype(np.int64)),
+        tri_offsets=tri_offsets.astype(np.int32), tri_next=e_w3.astype(np.int32),
+        tri_count=_clip_u32(e_cnt))
 
-    # bi-grams: union of the rows, summed, top sum(K) per token
+
+def _merge_bigrams(corpora, V: int) -> dict:
+    """The bi-gram tables of several corpora in one: the union of the rows,
+    summed, the top sum(K) per token."""
     k_out = sum(int(np.shape(c.adj_next)[1]) for c in corpora)
     rows, nxt, cnt = [], [], []
     for c in corpora:
@@ -199,12 +212,7 @@ def merge_corpora(corpora, n_vocab: int) -> dict:
     adj_count = np.zeros((V, k_out), np.uint32)
     adj_next[urow, rank] = unxt
     adj_count[urow, rank] = _clip_u32(ucnt)
-
-    return dict(
-        tri_w1_offsets=tri_w1_offsets.astype(np.int32), tri_w2=(ctx_key % V).astype(np.int32),
-        tri_ctx_count=_clip_u32(ctx_count.astype(np.int64)),
-        tri_offsets=tri_offsets.astype(np.int32), tri_next=e_w3.astype(np.int32),
-        tri_count=_clip_u32(e_cnt), adj_next=adj_next, adj_count=adj_count)
+    return dict(adj_next=adj_next, adj_count=adj_count)
 
 
 def _corpus_bundle(tables: dict, V: int):
@@ -242,7 +250,7 @@ class TrigramDrafter(Drafter):
     """ADED: an adaptive tri-gram model searched by MCTS.
 
     ``TrigramDrafter(n_vocab, corpora=(), config=None)``; corpora are
-    ``edgespec.corpus.build.Corpus`` objects (anything with the spec's tri_* and
+    ``edgespec.corpus.format.Corpus`` objects (anything with the spec's tri_* and
     adj_* arrays and ``n_vocab``), merged once here.
 
     Proposals: up to ``min(budget, max_nodes)`` nodes, most-visited first

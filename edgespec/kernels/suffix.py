@@ -260,7 +260,7 @@ def _emit_by_path_prob(tok, par, p, extra, m, max_nodes, out_tokens, out_parents
 # --------------------------------------------------------------------------
 # Corpus matches: binary search on a compiled corpus's suffix array.
 #
-# A compiled corpus (edgespec.corpus.build) holds ``tokens`` (documents concatenated,
+# A compiled corpus (edgespec.corpus.format) holds ``tokens`` (documents concatenated,
 # each followed by one -1 separator) and ``sa``: every position p with
 # tokens[p] != -1, sorted by the key tokens[p : p + sa_depth] cut at the first
 # -1 (a key that is a prefix of another sorts first), ties by p ascending.  So

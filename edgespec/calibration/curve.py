@@ -1,95 +1,29 @@
-"""What verification costs on this machine, and how likely a draft is accepted.
+"""The cost curve c(T): the measured time of one llama_decode of T tokens
+(logits at all of them) relative to T = 1, for the loaded model and settings
+on this machine, at a few context lengths (attention over a longer context
+makes a batch dearer relative to one token).
 
-CostCurve: the measured time of one llama_decode of T tokens (logits at all of
-them) relative to T = 1, for the loaded model and settings on this machine, at
-a few context lengths (attention over a longer context makes a batch dearer
-relative to one token: on the 2-core machine c(8) is 2.7 after 300 cells and
-3.7 after 2000).  It is measured once (`calibrate`), cached on disk under a key
-made of the model file's content, the settings and the machine, and re-measured by
-`edgespec calibrate`.
-
-AcceptanceModel: per session, what fraction of verified draft nodes of each
-source, drafter-score bucket and depth were accepted.  Its estimates start from
-the drafter's own score and move to the observed rate as evidence comes in.
+It is measured once (load_or_measure), cached under the calibration key
+(edgespec.calibration.cache) and re-measured by `edgespec calibrate`; until
+then a model may run on a conservative built-in curve.  The measurement can
+run between requests in slices (a pacer's pause()), which the exactness
+self-check shares.
 """
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import logging
 import math
-import os
-import platform
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from edgespec.kernels.tree import N_SCORE_BUCKETS, SCORE_EDGES
-from edgespec.core.tree import N_SOURCES, SOURCE_NAMES
+from edgespec.calibration.cache import CalibrationCacheWarning, cache_lock, curve_path, read_cached, write_cache
 
-CALIBRATION_VERSION = 5
 DEFAULT_TS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 48, 64)
 DEFAULT_PREFIXES = (300, 1000, 2000)
 SHORT_PREFIX = 100      # the short regime (<= 256 cells) is measured after 100 cells
 PACED_CHUNK = 64        # prompt tokens per slice when a measurement runs between requests
-log = logging.getLogger("edgespec.calibration")
-
-
-class CalibrationCacheWarning(UserWarning):
-    """The calibration cache could not be read or written: the measurement is
-    used (or redone) in this process only."""
-
-
-class CalibrationStopped(Exception):
-    """A background measurement was stopped (the model is closing, or a
-    synchronous calibration takes over)."""
-
-
-def cache_dir() -> str:
-    d = os.environ.get("EDGESPEC_CACHE_DIR")
-    if not d:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        d = os.path.join(base, "edgespec")
-    return d
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def model_fingerprint(model_path: str, span: int = 1 << 20) -> str:
-    """The model file by content, not by place: its size and a hash of its
-    first and last MiB (the GGUF header with the tensor layout, and the last
-    tensor's data).  A copy, a move or a reinstall of the same file keeps its
-    calibration; another file (a different quantization or fine-tune) gets
-    its own."""
-    size = os.path.getsize(model_path)
-    h = hashlib.sha256(str(size).encode())
-    with open(model_path, "rb") as f:
-        h.update(f.read(span))
-        f.seek(max(0, size - span))
-        h.update(f.read(span))
-    return h.hexdigest()[:32]
-
-
-def calibration_key(model_path: str, n_gpu_layers: int, n_threads: int, extra: str = "") -> str:
-    from edgespec.backend.llama import llama_cpp_version
-
-    parts = [model_fingerprint(model_path),
-             f"ngl={n_gpu_layers}", f"threads={n_threads}", platform.machine(), _cpu_name(),
-             str(os.cpu_count()), llama_cpp_version(), f"v{CALIBRATION_VERSION}", extra]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
 @dataclass
@@ -257,10 +191,9 @@ def _check_finite(c: CostCurve) -> None:
 
 # The built-in curves: what a model starts with until its own curve is
 # measured (background calibration).  They are steeper than every curve
-# measured so far on their kind of machine (CPU: up to c(2) 1.96, c(8) 6.05,
-# c(32) 23.4, c(48) 32.9; GPU, published llama.cpp figures: c(2) 1.12,
-# c(4) 1.33-1.41, c(8) 2.15-2.16), so under them the gate verifies a draft
-# only where it is nearly certain and long: T = 2 never pays on CPU.
+# measured on their kind of machine (CPU; GPU: published llama.cpp figures;
+# see BENCHMARKS.md), so under them the gate verifies a draft only where it
+# is nearly certain and long: T = 2 never pays on CPU.
 BUILTIN_CPU = (2.0, 0.75)      # c(T) = 2 + 0.75 (T - 2) for T >= 2
 BUILTIN_GPU = (1.3, 0.3)       # c(T) = 1.3 + 0.3 (T - 2) for T >= 2
 
@@ -276,11 +209,17 @@ def builtin_curve(gpu: bool = False, ts=DEFAULT_TS) -> CostCurve:
                      list(rel), origin="built-in")
 
 
-def _never() -> bool:
+def no_pause() -> bool:
+    """The pause() of a measurement that does not run between requests."""
     return False
 
 
-def _prefill(backend, toks, pause, chunk: int) -> None:
+def paced(pacer) -> dict:
+    """The measurement's pause= argument, when a pacer runs it between requests."""
+    return {"pause": pacer.pause} if pacer is not None else {}
+
+
+def prefill(backend, toks, pause, chunk: int) -> None:
     """backend.reset() and prefill toks; in chunks of `chunk` tokens with a
     pause() before each after the first, starting over when a pause reports
     that a request used the backend meanwhile."""
@@ -299,17 +238,16 @@ def _measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None) -> t
     of `reps` decodes of T-token chains per T, interleaved so that machine noise
     spreads over all sizes, and after_s, what a one-token decode right after a
     batch costs more than one after another one-token decode (median of paired
-    differences; measured 0.4-0.6 ms on the 2-core machine at every context and
-    batch size, up to 7% of a step in the short regime).
+    differences).
 
     pause: None, or a callable called before every timed decode (and every
     prefill chunk) that returns True when a request used the backend since
     its last call: the prefix is then laid down again."""
     chunk = PACED_CHUNK if pause else prefix
-    pause = pause or _never
+    pause = pause or no_pause
     pre = rng.integers(100, min(backend.n_vocab, 20000), size=prefix).astype(np.int32)
     pause()
-    _prefill(backend, pre, pause, chunk)
+    prefill(backend, pre, pause, chunk)
     times = {t: [] for t in ts}
     singles, after = [], []
     one = np.ones(max(ts), np.int32)
@@ -328,13 +266,12 @@ def _measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None) -> t
     for r in range(reps + 1):  # first round is a warm-up
         for t in ts:
             if pause():
-                _prefill(backend, pre, pause, chunk)
+                prefill(backend, pre, pause, chunk)
                 prev_batch = False
             # two one-token decodes before every timed decode: the first pays
             # for following the previous batch (if there was one), the second
             # follows a one-token decode, as the batch follows a plain step in
-            # generation (right after a large batch a one-token decode measured
-            # 10-30% slower on the 2-core machine)
+            # generation (right after a large batch a one-token decode is slower)
             a = decode(one[:1] * 500)
             b = decode(one[:1] * 500)
             dt = decode(rng.integers(100, min(backend.n_vocab, 20000), size=t).astype(np.int32))
@@ -397,30 +334,11 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: 
                      after0, after_short)
 
 
-def _curve_path(key: str) -> str:
-    return os.path.join(cache_dir(), "calibration", key + ".json")
-
-
-def _read_cached(path: str, parse, warn: bool):
-    """parse(the JSON in path), or None when the file is missing; a file that
-    cannot be read or parsed (NaN included) is None too, with a warning."""
-    try:
-        with open(path) as f:
-            return parse(json.load(f))
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
-        if warn:
-            warnings.warn(f"ignoring the calibration cache file {path}, which is unreadable or malformed ({e}); "
-                          "measuring again", CalibrationCacheWarning, stacklevel=3)
-        return None
-
-
 def cached_curve(key: str, needed: int = 0, warn: bool = True) -> CostCurve | None:
     """The cached curve under `key`, or None when it is missing, malformed or
     its longest measured context is shorter than `needed` KV cells (it was
     measured with a smaller context size)."""
-    c = _read_cached(_curve_path(key), CostCurve.from_json, warn)
+    c = read_cached(curve_path(key), CostCurve.from_json, warn)
     return c if c is not None and c.contexts()[-1][0] >= needed else None
 
 
@@ -432,14 +350,14 @@ def load_or_measure(backend, key: str, remeasure: bool = False, progress=None, n
     result.  A cache that cannot be written is a warning; the curve is used.
     pacer: None, or what paces a measurement between requests (its pause()
     and stopped(); see edgespec.calibration.background)."""
-    path = _curve_path(key)
+    path = curve_path(key)
     if not remeasure and (c := cached_curve(key, needed)) is not None:
         return c
     with cache_lock(path, pacer):
         if not remeasure and (c := cached_curve(key, needed, warn=False)) is not None:
             return c                    # another process measured it while this one waited
         for _ in range(2):              # a second try when the machine looked busy
-            curve = measure_cost_curve(backend, progress=progress, **_paced(pacer))
+            curve = measure_cost_curve(backend, progress=progress, **paced(pacer))
             try:
                 _check_finite(curve)
             except ValueError as e:
@@ -481,287 +399,3 @@ def capped(curve: CostCurve) -> CostCurve:
     longer = [dict(d, rel=cap(d["rel"])) for d in curve.longer]
     meta = dict(curve.meta, capped=True)
     return replace(curve, rel=cap(curve.rel), short_rel=cap(curve.short_rel), longer=longer, meta=meta)
-
-
-def _paced(pacer) -> dict:
-    """The measurement's pause= argument, when a pacer runs it between requests."""
-    return {"pause": pacer.pause} if pacer is not None else {}
-
-
-@contextlib.contextmanager
-def cache_lock(path: str, pacer=None):
-    """Hold the exclusive lock of a cache entry (fcntl.flock on path + ".lock",
-    beside it; the lock file stays).  Another process, or another model in
-    this one, that measures the same entry waits here (polling, so that a
-    pacer's stopped() ends the wait).  Without fcntl (Windows), or where the
-    lock file cannot be created (a read-only cache, where nothing can be
-    cached either), it runs unlocked."""
-    try:
-        import fcntl
-    except ImportError:          # pragma: no cover - Windows
-        fcntl = None
-    fd = None
-    if fcntl is not None:
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            fd = None
-    if fd is None:
-        yield
-        return
-    try:
-        said = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not said:
-                    log.warning("waiting for another edgespec process that is calibrating this model "
-                                "(lock %s); its result is used", path + ".lock")
-                    said = True
-                if pacer is not None and pacer.stopped():
-                    raise CalibrationStopped() from None
-                time.sleep(0.1)
-        yield
-    finally:
-        os.close(fd)             # releases the lock
-
-
-def write_cache(path: str, obj) -> bool:
-    """Write a cache entry whole or not at all; a failure (a read-only or full
-    cache folder) is a CalibrationCacheWarning and leaves no temporary file."""
-    try:
-        _write_json_atomic(path, obj)
-        return True
-    except (OSError, ValueError) as e:
-        warnings.warn(f"could not write the calibration cache {path} ({e}); the measurement is used by this "
-                      "process only (EDGESPEC_CACHE_DIR chooses another folder)", CalibrationCacheWarning,
-                      stacklevel=3)
-        return False
-
-
-def _write_json_atomic(path: str, obj) -> None:
-    """A temporary file beside path, then a rename; no NaN or infinity."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, allow_nan=False)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-N_DEPTH_BUCKETS = 4
-
-
-class AcceptanceModel:
-    """Online estimate of P(draft node accepted | parent accepted).
-
-    Two levels of counts: coarse (source, score bucket) and fine (source, score
-    bucket, depth bucket).  The estimate backs off from fine to coarse to the
-    drafter's own score:  coarse = (acc + K0 * score) / (n + K0), and
-    fine = (acc + K1 * coarse) / (n + K1).  The arithmetic runs in
-    kernels/tree.py (plan_step predicts, learn_step counts); this class owns the
-    counts and reports predicted against observed acceptance.
-    """
-
-    K0 = 4.0
-    K1 = 8.0
-
-    def __init__(self):
-        shape = (N_SOURCES, N_SCORE_BUCKETS)
-        self.n_c = np.zeros(shape)
-        self.a_c = np.zeros(shape)
-        self.n_f = np.zeros(shape + (N_DEPTH_BUCKETS,))
-        self.a_f = np.zeros(shape + (N_DEPTH_BUCKETS,))
-        # calibration report: predicted vs observed per bucket
-        self.pred_sum = np.zeros(shape)
-
-    def shrink(self, cap: float) -> None:
-        """Scale each fine (source, score, depth) cell down to at most `cap`
-        tested nodes, its accepted fraction kept.  The coarse cells keep every
-        request's evidence (the source's calibration and each bucket's rate);
-        the fine ones, which the estimate consults first and which back off to
-        the coarse, then soon hold mostly the current request's own evidence."""
-        f = np.minimum(1.0, cap / np.maximum(self.n_f, 1e-9))
-        self.n_f *= f
-        self.a_f *= f
-
-    def report(self) -> list[dict]:
-        """Rows of (source, score bucket, tested nodes, predicted and observed acceptance)."""
-        rows = []
-        for s in range(N_SOURCES):
-            for b in range(N_SCORE_BUCKETS):
-                n = self.n_c[s, b]
-                if n > 0:
-                    rows.append({"source": SOURCE_NAMES[s], "score": f"{SCORE_EDGES[b]:g}-{SCORE_EDGES[b + 1]:g}",
-                                 "tested": int(n), "predicted": round(float(self.pred_sum[s, b] / n), 3),
-                                 "observed": round(float(self.a_c[s, b] / n), 3)})
-        return rows
-
-
-# ------------------------------------------------------------------ exactness
-EXACTNESS_VERSION = 1
-EXACT_CONTEXTS = (100, 600)   # KV cells before the checked tokens: short, and past 512 (split-KV)
-
-
-@dataclass
-class ExactnessReport:
-    """Whether a verification batch of T tokens gives the same logits, bit for
-    bit, as decoding those tokens one at a time, for every T in 2..max_t,
-    after each of `contexts` KV cells.
-
-    exact: every row of every batch equal.  max_abs_diff: the largest
-    |logit difference| seen.  failed: the batch sizes that differed somewhere.
-    argmax_flips: rows (over all T and contexts) whose argmax differed.
-    per_context: {cells: {"failed": [...], "max_abs_diff": x}}."""
-    exact: bool
-    max_t: int
-    contexts: list
-    max_abs_diff: float = 0.0
-    failed: list = field(default_factory=list)
-    argmax_flips: int = 0
-    per_context: dict = field(default_factory=dict)
-    meta: dict = field(default_factory=dict)
-    origin: str = field(default="measured", compare=False)     # or "cached"; never written
-
-    def to_json(self) -> dict:
-        return {"version": EXACTNESS_VERSION, "exact": self.exact, "max_t": self.max_t,
-                "contexts": list(self.contexts), "max_abs_diff": self.max_abs_diff, "failed": list(self.failed),
-                "argmax_flips": self.argmax_flips, "per_context": self.per_context, "meta": self.meta}
-
-    @staticmethod
-    def from_json(d: dict) -> "ExactnessReport":
-        if d.get("version") != EXACTNESS_VERSION:
-            raise ValueError("old exactness check")
-        if not math.isfinite(float(d["max_abs_diff"])) or not d["contexts"]:
-            raise ValueError("exactness check with a value that is not a finite number")
-        return ExactnessReport(bool(d["exact"]), int(d["max_t"]), list(d["contexts"]), float(d["max_abs_diff"]),
-                               [int(t) for t in d["failed"]], int(d.get("argmax_flips", 0)),
-                               dict(d.get("per_context", {})), dict(d.get("meta", {})), origin="cached")
-
-    def describe(self) -> str:
-        if self.exact:
-            return (f"exact: batches of 2..{self.max_t} tokens give logits bit-identical to one-token decoding "
-                    f"(checked after {' and '.join(map(str, self.contexts))} KV cells)")
-        ts = _ranges(self.failed)
-        return (f"NOT exact: batches of {ts} tokens give logits that differ from one-token decoding by up to "
-                f"{self.max_abs_diff:.3g} ({self.argmax_flips} argmax flips; checked 2..{self.max_t} after "
-                f"{' and '.join(map(str, self.contexts))} KV cells)")
-
-
-def _ranges(ts) -> str:
-    """[2, 3, 4, 9] -> '2-4, 9'."""
-    out, ts = [], sorted(ts)
-    i = 0
-    while i < len(ts):
-        j = i
-        while j + 1 < len(ts) and ts[j + 1] == ts[j] + 1:
-            j += 1
-        out.append(str(ts[i]) if i == j else f"{ts[i]}-{ts[j]}")
-        i = j + 1
-    return ", ".join(out)
-
-
-def _exact_contexts(backend, max_t: int, contexts=EXACT_CONTEXTS) -> list[int]:
-    """The contexts a check uses on this backend: capped to fit n_ctx."""
-    return sorted({max(1, min(c, backend.n_ctx - max_t - 1)) for c in contexts})
-
-
-def check_exactness(backend, max_t: int | None = None, contexts=EXACT_CONTEXTS, seed: int = 0,
-                    progress=None, ts=None, pause=None) -> ExactnessReport:
-    """Decode max_t tokens one at a time after each context, keeping every
-    row of logits, then the same tokens as one chain batch of every size
-    T = 2..max_t at the same positions (the batch fills the same KV cells the
-    one-token decodes used), and compare the rows bit for bit.  The decodes go
-    through backend.decode_tree, so they use the thread settings generation
-    uses.  Contexts that do not fit n_ctx are capped.  ts: only these batch
-    sizes (a quicker survey; the default is every size).  progress(done, total).
-    pause: as in _measure_at; when a request used the backend, the context
-    and its one-token rows are computed again before the next batch."""
-    max_t = min(max_t or backend.max_nodes, backend.max_nodes, backend.n_ctx - 2)
-    ts = sorted(t for t in (ts or range(2, max_t + 1)) if 2 <= t <= max_t)
-    rng = np.random.default_rng(seed)
-    hi = min(backend.n_vocab, 20000)
-    ctxs = _exact_contexts(backend, max_t, contexts)
-    rep = ExactnessReport(True, max_t, ctxs)
-    total, done = len(ctxs) * len(ts), 0
-    zeros, ones = np.zeros(max_t, np.int32), np.ones(max_t, np.int32)
-    chunk = PACED_CHUNK if pause else max(ctxs)
-    pause = pause or _never
-    for n_kv in ctxs:
-        pre = rng.integers(100, hi, size=n_kv).astype(np.int32)
-        toks = rng.integers(100, hi, size=max_t).astype(np.int32)
-        pause()
-        ref = _one_token_rows(backend, pre, toks, pause, chunk)
-        failed, worst = [], 0.0
-        for t in ts:
-            if pause():
-                ref = _one_token_rows(backend, pre, toks, pause, chunk)
-            backend.decode_tree(toks[:t], np.arange(t, dtype=np.int32), zeros[:t], ones[:t], 1)
-            lg = backend.logits()
-            if not np.array_equal(lg, ref[:t]):
-                d = float(np.max(np.abs(lg.astype(np.float64) - ref[:t])))
-                failed.append(t)
-                # NaN or infinite logits: the largest finite float32 (a cache holds finite numbers)
-                worst = max(worst, d if math.isfinite(d) else float(np.finfo(np.float32).max))
-                rep.argmax_flips += int(np.sum(lg.argmax(axis=1) != ref[:t].argmax(axis=1)))
-            backend.keep(0)
-            done += 1
-            if progress:
-                progress(done, total)
-        rep.per_context[str(n_kv)] = {"failed": failed, "max_abs_diff": worst}
-        rep.failed = sorted(set(rep.failed) | set(failed))
-        rep.max_abs_diff = max(rep.max_abs_diff, worst)
-    backend.reset()
-    rep.exact = not rep.failed
-    rep.meta = {"checked_at": time.strftime("%Y-%m-%d %H:%M:%S"), "cache_type_k": backend.cache_type_k,
-                "n_threads": backend.n_threads}
-    return rep
-
-
-def _one_token_rows(backend, pre, toks, pause, chunk: int) -> np.ndarray:
-    """Lay down the context pre, decode toks one at a time after it keeping
-    every row of logits, and forget them again (the KV cache holds pre)."""
-    _prefill(backend, pre, pause, chunk)
-    n_kv = backend.n_past
-    zeros, ones = np.zeros(1, np.int32), np.ones(1, np.int32)
-    ref = np.empty((len(toks), backend.n_vocab), np.float32)
-    for i in range(len(toks)):
-        backend.decode_tree(toks[i:i + 1], zeros, zeros, ones, 1)
-        ref[i] = backend.logits()[0]
-        backend.keep(1)
-    backend.truncate(n_kv)
-    return ref
-
-
-def load_or_check_exactness(backend, key: str, recheck: bool = False, progress=None,
-                            cached_only: bool = False, pacer=None) -> ExactnessReport | None:
-    """The cached exactness verdict under `key` (beside the cost curve of the
-    same key), unless missing, malformed or checked for smaller batches than
-    backend.max_nodes; then check and cache it (cached_only: return None),
-    under the key's file lock as load_or_measure."""
-    path = os.path.join(cache_dir(), "calibration", key + ".exact.json")
-    if not recheck and (r := _cached_exactness(backend, path, warn=True)) is not None:
-        return r
-    if cached_only:
-        return None
-    with cache_lock(_curve_path(key), pacer):
-        if not recheck and (r := _cached_exactness(backend, path, warn=False)) is not None:
-            return r
-        r = check_exactness(backend, progress=progress, **_paced(pacer))
-        write_cache(path, r.to_json())
-    return r
-
-
-def _cached_exactness(backend, path: str, warn: bool) -> ExactnessReport | None:
-    r = _read_cached(path, ExactnessReport.from_json, warn)
-    want = min(backend.max_nodes, backend.n_ctx - 2)
-    if r is not None and r.max_t >= want and r.contexts[-1] >= _exact_contexts(backend, want)[-1]:
-        return r
-    return None

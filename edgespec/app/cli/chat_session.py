@@ -1,12 +1,10 @@
-"""`edgespec chat`: a conversation with a model in the terminal.
+"""A chat conversation in the terminal: its messages, /commands and answers.
 
-The click command is registered in cli.py (with generate's options) and calls
-run_chat().  In a terminal, input is read with prompt_toolkit: Enter sends,
-Alt-Enter / Esc-Enter inserts a newline, a pasted block (bracketed paste) is
-one message, a message whose first line is \"\"\" runs to a closing \"\"\" line,
-and history is kept between runs.  With stdin not a terminal, the whole input
-is read and split into messages at blank lines (the same \"\"\" blocks keep
-blank lines inside a message).  Lines starting with /name are commands.
+ChatSession holds the messages, runs the lines starting with /name as
+commands (attach a file, set the system message, save, load, retry, stats,
+reset) and prints each answer as it arrives, accepted drafts in colour.  The
+text helpers beside it split piped input into messages, read attachments and
+saved conversations; the terminal input loop is chat.py's.
 """
 from __future__ import annotations
 
@@ -17,9 +15,10 @@ import sys
 
 import click
 
-from edgespec.app.termsafe import private_file, read_bounded, visible
-from edgespec.app.cli import (acceptance_lines, calibration_line, exactness_notice, kernels_line, load_model, make_sampling,
-                  user_errors)
+from edgespec.app.cli.options import user_errors
+from edgespec.app.cli.output import acceptance_lines, calibration_line, kernels_line
+from edgespec.app.termsafe import read_bounded, visible
+
 
 DRAFT_COLOR = "cyan"
 FENCE = '"""'
@@ -149,12 +148,6 @@ def history_path() -> str:
         data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
         base = os.path.join(data, "edgespec")
     return os.path.join(base, "chat_history")
-
-
-def use_color(no_color: bool) -> bool:
-    """Colour only on a terminal, without --no-color or NO_COLOR (no-color.org)."""
-    return (not no_color and not os.environ.get("NO_COLOR") and sys.stdout.isatty()
-            and os.environ.get("TERM") != "dumb")
 
 
 def _stop_label(r, max_tokens: int) -> str:
@@ -356,98 +349,3 @@ class ChatSession:
         if self.m.cost is not None:
             lines.append(self.m.cost.describe())
         return lines + acceptance_lines(self.m)
-
-
-# ------------------------------------------------------------------ input loops
-def _key_bindings():
-    from prompt_toolkit.key_binding import KeyBindings
-
-    kb = KeyBindings()
-
-    @kb.add("enter")
-    def _enter(event):
-        buf = event.current_buffer
-        if fence_open(buf.text):
-            buf.insert_text("\n")
-        else:
-            buf.validate_and_handle()
-
-    @kb.add("escape", "enter")
-    def _newline(event):
-        event.current_buffer.insert_text("\n")
-
-    @kb.add("c-c")
-    def _clear_or_leave(event):
-        buf = event.current_buffer
-        if buf.text:
-            buf.reset()
-        else:
-            event.app.exit(exception=KeyboardInterrupt)
-
-    return kb
-
-
-def _history():
-    from prompt_toolkit.history import FileHistory, InMemoryHistory
-
-    path = history_path()
-    try:
-        private_file(path)
-        return FileHistory(path)
-    except OSError as e:
-        click.echo(f"(history not kept: {path}: {e.strerror or e})", err=True)
-        return InMemoryHistory()
-
-
-def interactive(session: ChatSession) -> None:
-    from prompt_toolkit import PromptSession
-
-    ps = PromptSession(history=_history(), key_bindings=_key_bindings(), multiline=True,
-                       prompt_continuation=lambda width, line_no, soft: ". ".rjust(width))
-    while True:
-        try:
-            text = ps.prompt("> ")
-        except (EOFError, KeyboardInterrupt):     # Ctrl-D, or Ctrl-C on an empty line
-            click.echo()
-            return
-        try:
-            if not session.handle(unfence(text)):
-                return
-        except KeyboardInterrupt:                 # Ctrl-C during a command
-            click.echo()
-
-
-def piped(session: ChatSession, text: str) -> None:
-    for block in split_blocks(text):
-        if not session.handle(block):
-            return
-
-
-def run_chat(model, *, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate, stop,
-             verify, ctx, n_gpu_layers, threads, cache_type_k, kernels, corpora, system, no_color) -> None:
-    """The `edgespec chat` command (its options are generate's, see cli.py)."""
-    sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
-    m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
-                   cache_type_k=cache_type_k, kernels=kernels, max_nodes=max_nodes, gate=not no_gate,
-                   corpora=corpora, verify=verify, calibrate="background")
-    try:
-        if not m.backend.chat_template():
-            raise click.ClickException(f"{m.model_path} has no chat template (a base model?), so it cannot chat; "
-                                       "`edgespec generate --raw` continues plain text")
-        notice = exactness_notice(m)
-        if notice:
-            click.echo(notice, err=True)
-        color = use_color(no_color)
-        session = ChatSession(m, max_tokens=max_tokens, sampling=sampling, stop=stop, system=system, color=color)
-        if not sys.stdin.isatty():
-            piped(session, sys.stdin.read())
-            return
-        session.dim(f"edgespec chat: {m.model_path} (drafter {drafter}); /help for commands, Ctrl-D to leave")
-        if m.calibration_state == "measuring":
-            session.dim(calibration_line(m))
-        if color:
-            click.echo(f"{click.style(DRAFT_COLOR, fg=DRAFT_COLOR)} text arrived as accepted drafts "
-                       "(several tokens in one step)", color=True)
-        interactive(session)
-    finally:
-        m.close()

@@ -1,0 +1,114 @@
+"""Loading the model a command names, with the invocation's settings.
+
+load_model applies the log file and --rpc settings, times the kernel choice
+(--kernels auto) and shows the calibration and upload progress on stderr;
+with_chat_template refuses a model without a chat template before any of
+that.  One place turns the parsed options into a SpecModel, so generate,
+chat, serve, calibrate and bench load it the same way.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from edgespec.app.cli.options import log_settings, rpc_settings, user_errors
+
+
+def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=None, max_nodes=48,
+               gate=True, calibrate=True, corpora=(), verify="exact", cache_type_k="auto", kernels=None):
+    """calibrate: True (one-shot commands: generate, bench) measures a missing
+    calibration before the first answer, with a note on stderr; "background"
+    (chat, serve) answers at once and measures between requests, silently."""
+    from edgespec.app.api import SpecModel
+    from edgespec.backend.process import log_to_file
+
+    log = log_settings()
+    if log["log_file"]:
+        try:
+            log_to_file(log["log_file"])
+        except OSError as e:
+            raise click.ClickException(f"cannot write the log file {log['log_file']}: {e.strerror or e}") from None
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:
+            ctx.find_root().call_on_close(lambda: log_to_file(None))
+    rpc = rpc_settings()
+    with user_errors():
+        from edgespec.calibration.kernelchoice import setting
+        if setting(kernels) == "auto" and calibrate is True and not n_gpu_layers and not rpc["rpc"]:
+            measure_kernel_price(model, threads, remeasure=False)
+        return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
+                         rpc=rpc["rpc"], tensor_split=rpc["tensor_split"],
+                         load_progress=_upload_bar(rpc["rpc"]) if rpc["rpc"] else None,
+                         max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
+                         progress=calibration_note() if calibrate is True else None, corpora=corpora, verify=verify,
+                         cache_type_k=cache_type_k, kernels=kernels, verbose=log["verbose"])
+
+
+def calibration_note(intro: str | None = "measuring the verify cost c(T) and checking that batched logits equal "
+                     "one-token logits, for this model on this machine (once, a minute or more on 2 cores; "
+                     "cached afterwards)..."):
+    """A progress callback for the c(T) measurement: says once, on stderr, what
+    is going on, then (on a terminal) counts the measurement rounds."""
+    said = []
+    tty = sys.stderr is not None and sys.stderr.isatty()
+    if log_settings()["quiet"]:
+        return None
+
+    def cb(done, total):
+        from edgespec.progress import progress_bar
+
+        if not said:
+            if intro:
+                click.echo(intro, err=True)
+            said.append(progress_bar(tty, total=total, desc="calibrating", unit="round"))
+        bar = said[0]
+        bar.update(done - getattr(bar, "n", done))
+        if done >= total:
+            bar.close()
+    return cb
+
+
+def _upload_bar(endpoints):
+    """A progress callback for sending the weights to RPC workers (a bar on a
+    terminal, else nothing)."""
+    if log_settings()["quiet"] or sys.stderr is None or not sys.stderr.isatty():
+        return None
+    from edgespec.progress import progress_bar
+
+    bar = progress_bar(True, total=100, desc=f"sending the model to {', '.join(endpoints)}", unit="%")
+
+    def cb(fraction):
+        bar.update(int(fraction * 100) - bar.n)
+        if fraction >= 1.0:
+            bar.close()
+    return cb
+
+
+def measure_kernel_price(model, threads, remeasure: bool, note: bool = True):
+    """--kernels auto: time exact against fast kernels for this model (two
+    child processes, a note on stderr) unless the verdict is cached."""
+    from edgespec.backend.process import default_threads
+    from edgespec.calibration.kernelchoice import cached_price, measure_price
+    from edgespec.models.resolve import resolve_model
+
+    path, n = resolve_model(model), threads or default_threads()
+    if not remeasure and cached_price(path, n) is not None:
+        return
+    if note and not log_settings()["quiet"]:
+        click.echo("timing llama.cpp's exact against its fastest CPU kernels for this model on this machine "
+                   "(--kernels auto; once, cached afterwards)...", err=True)
+    measure_price(path, n)
+
+
+def with_chat_template(model, advice: str) -> str:
+    """The resolved model path, or a one-line error (before the model is
+    loaded and calibrated) when its GGUF has no chat template."""
+    from edgespec.models.gguf import gguf_metadata
+    from edgespec.models.resolve import resolve_model
+
+    with user_errors():
+        path = resolve_model(model)
+        if "tokenizer.chat_template" not in gguf_metadata(path):
+            raise click.ClickException(f"{path} has no chat template (a base or completion model): {advice}")
+    return path

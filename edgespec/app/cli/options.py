@@ -1,0 +1,224 @@
+"""The options the commands share, and what reading them needs.
+
+The decorators that add the model, log, backend, generation and corpus
+options; the per-invocation log and RPC settings their callbacks record;
+MODEL's completion and the check that it is named once; the drafter and
+sampling values checked before a model loads; and user_errors, which turns
+the library's errors into one-line messages.  Every command module builds its
+options from here, so each option is defined (and its help written) once.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import click
+
+from edgespec.backend.llama import MIN_CTX
+from edgespec.drafters import NAMES as DRAFTERS
+from edgespec.drafters import parse_drafter_name
+
+
+def log_settings(ctx=None) -> dict:
+    """--verbose / --quiet / --log-file of this invocation (given to the group
+    or to the command; kept in the root context, so each run starts afresh)."""
+    ctx = ctx or click.get_current_context(silent=True)
+    if ctx is None:
+        return {"verbose": False, "quiet": False, "log_file": None}
+    return ctx.find_root().meta.setdefault("edgespec.log", {"verbose": False, "quiet": False, "log_file": None})
+
+
+def _set_log(ctx, param, value):
+    if value and not ctx.resilient_parsing:
+        log_settings(ctx)[param.name] = value
+        if param.name == "quiet" and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ:
+            # huggingface_hub reads it when it is imported (after this, when a model is resolved)
+            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+            ctx.find_root().call_on_close(lambda: os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None))
+    return value
+
+
+def log_options(f):
+    """--verbose (llama.cpp's own log on stderr), --quiet, --log-file FILE."""
+    f = click.option("--log-file", type=click.Path(dir_okay=False), expose_value=False, callback=_set_log,
+                     help="Append llama.cpp's log to FILE.")(f)
+    f = click.option("--quiet", is_flag=True, expose_value=False, callback=_set_log,
+                     help="No progress bars or notes on stderr (errors still).")(f)
+    return click.option("--verbose", is_flag=True, expose_value=False, callback=_set_log,
+                        help="Show llama.cpp's own log on stderr.")(f)
+
+
+def complete_model(ctx, param, incomplete):
+    """Shell completion of MODEL: the names `edgespec models` knows, then paths."""
+    from click.shell_completion import CompletionItem
+
+    from edgespec.models.sources import complete
+    return [CompletionItem(n) for n in complete(incomplete)] + [CompletionItem(incomplete, type="file")]
+
+
+def pick_model(positional, option=None, hf=None):
+    """The one MODEL given as an argument, -m/--model or -hf (None: the default)."""
+    from edgespec.models.sources import HF_PREFIX
+
+    given = [x for x in (positional, option, hf and HF_PREFIX + hf.removeprefix(HF_PREFIX)) if x]
+    if len(given) > 1:
+        raise click.UsageError(f"the model is named twice ({', '.join(given)}): use MODEL, -m/--model or -hf")
+    return given[0] if given else None
+
+
+def model_options(f):
+    """-m/--model MODEL and -hf USER/REPO[:QUANT] as alternatives to the MODEL
+    argument (for generate, to the MODEL of [MODEL] PROMPT)."""
+    @functools.wraps(f)
+    def run(*a, model_opt=None, hf_repo=None, **kw):
+        if "args" in kw:
+            named = pick_model(None, model_opt, hf_repo)
+            if named and len(kw["args"]) > 1:
+                pick_model(kw["args"][0], named)
+            kw["args"] = ((named,) if named else ()) + tuple(kw["args"])
+        else:
+            kw["model"] = pick_model(kw.get("model"), model_opt, hf_repo)
+        return f(*a, **kw)
+
+    run = click.option("-hf", "--hf-repo", "hf_repo", metavar="USER/REPO[:QUANT]",
+                       help="A Hugging Face repo's GGUF (QUANT: Q4_K_M when left out), downloaded into "
+                            "huggingface_hub's cache.")(run)
+    run = click.option("-m", "--model", "model_opt", metavar="MODEL", shell_complete=complete_model,
+                       help="The model (as the MODEL argument).")(run)
+    return log_options(run)
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Turn the library's errors (edgespec.EdgespecError) into one-line ClickExceptions."""
+    from edgespec.errors import EdgespecError
+
+    try:
+        yield
+    except EdgespecError as e:
+        msg = " ".join(str(e).split()) or type(e).__name__
+        raise click.ClickException(msg) from None
+
+
+class DrafterSpec(click.ParamType):
+    """A drafter name with optional switches (see drafters.parse_drafter_name)."""
+    name = "NAME"
+
+    def convert(self, value, param, ctx):
+        try:
+            parse_drafter_name(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        return value
+
+
+def corpus_option(f):
+    """--corpus FILE (repeatable)."""
+    return click.option("--corpus", "corpora", multiple=True, type=click.Path(dir_okay=False),
+                        help="A compiled corpus (edgespec build-corpus) for the drafters that use one "
+                             "(suffix, trigram, adjacency); repeatable.")(f)
+
+
+def rpc_settings(ctx=None) -> dict:
+    """--rpc and --tensor-split of this invocation (kept in the root context
+    like log_settings; loading.load_model passes them on)."""
+    ctx = ctx or click.get_current_context(silent=True)
+    if ctx is None:
+        return {"rpc": [], "tensor_split": []}
+    return ctx.find_root().meta.setdefault("edgespec.rpc", {"rpc": [], "tensor_split": []})
+
+
+def _set_rpc(ctx, param, value):
+    if value and not ctx.resilient_parsing:
+        from edgespec.backend.ggml import parse_endpoints
+        from edgespec.errors import ConfigError
+
+        try:
+            if param.name == "rpc":
+                value = parse_endpoints(value)
+            else:
+                value = [float(x) for x in value.replace("/", ",").split(",") if x.strip()]
+        except (ConfigError, ValueError) as e:
+            raise click.BadParameter(str(e) if isinstance(e, ConfigError) else
+                                     f"proportions separated by commas, not {value!r}") from None
+        rpc_settings(ctx)[param.name] = value
+    return value
+
+
+def backend_options(f):
+    """--ctx, --n-gpu-layers, --threads, --cache-type-k, --kernels, --rpc, --tensor-split."""
+    f = click.option("-ts", "--tensor-split", "tensor_split", metavar="P0,P1,...", expose_value=False,
+                     callback=_set_rpc,
+                     help="Proportions of the offloaded layers per device: the --rpc workers in order, then "
+                          "local GPUs (default: by their free memory).")(f)
+    f = click.option("--rpc", metavar="HOST:PORT[,...]", expose_value=False, callback=_set_rpc,
+                     help="Put the model's layers on llama.cpp RPC workers (`edgespec rpc-worker` or "
+                          "llama.cpp's rpc-server; all layers unless --n-gpu-layers says how many).  Needs "
+                          "llama-cpp-python built with CMAKE_ARGS=\"-DGGML_RPC=on\".")(f)
+    f = click.option("--kernels", type=click.Choice(("auto", "exact", "fast")), default="auto", show_default=True,
+                     envvar="EDGESPEC_KERNELS",
+                     help="auto = exact where it costs at most 5% more than fast on this machine, else fast "
+                          "(timed once per model and thread count, cached; exact until timed); the default "
+                          "comes from $EDGESPEC_KERNELS when set.  "
+                          "exact = llama.cpp settings under which a verification batch gives logits bit-identical "
+                          "to one-token decoding (flash attention on, see --cache-type-k), so greedy output is "
+                          "token-identical to --drafter none.  fast = llama.cpp's fastest CPU settings (flash "
+                          "attention off, f16 K cache, tiled K-quant product on): on llama and qwen models past a few hundred tokens of "
+                          "context plain decoding is up to 1.5x faster and verification batches 2-3x cheaper, "
+                          "but batched logits differ in the last bits, so greedy output can leave --drafter "
+                          "none's at near-ties (the self-check then says not exact).")(f)
+    f = click.option("--cache-type-k", type=click.Choice(("auto", "f16", "q8_0")), default="auto",
+                     show_default=True,
+                     help="K cache type. auto = q8_0 on CPU with 2+ threads (every decode uses every thread and stays "
+                          "exact), else f16. f16 on CPU is llama.cpp's default cache; edgespec then decodes single "
+                          "tokens past 256 cells on one thread to stay exact (slower).")(f)
+    f = click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
+                     help="CPU threads for llama.cpp (default: one per physical core available).")(f)
+    f = click.option("-ngl", "--n-gpu-layers", type=int, default=0, show_default=True,
+                     help="Layers to offload to the GPU (-1 = all); needs a llama-cpp-python built with a GPU "
+                          "backend (README, GPU).")(f)
+    f = click.option("-c", "--ctx", type=click.IntRange(min=MIN_CTX), default=4096, show_default=True,
+                     help=f"Context size in tokens (prompt + answer); at least {MIN_CTX}, rounded up to a "
+                          f"multiple of {MIN_CTX} (llama.cpp's KV cache holds a multiple of {MIN_CTX} cells).")(f)
+    return f
+
+
+def generation_options(f):
+    """Drafter, sampling and engine options shared by generate and chat."""
+    opts = [
+        click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+                     help="Most tokens to generate (per answer in chat)."),
+        click.option("--drafter", type=DrafterSpec(), default="suffix", show_default=True,
+                     help=f"Draft proposer: {', '.join(DRAFTERS)}; none = plain decoding through the same "
+                          "engine.  NAME-noX / NAME+X switch a component off / on (auto-notrigram), "
+                          "NAME-nocorpus ignores --corpus."),
+        click.option("--temp", "--temperature", "temperature", type=float, default=0.0, show_default=True,
+                     help="0 = greedy (output identical to --drafter none); > 0 samples."),
+        click.option("--top-k", type=int, default=40, show_default=True, help="Sampling: keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", type=float, default=0.95, show_default=True, help="Sampling: nucleus mass (1.0 = off)."),
+        click.option("--min-p", type=float, default=0.05, show_default=True,
+                     help="Sampling: drop tokens below min_p x the top one (0 = off)."),
+        click.option("--seed", type=int, default=None, help="Sampling seed (default: fresh randomness)."),
+        click.option("--max-nodes", type=click.IntRange(1, 256), default=48, show_default=True,
+                     help="Largest verification batch (pending token + drafts)."),
+        click.option("--no-gate", is_flag=True, help="Verify every proposed node (up to --max-nodes) instead of "
+                                                     "only those the cost gate expects to pay; for studies."),
+        click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+        click.option("--verify", type=click.Choice(("exact", "relaxed", "entropy", "entropy_inv")), default="exact",
+                     show_default=True,
+                     help="exact = lossless. relaxed (ReSpec), entropy (AASD) and entropy_inv are LOSSY opt-ins "
+                          "(greedy only): they also accept retrieved draft tokens the model ranks close to its own "
+                          "choice, which changes the output."),
+    ]
+    f = corpus_option(backend_options(f))
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def make_sampling(temperature, top_k, top_p, min_p, seed):
+    from edgespec.core.verify import SamplingConfig
+
+    with user_errors():
+        return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)

@@ -1,0 +1,121 @@
+"""`edgespec serve`: the OpenAI-compatible HTTP server, and its guard options.
+
+The options are turned into the server's request defaults, limits and
+browser rules here; the server itself is edgespec/app/server.py.
+"""
+from __future__ import annotations
+
+import os
+
+import click
+
+from edgespec.app.cli.loading import load_model
+from edgespec.app.cli.options import complete_model, generation_options, make_sampling, model_options
+from edgespec.app.cli.output import calibration_line, exactness_notice
+
+
+def serve_guard_options(f):
+    """serve's limits, browser rules, key file and shutdown bound (docs/serving.md)."""
+    opts = [
+        click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
+                     help="Read the API key from this file's first line (kept out of `ps`, like EDGESPEC_API_KEY)."),
+        click.option("--allow-host", multiple=True, metavar="NAME",
+                     help="Also accept requests whose Host header names NAME (e.g. a reverse proxy's name). "
+                          "Repeatable; IP addresses, localhost and --host are always accepted."),
+        click.option("--cors", multiple=True, metavar="ORIGIN",
+                     help="Let web pages of ORIGIN (e.g. https://app.example) call the server; '*' = any page. "
+                          "Repeatable; by default only the server's own chat page may."),
+        click.option("--max-body-bytes", type=click.IntRange(min=1024), default=None,
+                     help="Largest request body in bytes [default: 1 MiB + 64 per context token]."),
+        click.option("--max-stop", type=click.IntRange(min=0), default=16, show_default=True,
+                     help="Most stop strings in one request."),
+        click.option("--max-stop-chars", type=click.IntRange(min=1), default=1000, show_default=True,
+                     help="Longest stop string, in characters."),
+        click.option("--max-prediction-tokens", type=click.IntRange(min=0), default=None,
+                     help="Longest `prediction` of a request, in tokens [default: 2 x --ctx]."),
+        click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=5.0, show_default=True,
+                     help="On SIGTERM, seconds the running request may finish in before it is cancelled."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _read_key_file(path: str) -> str:
+    try:
+        st = os.stat(path)
+        with open(path, encoding="utf-8") as f:
+            key = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.ClickException(f"cannot read the API key file {path}: {e}") from None
+    if not key:
+        raise click.ClickException(f"the API key file {path} is empty: put the key on its first line")
+    if st.st_mode & 0o077:
+        click.echo(f"warning: {path} is readable by other users: chmod 600 {path}", err=True)
+    return key
+
+
+@click.command()
+@click.argument("model", required=False, shell_complete=complete_model)
+@model_options
+@generation_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 = every interface: set --api-key then).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--api-key", envvar="EDGESPEC_API_KEY", default=None,
+              help="Require `Authorization: Bearer KEY` on /v1/*.  Prefer EDGESPEC_API_KEY or --api-key-file: "
+                   "other users see a command line in `ps`.")
+@click.option("--queue", "max_queue", type=click.IntRange(min=0), default=16, show_default=True,
+              help="Requests that may wait while one runs; more get 503 with Retry-After.")
+@click.option("--model-id", default=None, help="The model's name in /v1/models (default: the file's name "
+                                               "without .gguf).")
+@serve_guard_options
+def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate, stop, verify,
+          ctx, n_gpu_layers, threads, cache_type_k, kernels, corpora, host, port, api_key, max_queue, model_id,
+          api_key_file, allow_host, cors, **limits):
+    """Serve MODEL over an OpenAI-compatible HTTP API, with a chat page at /.
+
+    POST /v1/chat/completions and /v1/completions (streamed or not), GET
+    /v1/models, /health, /props and /metrics (Prometheus).  The generation
+    options are the defaults of requests that leave them out; a request
+    without max_tokens runs to the end of its turn or a full context unless
+    --max-tokens is given.  One request runs at a time; the others wait in a
+    queue of --queue requests.  SIGTERM (or Ctrl-C) answers the queue with
+    503, gives the running request --shutdown-timeout seconds and exits 0.
+    Requests are bounded before any work, and only the server's own page (or
+    --cors origins) may call it from a browser: see docs/serving.md.
+    """
+    if api_key_file:
+        if api_key:
+            raise click.UsageError("give the API key once: --api-key-file, or --api-key / EDGESPEC_API_KEY")
+        api_key = _read_key_file(api_key_file)
+    try:
+        from edgespec.app import server as S
+        from edgespec.app.request_fields import Limits
+    except ImportError as e:
+        raise click.ClickException(f"serve needs {e.name}: pip install 'edgespec[serve]'") from None
+    make_sampling(temperature, top_k, top_p, min_p, seed)      # a bad value fails before the model loads
+    m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
+                   cache_type_k=cache_type_k, kernels=kernels, max_nodes=max_nodes, gate=not no_gate,
+                   corpora=corpora, verify=verify, calibrate="background")
+    notice = exactness_notice(m)
+    if notice:
+        click.echo(notice, err=True)
+    if m.calibration_state == "measuring":
+        click.echo(calibration_line(m), err=True)
+    name = model_id or os.path.basename(m.model_path).removesuffix(".gguf")
+    # without --max-tokens a request that leaves max_tokens out runs to the end
+    # of its turn or a full context (OpenAI's and llama-server's meaning)
+    if click.get_current_context().get_parameter_source("max_tokens") == click.core.ParameterSource.DEFAULT:
+        max_tokens = None
+    defaults = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+                "min_p": min_p, "seed": seed, "stop": list(stop), "drafter": drafter}
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it may use it", err=True)
+    click.echo(f"edgespec serve: {name} (drafter {drafter}) on http://{host}:{port}/  (chat page at /, "
+               f"API at /v1)", err=True)
+    try:
+        S.serve(m, host=host, port=port, model_id=name, api_key=api_key, max_queue=max_queue, defaults=defaults,
+                log_level="warning", limits=Limits(**limits), allow_hosts=allow_host, cors=cors)
+    finally:
+        m.close()

@@ -1,0 +1,162 @@
+"""How a SpecModel builds its engines and keeps them calibrated.
+
+One engine per drafter spec (a name, a Drafter object, or either with a
+request's predicted output), all over the same backend, EngineConfig and cost
+curve c(T); where c(T) and the exactness verdict come from (the cache, a
+foreground measurement, the built-in curve while a background thread measures
+between requests) and the switch of every engine to a new curve.  ModelEngines
+is SpecModel's base class: it works on the attributes SpecModel's constructor
+sets (backend, model_path, _engines, _calibration) and sets the rest
+(vocab, corpora, cost, exactness, config, engine) in _setup.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+from edgespec.backend.llama import EXACT_MAX_BATCH
+from edgespec.backend.process import tiled_mm_setting
+from edgespec.calibration.background import Pacer
+from edgespec.calibration.cache import CalibrationStopped, calibration_key
+from edgespec.calibration.curve import CostCurve, builtin_curve, cached_curve, load_or_measure, plan_contexts
+from edgespec.calibration.exactness import ExactnessReport, load_or_check_exactness
+from edgespec.core.config import EngineConfig
+from edgespec.core.engine import Engine
+from edgespec.core.verify import VerifyConfig
+from edgespec.drafters import drafter_from_spec
+from edgespec.errors import ConfigError
+
+
+class ModelEngines:
+    """SpecModel's engines and their calibration (see the module doc)."""
+
+    def _setup(self, drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify) -> None:
+        """Everything after the backend has loaded: the corpora, c(T) and the
+        exactness verdict (by `calibrate`), the EngineConfig and the default engine."""
+        self.vocab = self.backend.vocab
+        self.corpora = []
+        if corpora:
+            from edgespec.corpus.format import Corpus
+            self.corpora = [Corpus.load(p, vocab=self.vocab) for p in corpora]
+        if self.backend.exact and max_nodes > EXACT_MAX_BATCH:
+            raise ConfigError(f"max_nodes must be <= {EXACT_MAX_BATCH} on CPU: larger batches take a llama.cpp "
+                              "kernel whose numerics differ from one-token decoding")
+        self.cost: CostCurve | None = None
+        self.exactness: ExactnessReport | None = None
+        self.calibration_error: BaseException | None = None
+        self._calibration_state = "off"
+        if calibrate is True:
+            self.cost = self._calibrate(False, progress)
+        elif calibrate == "background":
+            self._from_cache_or_builtin()
+        else:
+            self.exactness = load_or_check_exactness(self.backend, self._calibration_key(), cached_only=True)
+        if isinstance(verify, str):
+            verify = VerifyConfig(verify)
+        self.config = EngineConfig(max_nodes=min(max_nodes, self.backend.max_nodes), cost_gate=cost_gate,
+                                   verify=verify or VerifyConfig())
+        self._drafter = drafter
+        self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
+        self.engine = self._engine_for(drafter)
+
+    def _calibration_key(self) -> str:
+        return calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads,
+                               extra=f"k={self.backend.cache_type_k},repack={int(self.backend.cpu_repack)},"
+                                     f"tiled_mm={tiled_mm_setting()}"
+                                     + (",fa=0" if self.backend.flash_attn is False else "")
+                                     + (f",rpc={'+'.join(self.backend.rpc)}" if self.backend.rpc else "")
+                                     + (f",split={':'.join(f'{x:g}' for x in self.backend.tensor_split)}"
+                                        if self.backend.tensor_split else ""))
+
+    def _calibrate(self, remeasure: bool, progress) -> CostCurve:
+        key = self._calibration_key()
+        # a small --ctx caps the measured contexts: a cached curve that stops
+        # short of what this context size measures is measured again
+        cost = load_or_measure(self.backend, key, remeasure=remeasure, progress=progress,
+                               needed=plan_contexts(self.backend.n_ctx)[-1])
+        self._use_calibration(cost, load_or_check_exactness(self.backend, key, recheck=remeasure,
+                                                            progress=progress))
+        return self.cost
+
+    def _use_calibration(self, cost: CostCurve, exactness: ExactnessReport | None) -> None:
+        """Switch every engine to this curve (with the model held, or before any request)."""
+        self.cost, self.exactness = cost, exactness
+        for e in self._engines.values():
+            e.set_cost(cost)
+        fresh = cost.origin == "measured" or (exactness is not None and exactness.origin == "measured")
+        self._calibration_state = "measured" if fresh else "cached"
+
+    def _from_cache_or_builtin(self) -> None:
+        """calibrate="background" at load: the cached curve and self-check if both
+        are there; else the built-in curve (and the constructor starts a
+        background measurement)."""
+        key = self._calibration_key()
+        cost = cached_curve(key, plan_contexts(self.backend.n_ctx)[-1])
+        self.exactness = load_or_check_exactness(self.backend, key, cached_only=True)
+        if cost is not None and self.exactness is not None:
+            self._use_calibration(cost, self.exactness)
+            return
+        self.cost = builtin_curve(gpu=self._offloaded())
+        self._calibration_state = "measuring"
+
+    def _offloaded(self) -> bool:
+        """Every layer on the GPU (a partial offload keeps the CPU's steeper built-in curve)."""
+        be = self.backend
+        if be.n_gpu_layers >= 0:
+            arch = be.metadata("general.architecture") or ""
+            blocks = be.metadata(f"{arch}.block_count") or ""
+            return be.n_gpu_layers > 0 and blocks.isdigit() and be.n_gpu_layers >= int(blocks)
+        return True
+
+    def _measure_between_requests(self, pacer: Pacer, progress) -> None:
+        """The background calibration's thread: measure what is not cached in
+        slices between requests, then switch the engines to it."""
+        key = self._calibration_key()
+        try:
+            cost = load_or_measure(self.backend, key, progress=progress, pacer=pacer,
+                                   needed=plan_contexts(self.backend.n_ctx)[-1])
+            exactness = load_or_check_exactness(self.backend, key, progress=progress, pacer=pacer)
+            pacer.pause()           # a slice of its own: no request runs while the engines switch
+            self._use_calibration(cost, exactness)
+        except CalibrationStopped:
+            self._calibration_state = "built-in"
+            raise
+        except Exception as e:
+            self._calibration_state = "built-in"
+            self.calibration_error = e
+            warnings.warn(f"the background calibration failed ({e}); the built-in cost curve stays in use "
+                          "(`edgespec calibrate` measures it in the foreground)", RuntimeWarning)
+
+    def _stop_calibration(self) -> None:
+        """Stop a background calibration (waits at most for its slice in progress)."""
+        task = self._calibration
+        if task is not None:
+            task.stop()
+
+    def _engine_for(self, drafter, prediction: bool = False) -> Engine:
+        """The engine of a drafter: a Drafter, or a name such as "auto",
+        "suffix-nocorpus" (without the loaded corpora) or "auto@relaxed" (with a
+        lossy verification mode, see VerifyConfig).  prediction: the engine
+        whose drafter also drafts from a request's predicted output."""
+        key = drafter if isinstance(drafter, str) else id(drafter)
+        if prediction:
+            if ("prediction", key) not in self._engines:
+                from edgespec.drafters.prediction import PredictionDrafter
+                base = self._engine_for(drafter)
+                d = PredictionDrafter(base.drafter)
+                d.warmup()
+                self._engines[("prediction", key)] = Engine(self.backend, d, self.cost, base.config)
+            return self._engines[("prediction", key)]
+        if key not in self._engines:
+            config = self.config
+            if isinstance(drafter, str):
+                d, mode = drafter_from_spec(drafter, n_vocab=self.vocab.n_vocab, model_path=self.model_path,
+                                            corpora=self.corpora)
+                if mode:
+                    config = dataclasses.replace(self.config, verify=VerifyConfig(mode))
+            else:
+                d = drafter
+            d.warmup()
+            self._engines[key] = Engine(self.backend, d, self.cost, config)
+        return self._engines[key]
+

@@ -1,0 +1,62 @@
+"""What the engine and the calibration need of a backend, as one typing.Protocol.
+
+`LlamaBackend` (backend/llama.py) is the real one; `ReplayBackend`
+(backend/replay.py) stands in for it with recorded output.  Both satisfy
+`Backend`, so the engine (core/engine.py) and the measurements
+(calibration/curve.py, exactness.py) are written against this and nothing
+else.  The contract behind the methods (KV sequence 0 holds the committed
+prefix, a tree batch goes after it, `keep(k)` commits a chain of k slots) is
+stated in backend/llama.py's module docstring.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from edgespec.backend.vocab import Vocab
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A model that decodes a prompt and verification trees into a KV cache."""
+
+    vocab: Vocab
+    n_vocab: int
+    n_ctx: int              # KV cells
+    max_nodes: int          # the most tokens one decode_tree batch may hold
+    n_past: int             # committed tokens (KV sequence 0)
+    kv_tokens: np.ndarray   # their ids, int32 (kept by the engine)
+    n_embd: int             # width of hidden()
+    hidden_on: bool
+
+    def reset(self) -> None:
+        """Forget every committed token."""
+
+    def truncate(self, n: int) -> None:
+        """Forget committed tokens from position n on."""
+
+    def rollback(self) -> None:
+        """Drop every cell beyond the committed prefix (an interrupted step)."""
+
+    def prefill(self, tokens: np.ndarray, want_last_logits: bool = True,
+                topk_out: tuple[np.ndarray, np.ndarray] | None = None, cancel=None,
+                hidden_out: np.ndarray | None = None) -> None:
+        """Decode tokens after the committed prefix and commit them."""
+
+    def decode_tree(self, tokens: np.ndarray, depth: np.ndarray, leaf_first: np.ndarray,
+                    leaf_count: np.ndarray, n_leaves: int) -> None:
+        """Decode one verification batch after the committed prefix (logits at every slot)."""
+
+    def logits(self) -> np.ndarray:
+        """float32 [n_outputs, n_vocab] of the last decode."""
+
+    def keep(self, k: int) -> None:
+        """After decode_tree: commit the first k slots, drop the rest of the step."""
+
+    def set_hidden(self, on: bool) -> None:
+        """Also output final hidden states (read with hidden())."""
+
+    def hidden(self) -> np.ndarray:
+        """float32 [n_outputs, n_embd] of the last decode; needs set_hidden(True)."""

@@ -1,0 +1,134 @@
+"""Bench methods: their names, parsing a --methods list, and what method
+`default` resolves to.
+
+  none, suffix, ...        edgespec engines (`model.generate(..., drafter=name)`)
+  llama-cpp-python         llama_cpp.Llama.create_chat_completion (create_completion
+                           with raw prompts), streamed, at that library's defaults
+  llama-cpp-python-expert  the same as an expert runs it: one thread per physical
+                           core for single tokens and batches, flash attention
+                           and the K cache type edgespec uses
+  llama-cpp-python-pld     llama-cpp-python with LlamaPromptLookupDecoding (its
+                           defaults: 10 draft tokens; logits_all=True, which its
+                           draft path needs)
+  llama-cpp-python-pld-cpu the same with num_pred_tokens=2, which llama-cpp-python's
+                           README recommends for CPU-only machines
+  llama-server, llama-server-ngram-simple, -ngram-map-k, -ngram-map-k4v,
+  -ngram-mod, -ngram-cache
+                           llama.cpp's own server, plain or with its draftless
+                           speculative decoding, each with the settings
+                           llama.cpp's docs recommend; built by `edgespec
+                           build-peers` (see edgespec.bench.peer_server, docs/peers.md)
+  default                  what `edgespec generate MODEL PROMPT` runs with no
+                           options (its drafter; the bench's model must be loaded
+                           with generate's default settings; the header says
+                           what it resolved to)
+A peer method ending in @tN (llama-server@t1, llama-cpp-python-pld@t2) runs
+with N threads for single tokens and batches instead of its own default.
+The llama-cpp-python methods run in a child process (see edgespec.bench.llama_peer).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from edgespec.bench.peer_server import SERVER_METHODS as _SERVER_ARGS
+from edgespec.errors import BenchError
+
+LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-expert", "llama-cpp-python-pld", "llama-cpp-python-pld-cpu")
+SERVER_METHODS = tuple(_SERVER_ARGS)
+PEER_METHODS = LLAMA_METHODS + SERVER_METHODS
+DEFAULT_METHODS = ("none", "suffix") + LLAMA_METHODS[:3]
+
+
+def split_peer(method: str) -> tuple[str, int | None] | None:
+    """(peer method, threads or None) of a peer method name ("llama-server@t2"
+    -> ("llama-server", 2)); None for any other name."""
+    base, _, suffix = method.partition("@")
+    if base not in PEER_METHODS:
+        return None
+    if not suffix:
+        return base, None
+    if suffix[:1] != "t" or not suffix[1:].isdigit() or int(suffix[1:]) < 1:
+        raise BenchError(f"method {method!r}: a peer's suffix is @tN, N threads (e.g. {base}@t2)")
+    return base, int(suffix[1:])
+
+
+def is_peer(method: str) -> bool:
+    """Whether a method runs another program (llama-cpp-python, llama-server) rather than edgespec."""
+    return method.partition("@")[0] in PEER_METHODS
+
+
+def parse_methods(spec: str | Sequence[str]) -> list[str]:
+    """'none,suffix,...' -> a list without duplicates; edgespec drafter names are
+    checked against the drafter registry, peer names against PEER_METHODS."""
+    from edgespec.drafters import check_drafter_name
+
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    methods: list[str] = []
+    for m in (x.strip() for x in items):
+        if not m or m in methods:
+            continue
+        if split_peer(m) is None and m != "default":
+            try:
+                check_drafter_name(m)
+            except ValueError as e:
+                raise BenchError(f"unknown method {m!r}: {e}; or default, or one of {', '.join(PEER_METHODS)} "
+                                 f"(with @tN for N threads)") from None
+        methods.append(m)
+    if not methods:
+        raise BenchError("no methods given")
+    return methods
+
+
+def resolve_default(model) -> dict:
+    """What method `default` runs: `edgespec generate`'s defaults (drafter,
+    kernels, K cache, threads, context, GPU layers, largest batch, cost gate,
+    verification), resolved on this machine.  The bench's model must run the
+    same backend settings (it is loaded once for every method); BenchError
+    naming the differences otherwise.  "drafter" is the spec to run: without
+    the corpora the bench loaded (generate loads none by default)."""
+    from edgespec.backend.process import auto_cache_type_k, default_threads
+    from edgespec.app.cli.generate import generate_defaults
+
+    d = generate_defaults()
+    be = model.backend
+    threads = d["threads"] or default_threads()
+    kernels = d["kernels"]
+    if kernels == "auto":          # what generate would resolve it to here (the cached verdict)
+        from edgespec.calibration.kernelchoice import resolve
+        kernels, _ = resolve("auto", model.model_path, threads, gpu=bool(d["n_gpu_layers"] or be.rpc),
+                             measure=False)
+    exact = kernels != "fast" and (not d["n_gpu_layers"] or bool(be.rpc))
+    want = {"kernels": kernels, "n_threads": threads, "n_ctx": d["ctx"], "n_gpu_layers": d["n_gpu_layers"],
+            "cache_type_k": (auto_cache_type_k(exact, threads) if d["cache_type_k"] == "auto" else d["cache_type_k"]),
+            "max_nodes": d["max_nodes"], "cost_gate": not d["no_gate"], "verify": d["verify"]}
+    have = {"kernels": getattr(model, "kernels", "exact"), "n_threads": be.n_threads, "n_ctx": be.n_ctx,
+            "n_gpu_layers": be.n_gpu_layers, "cache_type_k": be.cache_type_k, "max_nodes": model.config.max_nodes,
+            "cost_gate": model.config.cost_gate, "verify": model.config.verify.mode}
+    diff = [f"{k} {have[k]} (generate's default: {want[k]})" for k in want if have[k] != want[k]]
+    if diff:
+        raise BenchError(f"method default runs `edgespec generate`'s defaults, but this bench's model runs "
+                         f"{', '.join(diff)}: bench default without those options")
+    drafter = d["drafter"] + ("-nocorpus" if getattr(model, "corpora", None) and "-nocorpus" not in d["drafter"]
+                              else "")
+    return dict(want, drafter=drafter, generate_drafter=d["drafter"])
+
+
+def fresh_drafter(model, spec: str):
+    """A new drafter object for `spec`, built as SpecModel builds a named one.
+    Method `default` runs its own (so its own engine, drafter memory and
+    acceptance statistics): it never learns from the answers of a method that
+    runs the same drafter in this bench."""
+    from edgespec.drafters import drafter_from_spec
+
+    return drafter_from_spec(spec, n_vocab=model.vocab.n_vocab, model_path=model.model_path,
+                             corpora=model.corpora)[0]
+
+
+def server_binary(methods: Sequence[str]):
+    """The llama-server the methods need (edgespec.bench.peers.find_llama_server),
+    None when they need none; PeerError (one line, with the build command)
+    when it is not built, does not run or was built from another llama.cpp."""
+    if not any(split_peer(m) and split_peer(m)[0] in SERVER_METHODS for m in methods):
+        return None
+    from edgespec.bench.peers import find_llama_server
+    return find_llama_server()

@@ -1,0 +1,58 @@
+"""EngineConfig: the settings of one engine (batch size, the gate, lossy
+verification, what the acceptance model learns from), checked when made.
+The engine, its gate and SpecModel read them; they are one concern because
+a request runs under all of them together.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edgespec.core.verify import VerifyConfig
+from edgespec.errors import ConfigError
+
+
+@dataclass
+class EngineConfig:
+    """Engine settings.
+
+    max_nodes: the most tokens one verification batch holds (root included).
+    cost_gate: choose the verified subtree by expected tokens per unit of c(T);
+        False verifies every proposed node up to max_nodes (for tests and studies).
+    carry_prob: drafter score given to carried tokens (re-verification of tokens
+        already accepted once on a batch layout with holes).
+    verify: exact (lossless, the default) or one of the lossy opt-ins; see
+        verify.VerifyConfig.
+    shadow: the acceptance model also learns from the proposed nodes the gate
+        did not verify, judged against the tokens committed afterwards (see
+        kernels.tree.shadow_learn); False learns from verified nodes only.
+    forced_drafts: under a request's grammar, draft the text it forces next
+        (keys, brackets, quotes) as a chain scored forced_prob; the gate's
+        acceptance statistics for it start from that score.  Never with the
+        drafter `none`, which stays plain decoding (the baseline).
+    history_cap: at the start of each request, the fine (source, score,
+        depth) acceptance counts of earlier requests are scaled down to at
+        most this many tested nodes per cell (AcceptanceModel.shrink), so the
+        request's own evidence soon outweighs them there, while the coarse
+        counts keep the whole history; None keeps them whole.
+    gate_overhead: None (default) lets the gate count the engine's own time per
+        step as measured (a moving average, in plain-step units); a number fixes
+        it, so that two runs of the same drafter on the same outputs (a real
+        one and an offline replay) take the same gate decisions.
+    """
+    max_nodes: int = 48
+    cost_gate: bool = True
+    carry_prob: float = 0.95
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    gate_overhead: float | None = None
+    shadow: bool = True
+    forced_drafts: bool = True
+    forced_prob: float = 0.9
+    history_cap: float | None = None
+
+    def __post_init__(self):
+        if not (1 <= self.max_nodes <= 256):
+            raise ConfigError(f"max_nodes must be in 1..256, got {self.max_nodes}")
+        if not (0.0 < self.carry_prob <= 1.0):
+            raise ConfigError("carry_prob must be in (0, 1]")
+        if self.gate_overhead is not None and not (0.0 <= self.gate_overhead < 10.0):
+            raise ConfigError(f"gate_overhead must be in [0, 10) plain steps, got {self.gate_overhead}")

@@ -1,0 +1,212 @@
+"""The cost gate: each step, which of the drafter's proposed nodes are worth
+verifying.  The acceptance model turns each node's drafter score into a
+calibrated probability; plan_step (kernels/tree.py) keeps the subtree whose
+expected tokens per unit of measured verify cost c(T) is best, or nothing (a
+plain one-token step) when no subtree beats plain decoding, and lays it out
+as a batch.  After the step the model learns from what the verified nodes
+did, and from the unverified ones once the committed tokens decide them.
+
+The Gate owns what those decisions read and write: the cost tables, the
+acceptance counts, the engine's own time per step and the batch layout.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.backend.llama import SPLIT_KV_FREE_CELLS
+from edgespec.calibration.curve import CostCurve
+from edgespec.core.config import EngineConfig
+from edgespec.core.tree import N_SOURCES, SOURCE_NAMES, DraftTree
+from edgespec.kernels.tree import N_SCORE_BUCKETS, SCORE_EDGES, learn_step, plan_step, shadow_learn
+
+SHADOW_KEEP = 16      # proposals judged at once: deeper than any draft the engine verifies
+COST_BUCKET = 128     # the cost gate's table is re-interpolated every 128 context cells
+
+
+class CostBuckets:
+    """The cost table (T = 0..max_t, in units of one plain step) and the plain
+    step's seconds for a batch laid after n_past cells, interpolated at the
+    centre of n_past's 128-cell bucket and cached per bucket.  The engine's
+    gate and the offline replay's time model both cost steps through this."""
+
+    def __init__(self, cost: CostCurve, max_t: int):
+        self.cost = cost
+        self.max_t = max_t
+        self._at: dict = {}
+
+    def at(self, n_past: int) -> tuple[np.ndarray, float]:
+        b = n_past // COST_BUCKET
+        t = self._at.get(b)
+        if t is None:
+            n_kv = b * COST_BUCKET + COST_BUCKET // 2
+            t = self._at[b] = (self.cost.table(self.max_t, n_kv=n_kv), self.cost.t1_at(n_kv))
+        return t
+
+
+N_DEPTH_BUCKETS = 4
+
+
+class AcceptanceModel:
+    """Online estimate of P(draft node accepted | parent accepted).
+
+    Two levels of counts: coarse (source, score bucket) and fine (source, score
+    bucket, depth bucket).  The estimate backs off from fine to coarse to the
+    drafter's own score:  coarse = (acc + K0 * score) / (n + K0), and
+    fine = (acc + K1 * coarse) / (n + K1).  The arithmetic runs in
+    kernels/tree.py (plan_step predicts, learn_step counts); this class owns the
+    counts and reports predicted against observed acceptance.
+    """
+
+    K0 = 4.0
+    K1 = 8.0
+
+    def __init__(self):
+        shape = (N_SOURCES, N_SCORE_BUCKETS)
+        self.n_c = np.zeros(shape)
+        self.a_c = np.zeros(shape)
+        self.n_f = np.zeros(shape + (N_DEPTH_BUCKETS,))
+        self.a_f = np.zeros(shape + (N_DEPTH_BUCKETS,))
+        # calibration report: predicted vs observed per bucket
+        self.pred_sum = np.zeros(shape)
+
+    def shrink(self, cap: float) -> None:
+        """Scale each fine (source, score, depth) cell down to at most `cap`
+        tested nodes, its accepted fraction kept.  The coarse cells keep every
+        request's evidence (the source's calibration and each bucket's rate);
+        the fine ones, which the estimate consults first and which back off to
+        the coarse, then soon hold mostly the current request's own evidence."""
+        f = np.minimum(1.0, cap / np.maximum(self.n_f, 1e-9))
+        self.n_f *= f
+        self.a_f *= f
+
+    def report(self) -> list[dict]:
+        """Rows of (source, score bucket, tested nodes, predicted and observed acceptance)."""
+        rows = []
+        for s in range(N_SOURCES):
+            for b in range(N_SCORE_BUCKETS):
+                n = self.n_c[s, b]
+                if n > 0:
+                    rows.append({"source": SOURCE_NAMES[s], "score": f"{SCORE_EDGES[b]:g}-{SCORE_EDGES[b + 1]:g}",
+                                 "tested": int(n), "predicted": round(float(self.pred_sum[s, b] / n), 3),
+                                 "observed": round(float(self.a_c[s, b] / n), 3)})
+        return rows
+
+
+class Gate:
+    """One engine's gate: the cost tables of its curve, the acceptance model,
+    the overhead it counts per step, and the scratch arrays of the step's
+    batch layout, which plan_step fills and the engine reads: sel[:k] the
+    chosen node indices and spar their parents within the selection; per
+    batch slot (slot 0 the root) o (an index into the selection), bp (the
+    parent slot), d (the depth), lf and lc (the slot's first leaf sequence
+    and how many); cond every proposed node's calibrated probability; nacc
+    and ntest what learn_step found of each chosen node."""
+
+    def __init__(self, config: EngineConfig, cost: CostCurve | None):
+        self.config = config
+        self.set_cost(cost)
+        self.acceptance = AcceptanceModel()
+        self.overhead_rel = 0.02                 # EMA of engine time per step / t1
+        n = config.max_nodes + 1
+        self.o = np.zeros(n, np.int64)
+        self.bp = np.zeros(n, np.int64)
+        self.d = np.zeros(n, np.int32)
+        self.lf = np.zeros(n, np.int32)
+        self.lc = np.zeros(n, np.int32)
+        self.sel = np.zeros(n, np.int64)
+        self.spar = np.zeros(n, np.int32)
+        self._m = 0
+        self._alloc(256)
+
+    def _alloc(self, m: int) -> None:
+        """Per-node scratch arrays, grown to the largest proposal seen."""
+        if m > self._m:
+            self._m = m
+            self.cond = np.zeros(m, np.float64)
+            self._q = np.zeros(m, np.float64)
+            self.nacc = np.zeros(m, np.bool_)
+            self.ntest = np.zeros(m, np.bool_)
+            # plan_step's PlanScratch as a plain tuple (numba dispatches it faster)
+            self._plan = (self.cond, self._q, self.sel, self.spar, self.o, self.bp, self.d, self.lf, self.lc)
+
+    def set_cost(self, cost: CostCurve | None) -> None:
+        self.cost = cost
+        # a built-in curve's t1 is a placeholder: no step time is measured against it
+        self.timed = cost is not None and not cost.builtin
+        n = self.config.max_nodes + 1
+        self._buckets = None if cost is None else CostBuckets(cost, n)
+        # no measurement: assume verification costs like plain decoding, everywhere
+        self.cost_table_short = np.arange(n + 1, dtype=np.float64) if cost is None else cost.table(n, short=True)
+
+    def cost_at(self, n_past: int) -> np.ndarray:
+        """The cost table for a batch laid after n_past committed cells: the
+        short regime's (one-token steps with every thread) up to 256 cells,
+        then interpolated between the calibrated contexts in 128-cell buckets."""
+        if n_past + 1 <= SPLIT_KV_FREE_CELLS or self.cost is None:
+            return self.cost_table_short
+        return self._buckets.at(n_past)[0]
+
+    def t1(self, n_past: int) -> float:
+        """Seconds of one plain one-token step at this context (as calibrated)."""
+        return self._buckets.at(n_past)[1]
+
+    def choose(self, tree: DraftTree, budget: int, n_past: int) -> tuple[int, int]:
+        """Gate and lay out this step's tree: returns (k draft nodes, n_leaves);
+        k = 0 means a plain one-token step.  The layout sits in the scratch
+        arrays."""
+        m = len(tree)
+        if m == 0 or budget < 2:
+            k, nl = 0, 1
+        else:
+            self._alloc(m)
+            acc = self.acceptance
+            cfg = self.config
+            k, nl = plan_step(tree.parents, tree.probs, tree.source, (acc.n_c, acc.a_c, acc.n_f, acc.a_f),
+                              acc.K0, acc.K1, self.cost_at(n_past),
+                              self.overhead_rel if cfg.gate_overhead is None else cfg.gate_overhead,
+                              min(budget, cfg.max_nodes), cfg.cost_gate, self._plan)
+        if k == 0:
+            self.bp[0] = -1
+            self.d[0] = 0; self.lf[0] = 0; self.lc[0] = 1
+        return k, nl
+
+    def note_step_time(self, other_s: float, n_past: int) -> None:
+        """Fold a step's engine time outside llama_decode into the overhead
+        the gate counts (in plain steps), where the curve's t1 is measured."""
+        if self.timed:
+            self.overhead_rel = 0.9 * self.overhead_rel + 0.1 * (other_s / self.t1(n_past))
+
+    def learn(self, tree: DraftTree, k: int, slot: int, carried) -> None:
+        """Credit the acceptance model with what this step's k verified draft
+        nodes did (slot: the last committed batch slot; carried: the slots
+        carried past a batch hole, or None)."""
+        nb = k + 1
+        acc = self.acceptance
+        learn_step(nb, self.bp, self.o[:nb], self.sel[:k], tree.probs, tree.source, self.cond, self.d,
+                   slot, carried[0] if carried is not None else -1,
+                   acc.n_c, acc.a_c, acc.n_f, acc.a_f, acc.pred_sum, self.nacc, self.ntest)
+
+    def record_shadow(self, shadow: list, root: int, tree: DraftTree, k: int) -> None:
+        """Keep this step's whole proposal (copies: a drafter may reuse its
+        arrays) to be judged against the tokens committed after its root, the
+        pending token at context index `root`."""
+        m = len(tree)
+        verified = np.zeros(m, np.bool_)
+        verified[self.sel[:k]] = True
+        shadow.append((root, tree.tokens.copy(), tree.parents.copy(), tree.probs.copy(), tree.source.copy(),
+                       self.cond[:m].copy(), verified, np.zeros(m, np.int8)))
+        if len(shadow) > SHADOW_KEEP:
+            shadow.pop(0)
+
+    def learn_shadow(self, shadow: list, ctx: np.ndarray, n: int) -> list:
+        """Credit the acceptance model with the recorded proposals' nodes that
+        the committed tokens ctx[:n] now decide; return the proposals not yet
+        fully decided."""
+        acc = self.acceptance
+        keep = []
+        for rec in shadow:
+            root, tokens, parents, probs, source, cond, verified, state = rec
+            if shadow_learn(tokens, parents, probs, source, cond, verified, state, ctx[root + 1:n],
+                            acc.n_c, acc.a_c, acc.n_f, acc.a_f, acc.pred_sum):
+                keep.append(rec)
+        return keep

@@ -1,0 +1,94 @@
+"""One request's state between the engine's phases (Engine.run) and what it
+yields from it: a Chunk for what each step added to the answer, and at the
+end the GenerationResult.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgespec.core.result import GenerationResult, sum_accepted
+from edgespec.core.stream import Chunk, TextStream
+from edgespec.core.verify import SamplingConfig
+
+
+@dataclass(eq=False)
+class RunState:
+    """The request's prompt and settings, its answer so far (the context, the
+    committed tokens, the text), what passes from one step to the next (the
+    pending token, a carried chain, proposals still being judged) and the
+    counts its GenerationResult reports."""
+    prompt: np.ndarray
+    sampling: SamplingConfig
+    max_tokens: int
+    record_topk: int
+    out: TextStream
+    t_start: float
+    rng: np.random.Generator | None = None
+    topk_walk: bool = False
+    n_common: int = 0                 # prompt tokens reused from the KV cache
+    ctx: np.ndarray = None            # prompt + committed tokens (first n)
+    n: int = 0
+    pending: int = -1                 # the last committed token, not yet decoded
+    carry: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    generated: list = field(default_factory=list)
+    n_streamed: int = 0               # tokens of `generated` already handed out in chunks
+    stop_reason: str | None = None
+    t_prefill: float = 0.0
+    t_decode_calls: float = 0.0
+    n_steps: int = 0
+    n_draft_steps: int = 0
+    n_draft_nodes: int = 0
+    n_draft_accepted: int = 0
+    n_carried: int = 0
+    n_relaxed: int = 0
+    n_forced: int = 0                 # steps that drafted grammar-forced text
+    topk_log: list = field(default_factory=list)
+    shadow: list = field(default_factory=list)   # proposals still being judged (Gate.record_shadow)
+    rec_rows: np.ndarray = None
+    rec_buf: np.ndarray = None
+    grammar: object = None            # a backend Grammar the answer follows (Engine.run)
+    n_logprobs: int | None = None     # alternatives per token when logprobs are asked for
+    lp: list | None = None            # a TokenLogprob per token of `generated` (then)
+
+
+def chunks(st: RunState, n_drafted: int):
+    """Yield what a step added to the answer (nothing when it added nothing)."""
+    text, spans = st.out.delta()
+    a = st.n_streamed
+    toks = st.generated[a:]
+    st.n_streamed = len(st.generated)
+    lp = None
+    if st.lp is not None:       # none for tokens at or past a stop string
+        lp = st.lp[a:st.out.n_tokens_before_stop() if st.out.stopped_at >= 0 else len(st.lp)]
+    if text or toks:
+        yield Chunk(text, toks, min(n_drafted, len(toks)), spans, lp)
+
+
+def finish(st: RunState, drafter_name: str, verify_mode: str):
+    """Flush the held-back text and build the GenerationResult (the
+    generator's return value); drafter_name and verify_mode: the engine's."""
+    out = st.out
+    out.finish()
+    generated = st.generated
+    if out.stopped_at >= 0:
+        generated = generated[:out.n_tokens_before_stop()]
+    tail, spans = out.delta(final=True)
+    if tail:
+        yield Chunk(tail, [], 0, spans, [] if st.lp is not None else None)
+    decode_s = time.perf_counter() - st.t_prefill
+    n_gen = len(generated)
+    return GenerationResult(
+        text=out.text, tokens=generated, n_prompt_tokens=len(st.prompt), n_generated=n_gen,
+        n_steps=st.n_steps, mean_accepted=sum_accepted(st.n_steps, st.n_draft_accepted),
+        prefill_s=st.t_prefill - st.t_start, decode_s=decode_s,
+        tokens_per_s=(n_gen - 1) / decode_s if n_gen > 1 and decode_s > 0 else 0.0,
+        stop_reason=st.stop_reason or "length", n_reused_tokens=st.n_common,
+        n_draft_steps=st.n_draft_steps, n_draft_nodes=st.n_draft_nodes, n_draft_accepted=st.n_draft_accepted,
+        n_carried=st.n_carried, decode_call_s=st.t_decode_calls, engine_s=decode_s - st.t_decode_calls,
+        drafter=drafter_name, verify=verify_mode, n_relaxed=st.n_relaxed,
+        constrained=st.grammar is not None, n_forced=st.n_forced,
+        topk=np.concatenate(st.topk_log)[:n_gen + 1].tolist() if st.topk_log else None,
+        logprobs=st.lp[:n_gen] if st.lp is not None else None)

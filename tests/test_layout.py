@@ -1,0 +1,102 @@
+"""The package's layout rules (docs/architecture.md), checked on the source:
+no import cycle, llama_cpp only behind backend/, a core without click or
+llama_cpp, and modules and functions short enough to read at once."""
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "edgespec"
+MAX_MODULE_LINES = 500      # outside kernels/
+MAX_FUNCTION_LINES = 60     # outside kernels/ (numba kernels are one loop nest each)
+# the bench's llama-cpp-python methods run that library's own API as the baseline
+LLAMA_CPP_OUTSIDE_BACKEND = {"edgespec.bench.llamacpp", "edgespec.bench.llama_peer"}
+
+
+def _modules() -> dict:
+    mods = {}
+    for p in ROOT.rglob("*.py"):
+        parts = p.relative_to(ROOT.parent).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return mods
+
+
+MODULES = _modules()
+TREES = {m: ast.parse(p.read_text(encoding="utf-8"), str(p)) for m, p in MODULES.items()}
+
+
+def _imported(module: str) -> set:
+    """Every dotted name `module` imports, at the top or inside functions."""
+    out = set()
+    for node in ast.walk(TREES[module]):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{module}: relative import (the package uses absolute imports)"
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def _edges(module: str) -> set:
+    """The edgespec modules `module` imports (a name resolves to its longest module prefix)."""
+    out = set()
+    for name in _imported(module):
+        while name and name not in MODULES:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            out.add(name)
+    return out
+
+
+def test_the_rules_see_the_package():
+    assert {"edgespec.core.engine", "edgespec.backend.llama", "edgespec.app.api"} <= set(MODULES)
+
+
+def test_no_import_cycle():
+    graph = {m: _edges(m) for m in MODULES}
+    state: dict = {}
+
+    def visit(m, path):
+        state[m] = "open"
+        for n in sorted(graph[m]):
+            if state.get(n) == "open":
+                cycle = path[path.index(n):] + [n]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n, path + [n])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_llama_cpp_only_behind_the_backend():
+    users = {m for m in MODULES if any(n == "llama_cpp" or n.startswith("llama_cpp.") for n in _imported(m))}
+    outside = {m for m in users if not m.startswith("edgespec.backend.")} - LLAMA_CPP_OUTSIDE_BACKEND
+    assert not outside, f"modules outside edgespec.backend that import llama_cpp: {sorted(outside)}"
+
+
+def test_core_imports_neither_click_nor_llama_cpp():
+    for m in MODULES:
+        if m.startswith("edgespec.core."):
+            bad = {n for n in _imported(m) if n.split(".")[0] in ("click", "llama_cpp")}
+            assert not bad, f"{m} imports {sorted(bad)}"
+
+
+def test_modules_and_functions_are_short():
+    long_modules, long_functions = [], []
+    for m, p in MODULES.items():
+        if m.startswith("edgespec.kernels."):
+            continue
+        n = len(p.read_text(encoding="utf-8").splitlines())
+        if n > MAX_MODULE_LINES:
+            long_modules.append(f"{m} ({n} lines)")
+        for node in ast.walk(TREES[m]):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{m}.{node.name} ({length} lines)")
+    assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
+    assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
