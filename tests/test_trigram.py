@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgespec.drafters.base import StepResult
+from edgespec.drafters.aded import ADJUST_SLOTS, drop_rare_trigrams
 from edgespec.drafters.trigram import TrigramConfig, TrigramDrafter, merge_corpora
 from edgespec.kernels import trigram as K
 from edgespec.core.tree import SOURCE_TRIGRAM, DraftTree
@@ -570,6 +571,9 @@ def test_begin_feeds_long_prompt_like_the_whole_stream():
     dict(iterations=1.5), dict(max_depth=True), dict(c1=-1.0), dict(c2=0.0),
     dict(prior_weight=0.0), dict(backoff_weight=1.5), dict(backoff_weight=-0.1),
     dict(increment=3, cap=2), dict(c1=float("nan")), dict(c2="8"),
+    dict(sequences=0), dict(adjust_length=0), dict(min_count=-1), dict(seed=-1), dict(min_count=1.0),
+    dict(aded=1), dict(rollout="yes"), dict(adjust=None), dict(adjust_increment=0.0),
+    dict(adjust_increment=0.5, adjust_max_prob=0.4), dict(adjust_max_prob=1.5),
 ])
 def test_config_validation(kw):
     with pytest.raises(ValueError):
@@ -581,6 +585,11 @@ def test_config_defaults():
     assert (c.iterations, c.max_depth, c.candidates, c.c1, c.c2) == (150, 4, 24, 32.0, 8.0)
     assert isinstance(TrigramConfig(c1=2).c1, float)
     assert TrigramDrafter(5).name == "trigram"
+    # the published form is off by default; its count threshold t is 12, edgespec's 1
+    assert not c.aded and c.trigram_min_count == 1 and c.sequences == 24
+    assert TrigramConfig(aded=True).trigram_min_count == 12
+    assert TrigramConfig(aded=True, min_count=3).trigram_min_count == 3
+    assert TrigramConfig(min_count=5).trigram_min_count == 5
 
 
 def test_warmup_leaves_overlay_alone():
@@ -603,3 +612,137 @@ def test_propose_speed(rich):
         d.propose(ctx, 64)
         times.append(time.perf_counter() - t0)
     assert np.median(times) < 1e-3
+
+
+# --------------------------------------------------------------------------
+# the count threshold and the published form (aded; its worked examples are in
+# test_papers_aded.py)
+
+
+def test_min_count_drops_rare_trigrams_like_a_reference(rich):
+    _, docs = rich
+    corp = ref_corpus(docs, 200, max_successors=6)
+    tables = {k: getattr(corp, k) for k in TABLES}
+    for t in (1, 2, 3, 5, 1000):
+        out = drop_rare_trigrams(tables, t)
+        rows = {}
+        w1s = np.repeat(np.arange(200), np.diff(corp.tri_w1_offsets))
+        for r, (w1, w2) in enumerate(zip(w1s, corp.tri_w2)):
+            kept = [(int(n), int(c)) for n, c in zip(corp.tri_next[corp.tri_offsets[r]:corp.tri_offsets[r + 1]],
+                                                      corp.tri_count[corp.tri_offsets[r]:corp.tri_offsets[r + 1]])
+                    if c >= t]
+            if kept:
+                rows[(int(w1), int(w2))] = (int(corp.tri_ctx_count[r]), kept)
+        got = {}
+        w1s = np.repeat(np.arange(200), np.diff(out["tri_w1_offsets"]))
+        for r, (w1, w2) in enumerate(zip(w1s, out["tri_w2"])):
+            lo, hi = out["tri_offsets"][r], out["tri_offsets"][r + 1]
+            got[(int(w1), int(w2))] = (int(out["tri_ctx_count"][r]),
+                                       [(int(n), int(c)) for n, c in zip(out["tri_next"][lo:hi], out["tri_count"][lo:hi])])
+        assert got == rows
+        assert out["adj_next"] is tables["adj_next"]
+
+
+def test_min_count_leaves_the_default_variant_alone_at_1(rich):
+    _, docs = rich
+    a = TrigramDrafter(200, [ref_corpus(docs, 200)])
+    b = TrigramDrafter(200, [ref_corpus(docs, 200)], TrigramConfig(min_count=1))
+    ctx = arr(docs[2][:30])
+    assert a.propose(ctx, 64).tokens.tolist() == b.propose(ctx, 64).tokens.tolist()
+    # t = 3: the loaded tri-gram table holds only successors counted 3 times or more
+    c = TrigramDrafter(200, [ref_corpus(docs, 200)], TrigramConfig(min_count=3))
+    tri_next, tri_count = c._corpus[4], c._corpus[5]
+    assert tri_count.min() >= 3 and 0 < len(tri_next) < len(a._corpus[4])
+
+
+@pytest.mark.parametrize("kw", [{}, dict(rollout=False), dict(sequences=3), dict(iterations=7, max_depth=2)])
+def test_aded_valid_trees_and_budget(rich, kw):
+    _, docs = rich
+    cfg = TrigramConfig(aded=True, min_count=1, **kw)
+    d = TrigramDrafter(200, [ref_corpus(docs, 200)], cfg)
+    d.warmup()
+    d.begin(arr(docs[0] + docs[1]))
+    for ctx in (docs[2][:30], docs[0][:10], [5], [150, 151], docs[3]):
+        for budget in (1, 2, 5, 17, 64, 500):
+            tree = d.propose(arr(ctx), budget)
+            check_tree(tree, 200, budget, cfg)
+            leaves = [i for i in range(len(tree)) if i not in set(tree.parents.tolist())]
+            assert len(leaves) <= cfg.sequences
+    full = d.propose(arr(docs[2][:30]), 64)
+    assert len(full) > 0
+    small = d.propose(arr(docs[2][:30]), 10)
+    assert np.array_equal(small.tokens, full.tokens[:len(small)])
+    assert np.array_equal(small.parents, full.parents[:len(small)])
+
+
+def ref_adjust(matrix, adjusted, tokens, max_length, inc, max_prob, V):
+    """Algorithm 2 over a dict matrix, with the drafter's bound of ADJUST_SLOTS
+    adjusted successors per context."""
+    sub = [int(t) for t in tokens[max(0, len(tokens) - max_length):]]
+    for i in range(2, len(sub)):
+        a, b, c = sub[i - 2:i + 1]
+        if not all(0 <= x < V for x in (a, b, c)):
+            continue
+        row = adjusted.setdefault((a, b), {})
+        if c in row:
+            row[c] = min(row[c] + inc, max_prob)
+        elif len(row) < ADJUST_SLOTS:
+            cur = matrix.get((a, b), {}).get(c)
+            row[c] = min(cur + inc, max_prob) if cur is not None else inc
+
+
+@settings(max_examples=60, deadline=None)
+@given(stream=st.lists(st.integers(-1, 40), max_size=400), length=st.integers(1, 60),
+       inc=st.sampled_from([0.05, 0.25, 0.5]), max_prob=st.sampled_from([0.5, 0.9, 1.0]),
+       chunk=st.integers(1, 9))
+def test_adjust3gram_matches_a_reference(stream, length, inc, max_prob, chunk):
+    """Step by step (Adjust3Gram over the last `length` tokens of the growing
+    context), the adjusted table equals Algorithm 2 run on dicts, through the
+    table's growth from 64 entries; contexts with more than ADJUST_SLOTS
+    successors are bounded as documented."""
+    V = 40
+    docs = [[1, 2, 3]] * 3 + [[1, 2, 4], [2, 3, 5]]
+    corp = ref_corpus(docs, V)
+    d = TrigramDrafter(V, [corp], TrigramConfig(aded=True, min_count=2, adjust_length=length,
+                                                adjust_increment=inc, adjust_max_prob=max_prob))
+    matrix = {(1, 2): {3: 3 / 4}}
+    assert d.distribution(1, 2) == pytest.approx({3: 0.75})
+    ref = {}
+    d.begin(arr(stream[:chunk]))
+    ref_adjust(matrix, ref, stream[:chunk], length, inc, max_prob, V)
+    for end in range(2 * chunk, len(stream) + chunk, chunk):
+        ctx = stream[:end]
+        d.observe(StepResult(context=arr(ctx), accepted=arr(ctx[-chunk:]), proposed=DraftTree.empty(),
+                             node_accepted=np.zeros(0, bool), node_tested=np.zeros(0, bool)))
+        ref_adjust(matrix, ref, ctx, length, inc, max_prob, V)
+    got = d._aded.adjusted()
+    flat = {(*k, c): p for k, row in got.items() for c, p in row.items()}
+    want = {(*k, c): p for k, row in ref.items() for c, p in row.items()}
+    assert flat == pytest.approx(want)
+    d.reset()
+    assert d._aded.adjusted() == {}
+
+
+def test_aded_warmup_leaves_the_matrix_alone():
+    d = TrigramDrafter(10, config=TrigramConfig(aded=True))
+    d.begin(arr([1, 2, 3, 1, 2, 3]))
+    before = d._aded.adjusted()
+    assert before == {(1, 2): {3: 0.2}, (2, 3): {1: 0.1}, (3, 1): {2: 0.1}}
+    d.warmup()
+    assert d._aded.adjusted() == before
+
+
+def test_aded_propose_speed(rich):
+    """Warm propose() of the published form (150 iterations with rollouts)
+    stays under 2 ms (asserted loosely: the test machine is shared)."""
+    _, docs = rich
+    d = TrigramDrafter(200, [ref_corpus(docs, 200)], TrigramConfig(aded=True, min_count=1))
+    d.warmup()
+    d.begin(arr(docs[0] + docs[1]))
+    ctx = arr(docs[2][:30])
+    times = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        d.propose(ctx, 64)
+        times.append(time.perf_counter() - t0)
+    assert np.median(times) < 2e-3

@@ -1,4 +1,5 @@
-"""The `trigram` drafter: ADED (adaptive draft-verification).
+"""The `trigram` drafter: edgespec's variant of ADED (adaptive draft-verification),
+and, with ``aded``, ADED as published (drafters/aded.py).
 
 A tri-gram model P(w3 | w1, w2) built from compiled corpora and adapted online
 to the tokens of the current conversation, searched by Monte Carlo tree search
@@ -17,9 +18,13 @@ The overlay persists across requests (that is the adaptation); the window
 bounds how far back it remembers.
 
 The search values a simulated path by the sum of its nodes' cumulative
-probabilities, without a rollout (kernels/trigram.py `mcts_draft`); whether
-that is ADED's own choice could not be checked from the paper's text, so it
-is documented as edgespec's.
+probabilities, without a rollout, and drafts the most-visited nodes
+(kernels/trigram.py `mcts_draft`).  ADED's paper differs on each point: its
+matrix is Eq. (1) without the tri-grams seen fewer than t = 12 times, adjusted
+by Adjust3Gram (raised by an increment up to maxProb, no decay), and its
+search (Algorithm 1) rolls out to depth l, scores a path 1 + the sum of its
+tri-gram values and drafts the n = 24 best sentences: ``aded`` switches all of
+that on (drafters/aded.py).
 """
 from __future__ import annotations
 
@@ -29,12 +34,17 @@ import numpy as np
 
 from edgespec.kernels import trigram as _k
 from edgespec.core.tree import SOURCE_TRIGRAM, DraftTree
+from edgespec.drafters.aded import AdedSearch, drop_rare_trigrams
 from edgespec.drafters.base import Drafter
+
+ADED_MIN_COUNT = 12
+"""ADED's t: "the threshold for the elimination of tri-gram probability"."""
 
 
 @dataclass
 class TrigramConfig:
-    """Settings of the trigram drafter (search settings from the ADED paper)."""
+    """Settings of the trigram drafter (search settings from the ADED paper:
+    s = 150 iterations, l = 4, c1 = 32, c2 = 8, n = 24 sentences)."""
 
     iterations: int = 150
     """MCTS simulations per proposal."""
@@ -44,7 +54,8 @@ class TrigramConfig:
 
     candidates: int = 24
     """Successors considered per node: an expanded node gets at most this many
-    children, the most probable."""
+    children, the most probable (with ``aded``: every matrix successor, up to
+    this many; the paper's n = 24 is ``sequences``)."""
 
     c1: float = 32.0
     """PUCT exploration constant C1 in E = C1 + log((sum N + C2 + 1) / C2)."""
@@ -79,16 +90,71 @@ class TrigramConfig:
     """beta: bi-gram probabilities are multiplied by this when they stand in
     for an unknown tri-gram context (a bi-gram predicts worse)."""
 
+    aded: bool = False
+    """ADED as published (drafters/aded.py): the matrix of Eq. (1) without the
+    tri-grams counted fewer than t times, Adjust3Gram instead of the windowed
+    overlay, and Algorithm 1's search (rollout, a path scored 1 + the sum of
+    its tri-gram values, the best ``sequences`` sentences drafted as a tree).
+    window, increment, cap, overlay_slots, prior_weight and backoff_weight are
+    then unused."""
+
+    rollout: bool = True
+    """With ``aded``: Algorithm 1's simulation (off: a path's score stops at
+    the expanded node)."""
+
+    adjust: bool = True
+    """With ``aded``: Adjust3Gram before each search (off: the corpus matrix
+    stays fixed, the paper's non-adaptive ablation)."""
+
+    sequences: int = 24
+    """With ``aded``: n, the best sentences drafted."""
+
+    min_count: int = 0
+    """t: corpus tri-grams counted fewer than t times are dropped when the
+    corpora are loaded; 0 is the form's own (12 with ``aded``, else 1: keep
+    all)."""
+
+    adjust_length: int = 1024
+    """With ``aded``: Adjust3Gram's maxLength, the last tokens of the input
+    whose tri-grams are raised before each search (not given by the paper:
+    Figure 2 updates the matrix from the input tokens, and the whole input is
+    re-read every step, so this bounds that work; a typical prompt fits)."""
+
+    adjust_increment: float = 0.1
+    """With ``aded``: Adjust3Gram's increment (not given by the paper)."""
+
+    adjust_max_prob: float = 1.0
+    """With ``aded``: Adjust3Gram's maxProb (not given by the paper)."""
+
+    seed: int = 0
+    """With ``aded``: the rollout's random generator starts from this at every
+    search (Algorithm 1, line 1)."""
+
+    @property
+    def trigram_min_count(self) -> int:
+        """The effective t (see ``min_count``)."""
+        return self.min_count or (ADED_MIN_COUNT if self.aded else 1)
+
     def __post_init__(self):
         for name in ("iterations", "max_depth", "candidates", "max_nodes", "window",
-                     "increment", "cap", "overlay_slots"):
+                     "increment", "cap", "overlay_slots", "sequences", "adjust_length",
+                     "min_count", "seed"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise ValueError(f"TrigramConfig.{name} must be an integer, got {v!r}")
-            if v < 1:
-                raise ValueError(f"TrigramConfig.{name} must be >= 1, got {v}")
+            lo = 0 if name in ("min_count", "seed") else 1
+            if v < lo:
+                raise ValueError(f"TrigramConfig.{name} must be >= {lo}, got {v}")
             setattr(self, name, int(v))
-        for name in ("c1", "c2", "prior_weight", "backoff_weight"):
+        for name in ("aded", "rollout", "adjust"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"TrigramConfig.{name} must be a bool, got {getattr(self, name)!r}")
+            setattr(self, name, bool(getattr(self, name)))
+        self._check_numbers()
+
+    def _check_numbers(self):
+        for name in ("c1", "c2", "prior_weight", "backoff_weight", "adjust_increment",
+                     "adjust_max_prob"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
                 raise ValueError(f"TrigramConfig.{name} must be a number, got {v!r}")
@@ -108,6 +174,9 @@ class TrigramConfig:
         if self.cap < self.increment:
             raise ValueError(
                 f"TrigramConfig.cap ({self.cap}) must be >= increment ({self.increment})")
+        if not 0 < self.adjust_increment <= self.adjust_max_prob <= 1:
+            raise ValueError("TrigramConfig: need 0 < adjust_increment <= adjust_max_prob <= 1, got "
+                             f"{self.adjust_increment} and {self.adjust_max_prob}")
 
 
 # --------------------------------------------------------------------------
@@ -251,11 +320,13 @@ class TrigramDrafter(Drafter):
 
     ``TrigramDrafter(n_vocab, corpora=(), config=None)``; corpora are
     ``edgespec.corpus.format.Corpus`` objects (anything with the spec's tri_* and
-    adj_* arrays and ``n_vocab``), merged once here.
+    adj_* arrays and ``n_vocab``), merged once here (then the tri-grams under
+    the count threshold t dropped).
 
     Proposals: up to ``min(budget, max_nodes)`` nodes, most-visited first
     (parents before children, so any prefix is a valid tree); probs are the
-    nodes' conditional probabilities under the mixed model.
+    nodes' conditional probabilities under the mixed model.  With ``aded``
+    the published form drafts instead (drafters/aded.py, ``AdedSearch``).
     """
 
     name = "trigram"
@@ -271,7 +342,9 @@ class TrigramDrafter(Drafter):
             if int(corp.n_vocab) != V:
                 raise ValueError(f"corpus n_vocab {corp.n_vocab} differs from the model's {V}")
         self.n_vocab = V
-        self._corpus = _corpus_bundle(merge_corpora(corpora, V), V)
+        tables = drop_rare_trigrams(merge_corpora(corpora, V), c.trigram_min_count)
+        self._corpus = _corpus_bundle(tables, V)
+        self._aded = AdedSearch(self._corpus, V, c) if c.aded else None
         self._ov, self._ring, self._state = _overlay_arrays(c.window, c.overlay_slots)
         self._mix = (V, c.prior_weight, c.backoff_weight, c.increment, c.cap)
         self._search = (c.iterations, c.max_depth, c.candidates, c.c1, c.c2)
@@ -301,15 +374,6 @@ class TrigramDrafter(Drafter):
     # -- interface ---------------------------------------------------------
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
-        # Measured after warm-up on the 2-core dev sandbox (Python 3.11, numba
-        # 0.68; shared, load ~3), default config, budget 64, V = 49152, median
-        # of 300 calls: dense corpus (200k tokens over 300 token ids, 40
-        # successors each; rows full at 8, 64-node trees) -> 48-51 us;
-        # sparse corpus (200k tokens, mostly single-successor contexts) ->
-        # 7-18 us; no corpus, overlay of a 4000-token repetitive prompt -> 38
-        # us; unknown context -> 4 us.  Most of it is the ~110 expansions'
-        # successor look-ups (cache misses in the corpus and hash tables),
-        # then PUCT descents; ~7 us is the numba call and the DraftTree.
         c = self.config
         max_out = min(int(budget), c.max_nodes)
         n = len(context)
@@ -317,6 +381,8 @@ class TrigramDrafter(Drafter):
             return DraftTree.empty()
         w2 = int(context[-1])
         w1 = int(context[-2]) if n >= 2 else -1
+        if self._aded is not None:
+            return self._aded.propose(w1, w2, max_out)
         m = _k.mcts_draft(self._corpus, self._ov, self._mix, w1, w2, self._search,
                           self._nodes, self._cand, self._path, max_out, self._tokens,
                           self._parents, self._probs, self._sel_idx, self._sel_key,
@@ -330,7 +396,11 @@ class TrigramDrafter(Drafter):
         """Feed the prompt to the overlay as a new stream (its first tokens
         form no n-grams with what came before).  The whole prompt is fed
         (about 0.2 us a token): which successors hold a slot depends on the
-        order of arrival, also before the window."""
+        order of arrival, also before the window.  With ``aded``: Adjust3Gram
+        over the prompt's last tokens, the input of the first search."""
+        if self._aded is not None:
+            self._aded.adjust(prompt)
+            return
         self._state[1] = self._state[2] = -1
         p = np.ascontiguousarray(prompt, dtype=np.int32)
         _k.overlay_feed(self._ov, self._ring, self._state, p, len(p), self.n_vocab)
@@ -338,7 +408,11 @@ class TrigramDrafter(Drafter):
     def observe(self, result) -> None:
         """Feed the tokens this step appended; the two tokens before them are
         taken from ``result.context`` when it has them (so the stream stays
-        right even if begin() was not called)."""
+        right even if begin() was not called).  With ``aded``: Adjust3Gram over
+        the context's last tokens, the input of the next search."""
+        if self._aded is not None:
+            self._aded.adjust(np.asarray(result.context))
+            return
         acc = np.ascontiguousarray(result.accepted, dtype=np.int32)
         k = len(acc)
         if k == 0:
@@ -353,8 +427,10 @@ class TrigramDrafter(Drafter):
         _k.overlay_feed(self._ov, self._ring, self._state, acc, k, self.n_vocab)
 
     def reset(self) -> None:
-        """Forget everything the overlay learned."""
+        """Forget everything the overlay (or Adjust3Gram) learned."""
         c = self.config
+        if self._aded is not None:
+            self._aded.reset()
         self._ov, self._ring, self._state = _overlay_arrays(c.window, c.overlay_slots)
 
     def warmup(self) -> None:
@@ -362,6 +438,9 @@ class TrigramDrafter(Drafter):
         argument types of this instance, on a scratch overlay (the real one
         is left untouched)."""
         c = self.config
+        if self._aded is not None:
+            self._aded.warmup()
+            return
         ov, ring, state = _overlay_arrays(4, c.overlay_slots)
         toks = np.array([1, 2, 3, 1, 2, 3, 1, 2, 4, 1], np.int32) % self.n_vocab
         _k.overlay_feed(ov, ring, state, toks, len(toks), self.n_vocab)
@@ -377,8 +456,11 @@ class TrigramDrafter(Drafter):
 
     def distribution(self, w1: int, w2: int, k: int | None = None) -> dict[int, float]:
         """The mixed model's k most probable successors of (w1, w2) (w1 = -1:
-        one-token context), as {token: probability}."""
+        one-token context), as {token: probability}; with ``aded`` the
+        matrix's entries (Eq. 1 as adjusted)."""
         k = self.config.candidates if k is None else int(k)
+        if self._aded is not None:
+            return self._aded.distribution(w1, w2, k)
         n_cand = self._cand[2].shape[0]
         out_tok = np.zeros(max(k, 1), np.int32)
         out_p = np.zeros(max(k, 1), np.float64)

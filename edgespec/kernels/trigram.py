@@ -1,5 +1,7 @@
-"""Tri-gram kernels (the ADED method: a tri-gram model that adapts online, and
-a Monte Carlo tree search that turns it into a draft tree).
+"""Tri-gram kernels: edgespec's variant of the ADED method (a tri-gram model
+that adapts online, and a Monte Carlo tree search that turns it into a draft
+tree).  ADED as published (Eq. 1 with the count threshold, Adjust3Gram,
+Algorithm 1 with its rollout) is ``edgespec.kernels.aded``.
 
 Three parts, all ``numba.njit(cache=True)`` pure functions over numpy arrays
 preallocated by the caller:
@@ -430,11 +432,10 @@ def mcts_draft(corpus, ov, mix, w1, w2, search, nodes, cand, path,
       value    v = the sum of the cumulative (path) probabilities of the nodes
                on the simulated path below the root, i.e. the expected number
                of accepted tokens if that chain alone were drafted (no
-               rollout: the leaf is valued by its own path.  Whether ADED's
-               paper values leaves this way or by a rollout could not be
-               checked -- its method section was not readable from this
-               project's sessions; the PUCT score and E are the published
-               ones, and this evaluation is kept as edgespec's choice);
+               rollout: the leaf is valued by its own path.  This is
+               edgespec's variant: ADED's Algorithm 1 rolls out to depth l
+               and scores 1 + the sum of the tri-gram values, kernels/aded.py;
+               the PUCT score and E are the published ones);
       backup   every node on the path gets visits + 1 and value + v.
 
     Output: at most ``max_out`` nodes other than the root, ranked by visits,
