@@ -1,7 +1,9 @@
-"""AASD as published: the entropy-adaptive threshold of conditional
-verification (verify.py, mode "entropy"), relaxing only prompt-retrieved and
-alignment-sampled tokens, and alignment sampling at misaligned prompt
-positions only (drafters/branch.py): worked examples."""
+"""AASD as published (Wang et al., /work/shared/seeds/aasd.txt): the
+entropy-adaptive threshold of conditional verification (verify.py, mode
+"entropy", eqs. 4-6), relaxing only prompt-retrieved and alignment-sampled
+tokens and accepting the longest candidate that passes, with no cap and no
+look-ahead; alignment sampling at misaligned prompt positions only
+(drafters/branch.py): worked examples."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +16,7 @@ from edgespec.drafters.branch import BranchDrafter
 from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
 from edgespec.core.engine import Engine, drain
 from edgespec.core.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_PROMPT, DraftTree
-from edgespec.core.verify import VerifyConfig, aasd_threshold, relaxed_accepts
+from edgespec.core.verify import VerifyConfig, aasd_threshold, relaxed_accepts, relaxed_path
 
 from conftest import dev_prompts
 from test_anchor import branch_tree, rankings
@@ -53,6 +55,89 @@ def test_only_prompt_retrieved_and_alignment_sampled_tokens_are_relaxed():
     # ReSpec's rule relaxes every retrieved token (the context, the corpora, the prompt)
     assert SOURCE_CONTEXT in VerifyConfig("relaxed").relax_sources
     assert SOURCE_ALIGN not in VerifyConfig("relaxed").relax_sources
+
+
+IS, WAS, MADE, A, GREAT, END = 1, 2, 3, 4, 5, 0
+V = 8
+
+
+def _batch(paths, model):
+    """A verification batch laid out depth first: `paths` are candidates of
+    (token, source) merged as a trie under the root (slot 0); model(prefix) ->
+    {token: probability} after the root + prefix (the rest of the mass spread
+    evenly).  Returns (logits, parents, tokens, sources)."""
+    toks, pars, srcs, prefix_of = [9], [-1], [-1], [()]
+    for path in paths:
+        slot = 0
+        for tok, src in path:
+            kids = [t for t in range(len(toks)) if pars[t] == slot and toks[t] == tok]
+            if kids:
+                slot = kids[0]
+                continue
+            toks.append(tok); pars.append(slot); srcs.append(src)
+            prefix_of.append(prefix_of[slot] + (tok,))
+            slot = len(toks) - 1
+    logits = np.zeros((len(toks), V), np.float32)
+    for s, prefix in enumerate(prefix_of):
+        p = model(prefix)
+        rest = (1.0 - sum(p.values())) / (V - len(p))
+        logits[s] = logits_row([p.get(t, rest) for t in range(V)])
+    return logits, pars, toks, srcs
+
+
+def logits_row(p):
+    return np.log(np.maximum(np.asarray(p, np.float64), 1e-12)).astype(np.float32)
+
+
+def _accepted(paths, model, cfg):
+    logits, pars, toks, srcs = _batch(paths, model)
+    return [toks[s] for s in relaxed_path(logits, pars, toks, srcs, cfg)]
+
+
+def _jackson(prefix):
+    """Figure 2: after "Michael Jackson" the model's top-1 is "was", top-2 "made",
+    and the prompt's "is" third; after "is" it goes on "a great" itself."""
+    if prefix == ():
+        return {WAS: 0.42, MADE: 0.30, IS: 0.28}
+    if prefix == (IS,):
+        return {A: 0.9}
+    if prefix == (IS, A):
+        return {GREAT: 0.9}
+    return {END: 0.9}
+
+
+def test_the_longest_candidate_that_passes_is_accepted():
+    # the n-gram "is a great" retrieved by the key "Michael Jackson" (copied from the
+    # prompt) and the alignment-sampled "was" and "made" for the 100th position
+    tree = [[(WAS, SOURCE_ALIGN)], [(MADE, SOURCE_ALIGN)], [(IS, SOURCE_PROMPT), (A, SOURCE_PROMPT),
+                                                             (GREAT, SOURCE_PROMPT)]]
+    cfg = VerifyConfig("entropy")
+    # H = 1.082 nats over 0.42, 0.30, 0.28: delta = 0.1 * 1.082 + 0.1 = 0.208, so "was",
+    # "made" and "is" all pass; "We accept the longest draft candidate that passes
+    # verification": "is a great" (3 tokens) over the model's own "was" (1)
+    logits, *_ = _batch(tree, _jackson)
+    assert aasd_threshold(logits[0], 0.1, 0.1) == pytest.approx(0.208, abs=1e-3)
+    assert _accepted(tree, _jackson, cfg) == [IS, A, GREAT]
+    # equally long candidates: the one with fewer relaxed tokens (the model's own "was")
+    tree2 = [[(IS, SOURCE_PROMPT)], [(WAS, SOURCE_ALIGN)]]
+    assert _accepted(tree2, _jackson, cfg) == [WAS]
+    # strict for tokens retrieved from the generated context: the same "is a great"
+    # copied from the answer so far is not relaxed, the model's "was" is all that passes
+    ctx_tree = [[(WAS, SOURCE_ALIGN)], [(IS, SOURCE_CONTEXT), (A, SOURCE_CONTEXT), (GREAT, SOURCE_CONTEXT)]]
+    assert _accepted(ctx_tree, _jackson, cfg) == [WAS]
+
+
+def test_no_cap_and_no_look_ahead():
+    # four prompt tokens in a row, none the model's top choice, each with p = 0.3
+    # under a top of 0.4 (delta = 0.1 H + 0.1 < 0.3): every one passes
+    def model(prefix):
+        return {6: 0.4, 1 + len(prefix): 0.3} if len(prefix) < 4 else {END: 0.9}
+    copy = [[(1, SOURCE_PROMPT), (2, SOURCE_PROMPT), (3, SOURCE_PROMPT), (4, SOURCE_PROMPT)]]
+    assert _accepted(copy, model, VerifyConfig("entropy")) == [1, 2, 3, 4]
+    # ReSpec's Phi (and edgespec's cap of entropy_inv) do not apply to AASD
+    assert _accepted(copy, model, VerifyConfig("entropy", phi=1, max_relaxed=1)) == [1, 2, 3, 4]
+    # no look-ahead: a passing token is accepted with nothing after it
+    assert _accepted([copy[0][:1]], model, VerifyConfig("entropy")) == [1]
 
 
 def test_alignment_sampling_only_where_the_prompt_and_the_model_disagree():

@@ -11,7 +11,7 @@ import pytest
 from edgespec.drafters.base import Drafter
 from edgespec.core.engine import Engine, drain
 from edgespec.core.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
-from edgespec.core.verify import SamplingConfig, VerifyConfig, relaxed_accepts, rouge_l
+from edgespec.core.verify import SamplingConfig, VerifyConfig, relaxed_accepts, relaxed_path, rouge_l
 
 from conftest import dev_prompts
 
@@ -41,6 +41,59 @@ def test_config_and_rouge():
     assert rouge_l([1, 2, 3], [1, 2, 3]) == 1.0
     assert rouge_l([1, 2, 3, 4], [1, 9, 3, 4]) == pytest.approx(0.75)
     assert rouge_l([1, 2], [3, 4]) == 0.0
+
+
+def _old_entropy_inv_walk(logits, bpl, btl, src, cfg):
+    """The engine's walk for relaxed modes before the papers' procedures
+    (greedy first; at a mismatch the best relaxed retrieved child whose
+    subtree continues with `lookahead` greedy matches; at most max_relaxed a
+    step), kept as the reference for entropy_inv."""
+    def child(slot, tok):
+        return next((t for t in range(slot + 1, len(btl)) if bpl[t] == slot and btl[t] == tok), -1)
+
+    def relaxed_child(slot):
+        best, best_c = -np.inf, -1
+        for t in range(slot + 1, len(btl)):
+            if bpl[t] == slot and src[t] in cfg.relax_sources:
+                sc = relaxed_accepts(logits[slot], btl[t], cfg)
+                if sc > best:
+                    best, best_c = sc, t
+        if best_c < 0:
+            return -1
+        s2 = best_c
+        for _ in range(cfg.lookahead):
+            s2 = child(s2, int(logits[s2].argmax()))
+            if s2 < 0:
+                return -1
+        return best_c
+
+    cap = cfg.max_relaxed or (1 << 30)
+    path, slot, n = [], 0, 0
+    while True:
+        c = child(slot, int(logits[slot].argmax()))
+        if c < 0 and n < cap:
+            c = relaxed_child(slot)
+            n += c >= 0
+        if c < 0:
+            return path
+        path.append(c)
+        slot = c
+
+
+def test_entropy_inv_keeps_its_greedy_first_walk():
+    rng = np.random.default_rng(7)
+    for case in range(300):
+        nb = int(rng.integers(2, 16))
+        bpl = [-1] + [int(rng.integers(0, t)) for t in range(1, nb)]
+        btl, src = [0], [-1]
+        for t in range(1, nb):
+            used = {btl[u] for u in range(1, t) if bpl[u] == bpl[t]}
+            btl.append(int(rng.choice([v for v in range(6) if v not in used])) if len(used) < 6 else 0)
+            src.append(int(rng.choice([SOURCE_CONTEXT, SOURCE_TRIGRAM])))
+        logits = rng.normal(0, 0.7, (nb, 6)).astype(np.float32)
+        cfg = VerifyConfig("entropy_inv", eps=float(rng.uniform(0.05, 0.6)), lookahead=int(rng.integers(0, 3)),
+                           max_relaxed=int(rng.integers(0, 3)))
+        assert relaxed_path(logits, bpl, btl, src, cfg) == _old_entropy_inv_walk(logits, bpl, btl, src, cfg), case
 
 
 class _FixedDrafter(Drafter):

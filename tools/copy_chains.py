@@ -33,12 +33,11 @@ import sys
 import numpy as np
 
 from edgespec.app.api import SpecModel
-from edgespec.backend.llama import SPLIT_KV_FREE_CELLS
 from edgespec.bench.prompts import load_prompts
 from edgespec.bench.results import read_results
 from edgespec.calibration.curve import CostCurve
 from edgespec.drafters import make_drafter
-from edgespec.core.gate import CostBuckets
+from edgespec.core.gate import CostBuckets, cost_table_at
 from edgespec.kernels import suffix as _k
 
 MAX_K = 12
@@ -163,7 +162,7 @@ def main(argv=None) -> int:
     short = cost.table(MAX_K + 2, short=True)
 
     def cost_at(n_past: int) -> np.ndarray:
-        return short if n_past + 1 <= SPLIT_KV_FREE_CELLS else buckets.at(n_past)[0]
+        return cost_table_at(n_past, short, buckets)[0]
 
     none = {r["question_id"]: r for r in rows if r.get("kind", "result") == "result" and r["method"] == "none"}
     prompts = [p for p in load_prompts(a.prompts, categories=a.category or None) if p.question_id in none]

@@ -37,15 +37,16 @@ import numpy as np
 
 import llama_cpp as L
 
+from edgespec.core.config import SPLIT_KV_FREE_CELLS
 from edgespec.errors import BackendError, ConfigError, ModelLoadError  # re-exported
 from edgespec.backend import ggml
+from edgespec.backend.layer_tap import attach_tap, tap_block
 from edgespec.backend.process import (CACHE_TYPES_K, auto_cache_type_k, clear_recent_log, default_threads,
                                       gpu_offload_available, init_backend, recent_errors)
 from edgespec.backend.vocab import Vocab
 
 
 EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
-SPLIT_KV_FREE_CELLS = 256   # a one-token decode up to this many cells avoids split-KV
 # llama.cpp rounds every context size up to a multiple of 256 KV cells (the
 # padding of its KV cache), so 256 is the smallest context there is (a smaller
 # request is refused, not rounded up silently)
@@ -171,6 +172,7 @@ class LlamaBackend:
                                 load_progress=load_progress)
         self.vocab = Vocab(self.model)
         self.n_vocab = self.vocab.n_vocab
+        self._tap = None          # LayerTap: a middle layer's hidden states (set_hidden(True, layer))
         self._create_context(n_ctx, flash_attn)
         self._create_batch()
         self._init_state()
@@ -199,6 +201,8 @@ class LlamaBackend:
             cp.flash_attn_type = 1 if flash_attn else 0
         self.flash_attn = flash_attn
         cp.no_perf = True
+        if self._tap is not None:
+            cp.cb_eval, cp.cb_eval_user_data = self._tap.callback, self._tap.user_data
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             L.llama_model_free(self.model)
@@ -254,9 +258,8 @@ class LlamaBackend:
         self._logits_addr = None
         self._logits_view = None
         self.n_embd = int(L.llama_model_n_embd(self.model))
-        self.hidden_on = False    # set_hidden(True): llama.cpp also outputs hidden states
-        self._hidden_addr = None
-        self._hidden_view = None
+        self.hidden_on, self.hidden_layer = False, None     # set_hidden(True, layer)
+        self._hidden_addr = self._hidden_view = None
 
     # ------------------------------------------------------------------ basics
     def close(self) -> None:
@@ -282,6 +285,8 @@ class LlamaBackend:
     def _decode(self, n: int) -> None:
         self._batch.n_tokens = n
         self._out_off = 0
+        if self._tap is not None:
+            self._tap.reset()
         rc = L.llama_decode(self.ctx, self._batch)
         if rc != 0:
             if rc == 1:
@@ -444,20 +449,25 @@ class LlamaBackend:
             self._logits_addr = addr
         return self._logits_view[self._out_off:self._out_off + self.n_outputs]
 
-    def set_hidden(self, on: bool) -> None:
-        """Ask llama.cpp for the final hidden state (the input of the output
-        layer) of every output row as well (llama_set_embeddings; the logits
-        are unchanged, measured bit-identical).  Read them with hidden()."""
-        on = bool(on)
-        if on != self.hidden_on:
-            L.llama_set_embeddings(self.ctx, on)
-            self.hidden_on = on
+    def set_hidden(self, on: bool, layer: int | None = None) -> None:
+        """Also read each output row's hidden state (hidden()): layer None, the last (llama_set_embeddings);
+        layer b, block b's output (0: a middle one; backend/layer_tap.py).  Logits stay bit-identical."""
+        was_final = self.hidden_on and self.hidden_layer is None
+        block = tap_block(self.model, layer) if on and layer is not None else None
+        if block is not None and self._tap is None:
+            was_final = attach_tap(self)
+        if self._tap is not None:
+            self._tap.set_block(block)
+        if (on and block is None) != was_final:
+            L.llama_set_embeddings(self.ctx, on and block is None)
+        self.hidden_on, self.hidden_layer = on, block
 
     def hidden(self) -> np.ndarray:
-        """float32 view [n_outputs, n_embd] of the last decode's hidden states
-        (no copy; valid until the next decode); needs set_hidden(True)."""
+        """float32 view [n_outputs, n_embd] of the last decode's hidden states (no copy; valid until the next decode)."""
         if not self.hidden_on:
             raise BackendError("hidden() needs set_hidden(True) before the decode")
+        if self.hidden_layer is not None:
+            return self._tap.rows(self._out_off, self.n_outputs)
         ptr = L.llama_get_embeddings(self.ctx)
         addr = ctypes.cast(ptr, ctypes.c_void_p).value
         if not addr:

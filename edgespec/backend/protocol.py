@@ -55,8 +55,8 @@ class Backend(Protocol):
     def keep(self, k: int) -> None:
         """After decode_tree: commit the first k slots, drop the rest of the step."""
 
-    def set_hidden(self, on: bool) -> None:
-        """Also output final hidden states (read with hidden())."""
+    def set_hidden(self, on: bool, layer: int | None = None) -> None:
+        """Also output hidden states (read with hidden()): the last ones, or block `layer`'s output."""
 
     def hidden(self) -> np.ndarray:
         """float32 [n_outputs, n_embd] of the last decode; needs set_hidden(True)."""

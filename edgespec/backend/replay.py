@@ -33,10 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.backend.llama import SPLIT_KV_FREE_CELLS
 from edgespec.drafters.base import Drafter
 from edgespec.core.engine import drain
-from edgespec.core.gate import CostBuckets
+from edgespec.core.gate import CostBuckets, cost_table_at
 from edgespec.core.tree import DraftTree
 
 _OFF_TEXT = 0
@@ -187,7 +186,7 @@ class ReplayBackend:
         self.n_prompt = 0
         self.truth = np.zeros(0, np.int32)
         self.cost = cost
-        self.table_short = cost.table(max_nodes + 1, short=True) * cost.t1_s
+        self.table_short = cost.table(max_nodes + 1, short=True)
         self._buckets = CostBuckets(cost, max_nodes + 1)
         self.model_s = 0.0
         self.n_decodes = 0
@@ -215,8 +214,8 @@ class ReplayBackend:
             if self._hid.shape[1] != self.n_embd:
                 self._hid = np.zeros((self.max_nodes, self.n_embd), np.float32)
 
-    def set_hidden(self, on: bool) -> None:
-        self.hidden_on = bool(on)
+    def set_hidden(self, on: bool, layer: int | None = None) -> None:
+        self.hidden_on = bool(on)       # the teacher's hidden states, whatever layer they were read at
 
     def hidden(self) -> np.ndarray:
         """The teacher's hidden states of the last decode's rows on the recorded
@@ -317,10 +316,8 @@ class ReplayBackend:
                 hot[s] = self._next(base + d + 1)
                 pos[s] = base + d + 1
         self._set_rows(hot, pos)
-        if base + 1 <= SPLIT_KV_FREE_CELLS:      # the short regime's own curve, as the gate uses
-            self.model_s += self.table_short[n]
-        else:
-            self.model_s += self.seconds(base)[n]
+        table, t1 = cost_table_at(base, self.table_short, self._buckets)     # as the gate picks it
+        self.model_s += table[n] * t1
         self.n_decodes += 1
 
     def seconds(self, n_past: int) -> np.ndarray:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from edgespec.core.verify import VerifyConfig
 from edgespec.errors import ConfigError
 
+SPLIT_KV_FREE_CELLS = 256   # a one-token decode up to this many cells avoids llama.cpp's split-KV kernel
+
 
 @dataclass
 class EngineConfig:

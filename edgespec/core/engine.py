@@ -39,7 +39,7 @@ from edgespec.core.request import RunState, chunks, finish
 from edgespec.core.result import GenerationResult
 from edgespec.core.stream import TextStream
 from edgespec.core.tree import SOURCE_CARRY, SOURCE_GRAMMAR, DraftTree
-from edgespec.core.verify import SamplingConfig, relaxed_accepts, sample_token
+from edgespec.core.verify import SamplingConfig, relaxed_path, sample_token
 from edgespec.drafters.base import Drafter
 from edgespec.errors import ConfigError, PromptTooLongError
 from edgespec.kernels.tree import warmup as _warmup_tree_kernels
@@ -121,29 +121,12 @@ class Engine:
     def reset(self) -> None:
         self.backend.reset()
 
-    def _relaxed_child(self, logits, slot: int, bpl: list, btl: list, tree: DraftTree, sel, order) -> int:
-        """Lossy verification (VerifyConfig): the best retrieved child of `slot`
-        that the relaxed rule accepts and whose subtree continues with
-        `lookahead` greedy matches, or -1."""
-        cfg = self.config.verify
-        relaxable = cfg.relax_sources
-        best, best_c = -np.inf, -1
-        for t in range(slot + 1, len(btl)):
-            if bpl[t] != slot:
-                continue
-            if tree.source[sel[order[t]]] not in relaxable:
-                continue
-            sc = relaxed_accepts(logits[slot], btl[t], cfg)
-            if sc > best:
-                best, best_c = sc, t
-        if best_c < 0:
-            return -1
-        s2 = best_c
-        for _ in range(cfg.lookahead):
-            s2 = _child(bpl, btl, s2, int(logits[s2].argmax()))
-            if s2 < 0:
-                return -1
-        return best_c
+    def _relaxed_child(self, logits, bpl: list, btl: list, tree: DraftTree, sel, order) -> dict:
+        """Lossy verification (VerifyConfig): the path of drafts the relaxed
+        mode accepts (verify.relaxed_path), as {slot: its accepted child}."""
+        src = [-1] + [int(tree.source[sel[order[t]]]) for t in range(1, len(btl))]
+        path = relaxed_path(logits, bpl, btl, src, self.config.verify)
+        return dict(zip([0] + path[:-1], path))
 
     # --------------------------------------------------------------------- run
     def run(self, prompt: np.ndarray, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
@@ -389,19 +372,18 @@ class Engine:
         accepted: list[int] = []
         carried = None
         bpl, btl = self.gate.bp[:nb].tolist(), btok.tolist()
-        relax = not self.config.verify.exact
-        cap = self.config.verify.max_relaxed or (1 << 30)      # ReSpec's Phi: relaxed tokens per step
-        n_relaxed = 0
+        # relaxed modes: the accepted path is decided over the whole tree first
+        nxt = self._relaxed_child(logits, bpl, btl, tree, sel, order) if k and not self.config.verify.exact else None
         while True:
             tok = self._pick(st, logits, slot)
             accepted.append(tok)
-            c = _child(bpl, btl, slot, tok)
-            if c < 0 and relax and k and n_relaxed < cap:
-                c = self._relaxed_child(logits, slot, bpl, btl, tree, sel, order)
-                if c >= 0:          # LOSSY: commit the retrieved token instead
+            if nxt is None:
+                c = _child(bpl, btl, slot, tok)
+            else:
+                c = nxt.get(slot, -1)
+                if c >= 0 and btl[c] != tok:    # LOSSY: commit the draft token the relaxed rule accepted
                     accepted[-1] = btl[c]
                     st.n_relaxed += 1
-                    n_relaxed += 1
             if c < 0:
                 return slot, accepted, carried
             if c != slot + 1:

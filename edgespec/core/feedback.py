@@ -43,6 +43,8 @@ class DrafterFeedback:
         # ReSpec's trigger wants every committed row's entropy, AdaPLD's rerank its hidden state
         self.want_entropy = self.observes and bool(getattr(drafter, "wants_entropy", False))
         self.want_hidden = self.observes and bool(getattr(drafter, "wants_hidden", False))
+        # the block AdaPLD compares (None: the last hidden state)
+        self.hidden_layer = getattr(drafter, "hidden_layer", None) if self.want_hidden else None
         if self.want_entropy:
             from edgespec.kernels.topk import row_entropy
             self._row_entropy = row_entropy
@@ -67,7 +69,7 @@ class DrafterFeedback:
         if k_pre:
             pre = (np.full((m_pre, k_pre), -1, np.int32), np.zeros((m_pre, k_pre), np.float32))
         if self.want_hidden or getattr(be, "hidden_on", False):
-            be.set_hidden(self.want_hidden)
+            be.set_hidden(self.want_hidden, self.hidden_layer)
         if self.want_hidden:
             hid = np.zeros((m_pre, be.n_embd), np.float32)
         return pre, hid

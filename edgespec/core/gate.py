@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.backend.llama import SPLIT_KV_FREE_CELLS
 from edgespec.calibration.curve import CostCurve
-from edgespec.core.config import EngineConfig
+from edgespec.core.config import SPLIT_KV_FREE_CELLS, EngineConfig
 from edgespec.core.tree import N_SOURCES, SOURCE_NAMES, DraftTree
 from edgespec.kernels.tree import N_SCORE_BUCKETS, SCORE_EDGES, learn_step, plan_step, shadow_learn
 
@@ -41,6 +40,17 @@ class CostBuckets:
             n_kv = b * COST_BUCKET + COST_BUCKET // 2
             t = self._at[b] = (self.cost.table(self.max_t, n_kv=n_kv), self.cost.t1_at(n_kv))
         return t
+
+
+def cost_table_at(n_past: int, short: np.ndarray, buckets: CostBuckets) -> tuple[np.ndarray, float]:
+    """The cost table and the plain step's seconds for a batch laid after
+    n_past cells: ``short`` (the short regime's table: one-token steps with
+    every thread, no split-KV) with the curve's own t1 while the batch starts
+    within SPLIT_KV_FREE_CELLS, else n_past's 128-cell bucket.  The gate, the
+    replay's time model and tools/copy_chains.py pick tables by this rule."""
+    if n_past + 1 <= SPLIT_KV_FREE_CELLS:
+        return short, buckets.cost.t1_s
+    return buckets.at(n_past)
 
 
 N_DEPTH_BUCKETS = 4
@@ -142,9 +152,9 @@ class Gate:
         """The cost table for a batch laid after n_past committed cells: the
         short regime's (one-token steps with every thread) up to 256 cells,
         then interpolated between the calibrated contexts in 128-cell buckets."""
-        if n_past + 1 <= SPLIT_KV_FREE_CELLS or self.cost is None:
+        if self.cost is None:
             return self.cost_table_short
-        return self._buckets.at(n_past)[0]
+        return cost_table_at(n_past, self.cost_table_short, self._buckets)[0]
 
     def t1(self, n_past: int) -> float:
         """Seconds of one plain one-token step at this context (as calibrated)."""

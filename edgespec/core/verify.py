@@ -111,28 +111,37 @@ class VerifyConfig:
 
     mode "exact" (default): a draft token is accepted only when it is the token
         the model itself chooses (lossless).
-    mode "relaxed" (ReSpec's source-aware relaxed verification, lossy): when no
-        draft child carries the model's greedy token, a child proposed by
-        *retrieval* (a context or corpus match, never a tri-gram, adjacency or
-        branch guess) is accepted if the model ranks it in its top `top_k` with
-        a log-probability within `tau` of the best, and the draft tree continues
-        below it with `lookahead` tokens that the model's greedy choices confirm.
-    mode "entropy" (AASD's conditional verification, lossy): a draft child is
-        accepted when its probability is at least the adaptive threshold
+    mode "relaxed" (ReSpec's source-aware relaxed verification with look-ahead
+        tolerance, lossy): a draft token found by *retrieval* (a context or
+        corpus match, never a tri-gram, adjacency or branch guess) passes the
+        relaxed check where the model ranks it in its top `top_k` with a
+        log-probability within `tau` of the best (ReSpec eqs. 6-7); model-drafted
+        tokens are verified strictly.  Along each candidate (root-to-leaf path of
+        the verified tree): after the greedy-matched prefix, up to `phi` relaxed
+        attempts, each at position `current`: a failed check ends the walk; a
+        passed one followed by xi >= `lookahead` (m) greedy matches extends the
+        accepted length past them and the next attempt is at the position after;
+        one followed by fewer moves the next attempt to the next position, the
+        token kept only if a later attempt's look-ahead succeeds (a chain).  The
+        longest accepted candidate wins (relaxed_path).
+    mode "entropy" (AASD's conditional verification, lossy): a draft token passes
+        when its probability is at least the adaptive threshold
         delta = min(alpha * H + beta, max P), H being the entropy (nats) of the
         model's full distribution there and max P its top probability (so the
         model's own choice always passes): the more uncertain the model, the
-        *higher* the bar.  As in the paper only prompt-retrieved tokens
-        (SOURCE_PROMPT: `auto+aasd` marks context matches copied from the prompt)
-        and alignment-sampled ones (SOURCE_ALIGN) are relaxed; no look-ahead.
-    mode "entropy_inv" (edgespec's earlier variant, lossy): a retrieved child is
-        accepted when its probability is at least eps * exp(-H): the bar
-        *falls* with entropy (the opposite of AASD's), with the `lookahead` of
-        "relaxed".  Kept under this name for comparison.
-    max_relaxed (ReSpec's cap Phi): at most this many tokens of one step may be
-        accepted by a relaxed rule; 0 = no cap.  ReSpec caps relaxed acceptances
-        per step; its value of Phi was not in the text available to this
-        project, 2 is edgespec's choice.
+        *higher* the bar.  Only prompt-retrieved tokens (SOURCE_PROMPT:
+        `auto+aasd` marks context matches copied from the prompt) and
+        alignment-sampled ones (SOURCE_ALIGN) are verified this way, the others
+        strictly; the longest candidate whose tokens all pass is accepted.  No
+        look-ahead and no cap.
+    mode "entropy_inv" (edgespec's earlier variant, lossy): greedy first; where
+        no child carries the model's token, the retrieved child with
+        probability at least eps * exp(-H) (the bar *falls* with entropy) whose
+        subtree continues with `lookahead` greedy matches, at most
+        `max_relaxed` such tokens a step (0 = no cap).  Kept for comparison.
+    Values: alpha 0.1 and beta 0.1 are AASD's (its LLaMA3.1 setting).  ReSpec
+    gives no value for TopK's k, tau, m or Phi; it recommends tau <= 3 and
+    m <= 3: top_k 5, tau 1.5, lookahead 2 and phi 2 are edgespec's choices.
     All relaxed modes apply to greedy decoding only.
     """
     mode: str = "exact"
@@ -142,6 +151,7 @@ class VerifyConfig:
     eps: float = 0.3
     alpha: float = 0.1
     beta: float = 0.1
+    phi: int = 2
     max_relaxed: int = 2
 
     def __post_init__(self):
@@ -159,6 +169,8 @@ class VerifyConfig:
             raise ConfigError("verify eps must be in (0, 1]")
         if not (self.alpha >= 0 and 0.0 <= self.beta <= 1.0):
             raise ConfigError("verify alpha must be >= 0 and beta in [0, 1]")
+        if self.phi < 0:
+            raise ConfigError("verify phi must be >= 0 (relaxed attempts a step)")
         if self.max_relaxed < 0:
             raise ConfigError("verify max_relaxed must be >= 0 (0 = no cap)")
 
@@ -210,6 +222,154 @@ def relaxed_accepts(row: np.ndarray, token: int, cfg: VerifyConfig) -> float:
     else:   # entropy_inv
         ok = p[token] >= cfg.eps * np.exp(-h)
     return v - best if ok else -np.inf
+
+
+class _Slots:
+    """The verified batch as a tree (slot 0 the root), with the model's argmax
+    and the relaxed rule's verdict per slot computed once, on demand."""
+
+    def __init__(self, logits, parents, tokens, sources, cfg: VerifyConfig):
+        self.logits, self.parents, self.tokens, self.sources, self.cfg = logits, parents, tokens, sources, cfg
+        self.kids: list[list[int]] = [[] for _ in tokens]
+        for t in range(1, len(tokens)):
+            self.kids[parents[t]].append(t)        # batch order: likeliest child first
+        self.relaxable = cfg.relax_sources
+        self._top: dict[int, int] = {}
+        self._ok: dict[int, bool] = {}
+
+    def top(self, s: int) -> int:
+        """The model's own token after slot s (argmax: ties to the lowest id)."""
+        v = self._top.get(s)
+        if v is None:
+            v = self._top[s] = int(np.argmax(self.logits[s]))
+        return v
+
+    def greedy(self, t: int) -> bool:
+        """Slot t carries the model's own token after its parent."""
+        return self.tokens[t] == self.top(self.parents[t])
+
+    def passes(self, t: int) -> bool:
+        """Slot t's token passes verification: the model's own token, or a
+        token of a relaxable source that the mode's rule accepts."""
+        v = self._ok.get(t)
+        if v is None:
+            v = self.greedy(t) or (self.sources[t] in self.relaxable and
+                                   relaxed_accepts(self.logits[self.parents[t]], self.tokens[t], self.cfg) > -np.inf)
+            self._ok[t] = v
+        return v
+
+    def paths(self):
+        """Every root-to-leaf path (slots below the root), in batch order."""
+        stack = [(0, [])]
+        while stack:
+            s, path = stack.pop()
+            if not self.kids[s]:
+                if path:
+                    yield path
+                continue
+            for t in reversed(self.kids[s]):
+                stack.append((t, path + [t]))
+
+
+def _respec_accepted(sl: _Slots, path: list, m: int, phi: int) -> int:
+    """ReSpec's look-ahead tolerance on one candidate: how many of its tokens
+    are accepted.  l0 is the greedy-matched prefix; current = last = l0; up to
+    phi relaxed attempts at `current`: a failed check ends the walk; a pass
+    followed by xi >= m greedy matches moves last (and current) past them; a
+    pass followed by fewer moves current one position on, so a chain of
+    relaxed tokens is kept when a later attempt's look-ahead succeeds.
+    Returns last."""
+    n = len(path)
+    last = 0
+    while last < n and sl.greedy(path[last]):
+        last += 1
+    cur = last
+    for _ in range(phi):
+        if cur >= n or not sl.passes(path[cur]):
+            break
+        xi = 0
+        while cur + 1 + xi < n and sl.greedy(path[cur + 1 + xi]):
+            xi += 1
+        if xi >= m:
+            last = cur = cur + 1 + xi
+        else:
+            cur += 1
+    return last
+
+
+def _aasd_longest(sl: _Slots, s: int):
+    """AASD: the longest path below slot s whose tokens all pass, as
+    (length, relaxed tokens on it, slots); equal lengths: fewer relaxed
+    tokens, then batch order."""
+    best = (0, 0, [])
+    for t in sl.kids[s]:
+        if not sl.passes(t):
+            continue
+        n, r, p = _aasd_longest(sl, t)
+        cand = (n + 1, r + (not sl.greedy(t)), [t] + p)
+        if cand[0] > best[0] or (cand[0] == best[0] and cand[1] < best[1]):
+            best = cand
+    return best
+
+
+def _inv_child(sl: _Slots, s: int) -> int:
+    """entropy_inv: the child of s with the best relaxed score whose subtree
+    continues with `lookahead` greedy matches, or -1."""
+    cfg = sl.cfg
+    best, best_c = -np.inf, -1
+    for t in sl.kids[s]:
+        if sl.sources[t] not in sl.relaxable:
+            continue
+        sc = relaxed_accepts(sl.logits[s], sl.tokens[t], cfg)
+        if sc > best:
+            best, best_c = sc, t
+    s2 = best_c
+    for _ in range(cfg.lookahead if best_c >= 0 else 0):
+        s2 = next((t for t in sl.kids[s2] if sl.greedy(t)), -1)
+        if s2 < 0:
+            return -1
+    return best_c
+
+
+def _inv_path(sl: _Slots) -> list:
+    """entropy_inv (edgespec's variant): greedy first; where no child carries
+    the model's token, _inv_child, at most max_relaxed times a step (0 = no cap)."""
+    cap = sl.cfg.max_relaxed or (1 << 30)
+    path, s, n = [], 0, 0
+    while True:
+        c = next((t for t in sl.kids[s] if sl.greedy(t)), -1)
+        if c < 0 and n < cap:
+            c = _inv_child(sl, s)
+            n += c >= 0
+        if c < 0:
+            return path
+        path.append(c)
+        s = c
+
+
+def relaxed_path(logits, parents: list, tokens: list, sources: list, cfg: VerifyConfig) -> list:
+    """The batch slots of the drafts a relaxed mode accepts, root's child
+    first: a path of the verified tree.  logits: one row per batch slot (slot
+    0 the root, the pending token); parents, tokens, sources: per slot (the
+    root's parent -1, its source unused).
+
+    "relaxed" (ReSpec) and "entropy" (AASD) take the longest accepted
+    candidate over the tree's root-to-leaf paths (AASD: "We accept the longest
+    draft candidate that passes verification"; ReSpec returns "the longest
+    path found"); among equally long ones, the one with fewer relaxed tokens,
+    then the first in batch order (not given by the papers)."""
+    sl = _Slots(logits, parents, tokens, sources, cfg)
+    if cfg.mode == "entropy":
+        return _aasd_longest(sl, 0)[2]
+    if cfg.mode == "entropy_inv":
+        return _inv_path(sl)
+    best, best_key = [], (0, 0)
+    for path in sl.paths():
+        n = _respec_accepted(sl, path, cfg.lookahead, cfg.phi)
+        key = (n, -sum(not sl.greedy(t) for t in path[:n]))
+        if key > best_key:
+            best, best_key = path[:n], key
+    return best
 
 
 def rouge_l(a, b) -> float:

@@ -71,13 +71,14 @@ class TokenEmbeddings:
             rows = self._dequantize(np.asarray(rows), self._qtype)
         return np.asarray(rows, np.float32).reshape(len(idx), -1)
 
-    def rows(self, tokens) -> np.ndarray:
-        """Centred unit vectors of these tokens (out-of-range ids give zeros).
+    def rows(self, tokens, centred: bool = True) -> np.ndarray:
+        """Centred unit vectors of these tokens (out-of-range ids give zeros);
+        centred=False: the raw rows made unit (AdaPLD's published cosine).
         Nothing is cached here: the semantic drafter keeps the rows it asked for."""
         tokens = np.asarray(tokens, np.int64).ravel()
         out = np.zeros((len(tokens), self.dim), np.float32)
         ok = (tokens >= 0) & (tokens < self.n_vocab)
         if ok.any():
-            x = self._dense(tokens[ok]) - self.mean
+            x = self._dense(tokens[ok]) - (self.mean if centred else 0.0)
             out[ok] = x / (np.linalg.norm(x, axis=1, keepdims=True) + 1e-9)
         return out

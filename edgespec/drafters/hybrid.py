@@ -17,21 +17,28 @@ variant differs from the published one, both exist under two names, the
 published one under the paper's word and off by default until measured (see
 README "Drafters and corpora" for the table):
 
-* AdaPLD: ``branch`` (top 8 at the anchor's next position minus the copied
-  token, with ``successor_len`` successor drafts) vs ``branch_depth``;
-  ``semantic`` (single tokens at cosine ``semantic_tau`` = 0.1, a branch and
-  successors, no copy) vs ``semantic_pair``; ``copy_len`` (AdaPLD: 30,
-  edgespec: 12); ``rerank`` (mechanisms/rerank.py).
-* ReSpec: ``trigger`` (mechanisms/trigger.py) vs ``entropy``
-  (mechanisms/entropy.py); ``feedback`` (position scores from 0.5, reward
-  L_acc / L_draft, losers 0, the best 3 drafted) vs ``ema`` (the suffix
-  drafter's moving average per match position, SuffixConfig.position_ema);
-  the cap Phi on relaxed acceptances is VerifyConfig.max_relaxed.
+* AdaPLD (drafters/adapld.py: one anchor j* among the earlier positions of
+  the last token, a copy, branches and successors from it): ``branch`` (the
+  model's top ``branch_k`` after j* minus the copied token, each with one
+  successor) vs ``branch_depth``; ``semantic`` (when the last token never
+  occurred: tokens at embedding cosine ``semantic_tau``, branches and
+  successors, no copy) vs ``semantic_pair``; ``rerank`` (j* by the hidden
+  states at layer ``rerank_layer``, mechanisms/rerank.py); ``copy_len``
+  (AdaPLD: 30, edgespec: 32).
+* ReSpec: ``trigger`` (mechanisms/trigger.py: retrieve iff H_{k*} <= theta,
+  k* the retrieval key) vs ``entropy`` (mechanisms/entropy.py); ``feedback``
+  (every occurrence of the key scored from 0.5, those under theta_score
+  dropped, the best 3 drafted; the winner rewarded L_acc / L_draft, the other
+  selected ones 0) vs ``ema`` (the suffix drafter's moving average per match
+  position, SuffixConfig.position_ema); relaxed verification with its
+  look-ahead and Phi is VerifyConfig "relaxed".
 * AASD: ``aasd`` (alternatives at misaligned prompt positions only, as
   SOURCE_ALIGN, and prompt-copied drafts marked SOURCE_PROMPT, which
   VerifyConfig "entropy" relaxes) vs ``aasd_all``.
 * Graft: ``graft`` (mechanisms/graft.py) vs ``graft_tail``
   (mechanisms/graft_tail.py).
+* ADED: ``aded`` (the trigram part's published form, drafters/aded.py) vs
+  edgespec's tri-gram search (drafters/trigram.py).
 
 ``schedule`` (mechanisms/schedule.py) idles the parts other than suffix whose
 drafts do not pay for their drafting time.
@@ -50,13 +57,14 @@ from edgespec.drafters.base import Drafter
 from edgespec.drafters.branch import BranchDrafter
 from edgespec.drafters.mechanisms.entropy import ENTROPY_TOPK, EntropyScaler
 from edgespec.drafters.mechanisms.graft import PruneGraft
+from edgespec.drafters.mechanisms.graft import check_thresholds as check_graft_thresholds
 from edgespec.drafters.mechanisms.graft_tail import TailGraft
-from edgespec.drafters.mechanisms.rerank import HiddenRerank
+from edgespec.drafters.mechanisms.rerank import HiddenStates
 from edgespec.drafters.mechanisms.schedule import PartSchedule
 from edgespec.drafters.mechanisms.trigger import RetrievalTrigger
 from edgespec.drafters.semantic import SemanticDrafter
 from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
-from edgespec.drafters.trigram import TrigramDrafter
+from edgespec.drafters.trigram import TrigramConfig, TrigramDrafter
 
 
 @dataclass
@@ -79,42 +87,49 @@ class HybridConfig:
     # the papers' mechanisms as published
     branch: bool = False            # AdaPLD branch drafting (+ successor drafting)
     semantic: bool = False          # AdaPLD semantic fallback
-    rerank: bool = False            # AdaPLD hidden-state rerank of the lexical anchors
+    rerank: bool = False            # AdaPLD: the anchor chosen by hidden-state cosine
     trigger: bool = False           # ReSpec entropy trigger
     feedback: bool = False          # ReSpec feedback-driven candidate selection
     graft: bool = False             # Graft prune-then-graft under a fixed budget
+    aded: bool = False              # ADED as published: the trigram part's TrigramConfig.aded
     copy_len: int = 32              # tokens copied after a lexical anchor (AdaPLD: 30)
-    branch_k: int = 8               # AdaPLD: the model's top 8 at the anchor's next position
-    successor_len: int = 4          # AdaPLD successor drafts per branch token (0: none)
-    semantic_tau: float = 0.1       # AdaPLD: single-token cosine threshold
-    rerank_top: int = 2             # lexical anchors kept after the hidden-state rerank
-    trigger_theta: float = 1.5      # ReSpec: retrieve iff min_k C_k <= theta
-    trigger_lambda: float = 0.5     # ReSpec: C_k = H_k + lambda / k (lambda: edgespec's choice)
-    trigger_window: int = 3         # ReSpec: k <= 3
+    branch_k: int = 8               # AdaPLD: the model's top 8 after the anchor
+    successor_len: int = 1          # AdaPLD: one successor token per branch (0: none; more: edgespec's)
+    semantic_tau: float = 0.1       # AdaPLD: token-embedding cosine threshold
+    rerank_layer: int = 0           # AdaPLD: the block whose output is compared (0: 13/40 of the depth)
+    trigger_theta: float = 1.5      # ReSpec: retrieve iff H_{k*} <= theta, k* = argmin_k C_k (theta 1.5)
+    trigger_lambda: float = 0.5     # ReSpec: C_k = H_k + lambda / k (lambda: not given, edgespec's choice)
+    trigger_window: int = 3         # ReSpec: k <= l = 3
     feedback_top: int = 3           # ReSpec: top-3 selection
-    feedback_init: float = 0.5
-    feedback_rate: float = 0.5
-    graft_tau: float = 0.1          # Graft: prune at a checkpoint whose calibrated best-path confidence is below
+    feedback_init: float = 0.5      # ReSpec: S_0 = 0.5
+    feedback_rate: float = 0.5      # ReSpec's EMA rate alpha (not given, edgespec's choice)
+    feedback_min: float = 0.2       # ReSpec's theta_score (not given, edgespec's choice)
+    # Graft: prune at checkpoint depth 2 / 4 / 6 when the best-path confidence is below that checkpoint's
+    # calibrated threshold; stricter at shallow checkpoints (mechanisms/graft.py: the values are edgespec's)
+    graft_tau2: float = 0.2
+    graft_tau4: float = 0.1
+    graft_tau6: float = 0.05
     max_nodes: int = 64
 
     def __post_init__(self):
         if not (self.suffix or self.trigram or self.adjacency or self.branch_depth or self.aasd
-                or self.aasd_all or self.semantic_pair or self.branch or self.semantic):
+                or self.aasd_all or self.semantic_pair or self.branch or self.semantic or self.rerank):
             raise ValueError("HybridConfig: enable at least one component")
-        for name in ("max_nodes", "copy_len", "branch_k", "successor_len", "rerank_top", "trigger_window",
+        for name in ("max_nodes", "copy_len", "branch_k", "successor_len", "rerank_layer", "trigger_window",
                      "feedback_top"):
             v = getattr(self, name)
-            lo = 0 if name == "successor_len" else 1
+            lo = 0 if name in ("successor_len", "rerank_layer") else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
                 raise ValueError(f"HybridConfig.{name} must be an integer >= {lo}, got {v!r}")
             setattr(self, name, int(v))
-        for name in ("semantic_tau", "trigger_theta", "trigger_lambda", "feedback_init", "feedback_rate",
-                     "graft_tau"):
+        for name in ("semantic_tau", "trigger_theta", "trigger_lambda", "feedback_init", "feedback_rate", "feedback_min",
+                     "graft_tau2", "graft_tau4", "graft_tau6"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
                     or not np.isfinite(v):
                 raise ValueError(f"HybridConfig.{name} must be a number, got {v!r}")
             setattr(self, name, float(v))
+        check_graft_thresholds(self)
 
 
 
@@ -127,7 +142,7 @@ class HybridDrafter(Drafter):
     TokenEmbeddings; with neither they are left out.
 
     The mechanisms: ``schedule`` (PartSchedule), ``entropy`` (EntropyScaler),
-    ``trigger`` (RetrievalTrigger), ``rerank`` (HiddenRerank), ``graft``
+    ``trigger`` (RetrievalTrigger), ``rerank`` (HiddenStates), ``graft``
     (PruneGraft), ``graft_tail`` (TailGraft); each is built whatever the
     config says, and the config's switches decide which the merge calls."""
 
@@ -136,6 +151,7 @@ class HybridDrafter(Drafter):
     def __init__(self, n_vocab: int, corpora=(), config: HybridConfig | None = None,
                  model_path: str | None = None, embeddings=None):
         self.config = c = config if config is not None else HybridConfig()
+        self.rerank = HiddenStates()
         self.parts = self._make_parts(c, n_vocab, corpora, model_path, embeddings)
         if not self.parts:
             raise ValueError("HybridConfig: no component can run (the semantic fallbacks need the model's "
@@ -147,12 +163,8 @@ class HybridDrafter(Drafter):
             self.topk = max(self.topk, ENTROPY_TOPK)
         self.wants_entropy = c.trigger
         self.trigger = RetrievalTrigger(c, self.parts)
-        self.wants_hidden = c.rerank
-        self.rerank = HiddenRerank(c)
-        if c.rerank:
-            for p in (self._suffix, self._adapld):
-                if p is not None:
-                    p.anchor_hook = self.rerank.rerank
+        self.wants_hidden = c.rerank and self._adapld is not None
+        self.hidden_layer = c.rerank_layer
         self.schedule = PartSchedule(c, self.parts, self._suffix)
         n = c.max_nodes
         self._buf = [(np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.float32), np.zeros(n, np.int8))
@@ -167,7 +179,8 @@ class HybridDrafter(Drafter):
         if c.suffix:
             self._suffix = SuffixDrafter(SuffixConfig(
                 position_ema=c.ema, max_depth=c.copy_len, feedback=c.feedback, feedback_top=c.feedback_top,
-                feedback_init=c.feedback_init, feedback_rate=c.feedback_rate, prompt_source=c.aasd,
+                feedback_init=c.feedback_init, feedback_rate=c.feedback_rate, feedback_min=c.feedback_min,
+                prompt_source=c.aasd,
                 max_nodes=max(64, c.max_nodes)), corpora=corpora)
             parts.append(self._suffix)
         if (c.semantic_pair or c.semantic) and embeddings is None and model_path is not None:
@@ -175,16 +188,17 @@ class HybridDrafter(Drafter):
             embeddings = TokenEmbeddings(model_path)
         if c.semantic_pair and embeddings is not None:
             parts.append(SemanticDrafter(embeddings, max_nodes=c.max_nodes))
-        if c.branch or (c.semantic and embeddings is not None):
+        if c.branch or c.rerank or (c.semantic and embeddings is not None):
             self._adapld = AdaPLDDrafter(branch=c.branch, embeddings=embeddings if c.semantic else None,
-                                         k=c.branch_k, successor_len=c.successor_len, tau=c.semantic_tau,
+                                         rerank=c.rerank, hidden=self.rerank, k=c.branch_k,
+                                         successor_len=c.successor_len, tau=c.semantic_tau, copy_len=c.copy_len,
                                          max_nodes=c.max_nodes)
             parts.append(self._adapld)
         if c.branch_depth or c.aasd or c.aasd_all:
             parts.append(BranchDrafter(aasd=c.aasd, aasd_all=c.aasd_all, branch=c.branch_depth,
                                        max_nodes=c.max_nodes))
         if c.trigram:
-            parts.append(TrigramDrafter(n_vocab, corpora=corpora))
+            parts.append(TrigramDrafter(n_vocab, corpora=corpora, config=TrigramConfig(aded=c.aded)))
         if c.adjacency:
             self._adjacency = AdjacencyDrafter(n_vocab, corpora=corpora)
             parts.append(self._adjacency)
@@ -243,9 +257,11 @@ class HybridDrafter(Drafter):
         self.schedule.start_step()
         retrieve = self.trigger.check() if c.trigger else True
         graft = c.graft and self._adjacency is not None
+        if graft:
+            self.graft.start()
         cur, template, drafted = self._merge(context, budget, retrieve, graft)
         if graft:
-            cur = self.graft.prune_and_graft(cur, template, budget)
+            cur = self.graft.graft(cur, template, budget)
         if cur is None or cur[4] == 0:
             return DraftTree.empty()
         m = cur[4]
@@ -262,13 +278,16 @@ class HybridDrafter(Drafter):
 
         cur: (tokens, parents, probs, source, m) of the merge, or None;
         template: with `graft`, the adjacency part's root-centred tree, kept
-        aside; drafted: a part other than suffix proposed nodes (graft_tail may apply)."""
+        aside; drafted: a part other than suffix proposed nodes (graft_tail may apply).
+        With `graft`, Graft's checkpoints are decided on the tree merged so far
+        after each part; once one prunes, the drafted parts after it are not asked."""
         cur = None
         k = 0
         drafted = False
         template = None
         for i, p in enumerate(self.parts):
-            if self.schedule.resting(i) or (not retrieve and self.trigger.gated[i]):
+            if self.schedule.resting(i) or (not retrieve and self.trigger.gated[i]) \
+                    or (graft and self.graft.pruned and p is not self._adjacency):
                 self.schedule.skip(i)
                 continue
             t = self.schedule.propose(i, context, budget)
@@ -284,11 +303,13 @@ class HybridDrafter(Drafter):
                 continue
             if cur is None:
                 cur = (t.tokens, t.parents, t.probs, t.source, len(t))
-                continue
-            out = self._buf[k]
-            k ^= 1
-            m = merge_trees(cur[0], cur[1], cur[2], cur[3], cur[4],
-                            t.tokens, t.parents, t.probs, t.source, len(t), budget,
-                            out[0], out[1], out[2], out[3])
-            cur = (out[0], out[1], out[2], out[3], m)
+            else:
+                out = self._buf[k]
+                k ^= 1
+                m = merge_trees(cur[0], cur[1], cur[2], cur[3], cur[4],
+                                t.tokens, t.parents, t.probs, t.source, len(t), budget,
+                                out[0], out[1], out[2], out[3])
+                cur = (out[0], out[1], out[2], out[3], m)
+            if graft:
+                cur = self.graft.checkpoint(cur)
         return cur, template, drafted

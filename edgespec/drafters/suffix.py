@@ -63,21 +63,31 @@ class SuffixConfig:
     ema_min: float = 0.3
 
     feedback: bool = False
-    """ReSpec's feedback-driven candidate selection, as published: every match
-    position (occurrence end ``e`` in the context) has a score, an
-    exponential moving average that starts at ``feedback_init`` (0.5); each
-    step the ``feedback_top`` (3) best-scored occurrences among the matches
-    are drafted; after verification the occurrence whose continuation the
-    model followed furthest is rewarded R = L_acc / L_draft (accepted tokens
-    of its continuation over the tokens of it that were verified) and the
-    other verified ones (the losers) R = 0; s <- (1 - rate) s + rate R.
-    ReSpec's EMA rate was not in the text available to this project; 0.5 is
-    edgespec's choice.  Off by default (edgespec's own variant is
-    position_ema)."""
+    """ReSpec's feedback-driven candidate selection (section 3.3, Algorithm 1
+    lines 15-28): every match position (occurrence end ``e`` in the context)
+    has a score S, starting at ``feedback_init``.  Each step every earlier
+    occurrence of the retrieval key is retrieved (the key: the last k* tokens,
+    k* from the `trigger` when `auto` runs it, else the longest suffix that
+    occurred before, as SAM-Decoding's); those scored below ``feedback_min``
+    (theta_score) are dropped, the ``feedback_top`` best of the rest drafted,
+    and when none is left there is no context retrieval this step (the other
+    drafters draft).  After verification every selected position is updated,
+    S <- (1 - rate) S + rate R: the winner (the one whose continuation the
+    model followed furthest; ties: the higher score, then the more recent)
+    with R = L_acc / L_draft (accepted tokens of its continuation over those
+    of it that were verified), every other one with R = 0.  Off by default
+    (edgespec's own variant is position_ema)."""
 
     feedback_init: float = 0.5
+    """S_0, the paper's "e.g. 0.5"."""
     feedback_rate: float = 0.5
+    """The EMA rate alpha; not given by the paper: 0.5 is edgespec's choice."""
     feedback_top: int = 3
+    """Top-3, the paper's."""
+    feedback_min: float = 0.2
+    """theta_score; not given by the paper ("a learned threshold"): 0.2 is
+    edgespec's choice, so that with rate 0.5 a new position is dropped after
+    two losses in a row."""
 
     prompt_source: bool = False
     """Mark context-match nodes whose token was copied from the prompt as
@@ -109,8 +119,10 @@ class SuffixConfig:
             raise ValueError("SuffixConfig: ema_decay must be in [0, 1) and ema_min in [0, 1]")
         if not (0.0 <= self.edit_trust <= 1.0):
             raise ValueError("SuffixConfig: edit_trust must be in [0, 1]")
-        if not (0.0 <= self.feedback_init <= 1.0) or not (0.0 < self.feedback_rate <= 1.0):
-            raise ValueError("SuffixConfig: feedback_init must be in [0, 1] and feedback_rate in (0, 1]")
+        if not (0.0 <= self.feedback_init <= 1.0) or not (0.0 < self.feedback_rate <= 1.0) \
+                or not (0.0 <= self.feedback_min <= 1.0):
+            raise ValueError("SuffixConfig: feedback_init and feedback_min must be in [0, 1] and feedback_rate "
+                             "in (0, 1]")
         for name in ("min_match", "max_match", "max_matches", "max_depth", "max_nodes",
                      "corpus_min_match", "feedback_top", "edit_gap", "edit_anchor"):
             v = getattr(self, name)
@@ -197,6 +209,7 @@ class SuffixDrafter(Drafter):
         self._last: list[tuple[int, int]] = []
         self._fb = np.zeros(0, np.float32)          # feedback: score per match position
         self._fb_last: list[tuple[int, list]] = []  # (end, continuation) of the drafted occurrences
+        self.key_len = 0        # feedback's retrieval key: the last key_len tokens (set by ReSpec's trigger; 0: none)
         self._n_prompt = 0
         # edits: the alignment state and recorded edits of the current answer,
         # and the chain buffers (parents fixed: a chain)
@@ -251,7 +264,7 @@ class SuffixDrafter(Drafter):
                 k = self._filter_by_ema(ctx, n, k)
         if c.feedback:
             self._fb_last = []
-            if k:
+            if k or self.key_len:
                 k = self._select_by_feedback(ctx, n, k)
         if not k:
             return 0
@@ -332,28 +345,37 @@ class SuffixDrafter(Drafter):
         return j
 
     def _select_by_feedback(self, ctx: np.ndarray, n: int, k: int) -> int:
-        """ReSpec: keep the feedback_top occurrences with the best scores (ties:
-        the matcher's order, longer and more recent first); remember their
-        continuations for observe()."""
+        """ReSpec (Algorithm 1, lines 15-17): every earlier occurrence of the
+        retrieval key (the last key_len tokens; without a key, the longest
+        match found), those scored at least feedback_min, and of them the
+        feedback_top best (ties: the more recent first); returns how many
+        were selected (0: fall back) and remembers their continuations."""
         c = self.config
+        key = self.key_len or (int(self._lens[0]) if k else 0)
         if len(self._fb) < n:
             grown = np.full(max(2 * len(self._fb), n, 256), c.feedback_init, np.float32)
             grown[:len(self._fb)] = self._fb
             self._fb = grown
-        ends, lens = self._ends[:k].copy(), self._lens[:k].copy()
-        order = np.argsort(-self._fb[ends], kind="stable")[:c.feedback_top]
+        ends, lens = np.zeros(max(n, 1), np.int32), np.zeros(max(n, 1), np.int32)
+        m = _k.find_suffix_matches(ctx, n, key, key, n, ends, lens) if key else 0   # most recent first
+        ends = ends[:m][self._fb[ends[:m]] >= c.feedback_min]
+        order = np.argsort(-self._fb[ends], kind="stable")[:min(c.feedback_top, len(self._ends))]
         j = len(order)
-        self._ends[:j], self._lens[:j] = ends[order], lens[order]
+        self._ends[:j], self._lens[:j] = ends[order], key
         self._fb_last = [(int(e), ctx[e + 1:e + 1 + c.max_depth].tolist()) for e in self._ends[:j]]
         return j
 
     def _observe_feedback(self, result) -> None:
+        """ReSpec (Algorithm 1, lines 20-28): every selected position gets
+        S <- (1 - rate) S + rate R; the winner, the one whose continuation the
+        model followed furthest (ties: the selection order), R = L_acc / L_draft
+        with L_draft the tokens of its continuation that were verified; every
+        other one R = 0, also one the cost gate left unverified (its draft
+        accepted nothing)."""
         pr = result.proposed
-        if not len(pr):
-            return
         child = {(int(p), int(t)): i for i, (p, t) in enumerate(zip(pr.parents.tolist(), pr.tokens.tolist()))}
         acc = result.accepted.tolist()
-        scored = []                     # (end, L_acc, L_draft) of the verified occurrences
+        scored = []                     # (end, L_acc, L_draft) of the selected occurrences
         for e, cont in self._fb_last:
             node, l_draft = -1, 0
             for t in cont:              # how much of the continuation was verified
@@ -361,18 +383,15 @@ class SuffixDrafter(Drafter):
                 if node == -2:
                     break
                 l_draft += 1
-            if l_draft == 0:
-                continue
             l_acc = 0
             while l_acc < min(l_draft, len(acc)) and cont[l_acc] == acc[l_acc]:
                 l_acc += 1
             scored.append((e, l_acc, l_draft))
-        if not scored:
-            return
         best = max(a for _, a, _ in scored)
+        win = next(i for i, (_, a, _) in enumerate(scored) if a == best) if best > 0 else -1
         r = self.config.feedback_rate
-        for e, l_acc, l_draft in scored:
-            reward = l_acc / l_draft if (best > 0 and l_acc == best) else 0.0   # losers get 0
+        for i, (e, l_acc, l_draft) in enumerate(scored):
+            reward = l_acc / l_draft if i == win else 0.0
             self._fb[e] = (1.0 - r) * self._fb[e] + r * reward
 
     def begin(self, prompt: np.ndarray) -> None:

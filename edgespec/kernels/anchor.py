@@ -1,16 +1,17 @@
 """Kernels of the anchored drafters: the model's own alternatives beside a
-retrieved continuation (AASD / AdaPLD branch drafting) and soft, embedding
-based anchors when the context has no exact match (AdaPLD semantic fallback).
+retrieved continuation (AASD alignment sampling, edgespec's depth branching),
+AdaPLD's single selected anchor and the draft tree built from it (main copy,
+branches, successors), and soft, embedding based anchors when the context has
+no exact match (edgespec's pair fallback).
 
-Pure functions over numpy arrays; the drafters in drafters/branch.py and
-drafters/semantic.py own the state.
+Pure functions over numpy arrays; the drafters in drafters/branch.py,
+drafters/adapld.py and drafters/semantic.py own the state.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-from edgespec.kernels.suffix import find_suffix_matches
 from edgespec.kernels.topk import push_sorted
 
 
@@ -120,126 +121,153 @@ def build_branch_tree(ctx, n, ends, n_matches, alt_tok, alt_p, n_known, max_dept
 
 
 @njit(cache=True)
-def single_anchors(ctx, n, sim_last, min_sim, max_out, out_end, out_score):
-    """AdaPLD's semantic fallback anchors: positions ``i`` (``0 <= i <= n-2``)
-    whose token is similar to the context's last token, ``sim_last[ctx[i]] >=
-    min_sim`` (a single token, not a pair).  Writes the best ``max_out``
-    (similarity descending, ties the more recent) to out_end/out_score and
-    returns their count."""
+def best_anchor(ctx, n, tok, sims, tau, H, known, q):
+    """AdaPLD's choice of one anchor among the candidates of a query token.
+
+    Candidates are positions ``t`` with ``0 <= t <= n-2`` (so ``ctx[t+1]``
+    exists): with ``sims`` empty, those holding ``tok`` itself (lexical
+    anchoring); otherwise those whose token ``c`` has ``sims[c] >= tau``
+    (semantic fallback; sims[c] is the cosine of c's token embedding to the
+    query's, read only for tokens of ``ctx[:n]``).
+
+    Each candidate scores the cosine of the model's hidden states at rows
+    ``t - 1`` and ``q`` (``H``: unit rows, row p the state after reading
+    ``ctx[:p+1]``; ``known[p]``: row p holds one).  For the query token at the
+    end of the context q is ``n - 2``, its preceding context; for a successor
+    query (a branch token b drafted after anchor j) q is ``j``, the state that
+    predicts b.  A candidate without a known row (``t = 0`` among them), or
+    any candidate when row q is unknown, scores -2, below every cosine, so
+    without hidden states the choice is the most recent candidate (the order
+    among unscored candidates is not given by the paper).
+
+    Returns the highest-scoring candidate, ties to the more recent, or -1.
+    """
     n = min(n, ctx.shape[0])
-    cap = min(max_out, out_end.shape[0], out_score.shape[0])
-    k = 0
-    if cap <= 0:
-        return 0
-    for i in range(n - 2, -1, -1):
-        s = sim_last[ctx[i]]
-        if s >= min_sim:
-            k = push_sorted(out_score, out_end, k, cap, s, i)
-    return k
+    lexical = sims.shape[0] == 0
+    n_rows = min(known.shape[0], H.shape[0])
+    scored = 0 <= q < n_rows and known[q]
+    best = -1
+    best_s = -3.0
+    for t in range(n - 2, -1, -1):
+        c = ctx[t]
+        if lexical:
+            if c != tok:
+                continue
+        elif c < 0 or c >= sims.shape[0] or sims[c] < tau:
+            continue
+        s = -2.0
+        p = t - 1
+        if scored and 0 <= p < n_rows and known[p]:
+            s = 0.0
+            for d in range(H.shape[1]):
+                s += H[p, d] * H[q, d]
+        if s > best_s:
+            best = t
+            best_s = s
+    return best
 
 
 @njit(cache=True)
-def _successors(buf, n, node, depth, m, cap, succ_len, src, out_tokens, out_parents, out_probs, out_src,
-                ends1, lens1):
-    """Successor drafting under draft node `node` (depth `depth`), whose path
-    from the root is buf[n : n + depth]: the longest earlier occurrence of
-    the end of buf[:n + depth] (at least 1 token) and up to succ_len tokens
-    that followed it there, inside the real context (positions < n), as a
-    chain under the node; each with the confidence L / (L + 2) of the match
-    length L it extends (as build_continuation_tree).  Returns the new m."""
-    if succ_len <= 0 or m >= cap:
-        return m
-    k = find_suffix_matches(buf, n + depth, 1, 32, 1, ends1, lens1)
-    if k == 0:
-        return m
-    e = ends1[0]
-    L = lens1[0]
-    parent = node
-    for d in range(succ_len):
-        pos = e + 1 + d
-        if pos >= n:
-            break
-        t = buf[pos]
-        c = _child_of(out_tokens, out_parents, m, parent, t)
-        if c < 0:
-            if m >= cap:
-                break
-            c = m
-            out_tokens[m] = t
-            out_parents[m] = parent
-            leff = float(L + d)
-            out_probs[m] = leff / (leff + 2.0)
-            out_src[m] = src
-            m += 1
-        parent = c
+def successor_anchors(ctx, n, branch_tok, n_branch, H, known, q, out_pos):
+    """``best_anchor`` with lexical candidates for each branch token:
+    out_pos[i] = the chosen earlier occurrence of branch_tok[i] (scored
+    against row q, the selected anchor's), or -1 where it never occurred
+    with a following token."""
+    empty = np.zeros(0, np.float32)
+    for i in range(min(n_branch, branch_tok.shape[0], out_pos.shape[0])):
+        out_pos[i] = best_anchor(ctx, n, branch_tok[i], empty, 0.0, H, known, q)
+
+
+@njit(cache=True)
+def _common_suffix(ctx, a, b, cap):
+    """The largest L <= cap with ctx[a-L+1 .. a] == ctx[b-L+1 .. b]."""
+    L = 0
+    while L < cap and a - L >= 0 and b - L >= 0 and ctx[a - L] == ctx[b - L]:
+        L += 1
+    return L
+
+
+@njit(cache=True)
+def _add_node(tok, par, pr, sr, m, cap, t, parent, p, s):
+    """Append a node if there is room; returns its index or -1."""
+    if m >= cap:
+        return -1
+    tok[m] = t
+    par[m] = parent
+    pr[m] = p
+    sr[m] = s
     return m
 
 
 @njit(cache=True)
-def build_adapld_tree(buf, n, ends, scale, n_anchors, exclude_copied, alt_tok, alt_p, n_known, k_branch,
-                      succ_len, max_nodes, out_tokens, out_parents, out_probs, out_src, src, ends1, lens1):
-    """AdaPLD's branch drafting and successor drafting around anchors.
+def build_adapld_tree(ctx, n, anchor, copy_len, branch_tok, branch_p, n_branch, succ_pos, succ_len,
+                      max_nodes, out_tokens, out_parents, out_probs, out_src, src_copy, src_branch):
+    """AdaPLD's draft tree around one selected anchor ``j = anchor``.
 
-    Parameters
-    ----------
-    buf : int32 [>= n + 1]   the context in buf[:n] (the root is buf[n-1]);
-                             buf[n] is scratch (the branch token being extended).
-    ends : int32 [>= n_anchors]  anchor positions e: lexical anchors end an
-                             earlier occurrence of the context's suffix
-                             (retrieval copies buf[e+1], buf[e+2], ...);
-                             semantic anchors are positions similar to the root.
-    scale : float32 [>= n_anchors]  factor on each anchor's branch probabilities
-                             (1 for lexical anchors, the similarity for semantic).
-    exclude_copied : bool    lexical anchors: leave out the copied token buf[e+1]
-                             (the retrieval tree holds it); semantic anchors copy
-                             nothing, so their whole ranking is offered.
-    alt_tok, alt_p : [>= n_known, K]  the model's ranking after every context
-                             position (row e: what the model expected at e + 1).
-    k_branch : int           branch width: the model's top k_branch at the
-                             anchor's next position (AdaPLD: 8).
-    succ_len : int           successor drafting: under each branch token t, up to
-                             succ_len tokens that followed t's latest earlier
-                             occurrence (the longest match of the context
-                             extended by t).
-    out_src : int8           every node gets `src`.
+    * the main copy: ``ctx[j+1 .. min(j+copy_len, n-1)]`` as a chain under
+      the root (copy_len 0: none, as after a semantic anchor);
+    * the branches: ``branch_tok[:n_branch]``, children of the root with the
+      model's probabilities branch_p (the caller has left out the copied
+      token ``ctx[j+1]``);
+    * under branch i, when ``succ_pos[i] >= 0``, its successor: the token
+      that followed the chosen occurrence, ``ctx[succ_pos[i] + 1]``, and with
+      succ_len > 1 the ones after it, up to succ_len, inside ctx[:n].
 
-    Branch tokens are children of the root with the model's probability at
-    the anchor times the anchor's scale (a token several anchors offer keeps
-    the largest).  Nodes come parents first; returns the node count.
+    Scores (the engine calibrates them; not given by the paper): a copied
+    token at depth d (0 first) after a match of length L gets
+    (L + d) / (L + d + 2), as the suffix part scores retrieval; L is the
+    length of the common suffix of ctx[:j+1] and ctx[:n] (up to 32), and for
+    a successor that of ctx[:succ_pos+1] and ctx[:n] extended by the branch
+    token (1 where the successor anchor is a semantic one).
+
+    Nodes come parents first, in the order: the first copied token, the
+    branches, their successors, the rest of the copy; so a small max_nodes
+    cuts the deep end of the copy first.  Sources: src_copy for the copy,
+    src_branch for branches and successors.  Returns the node count.
     """
     cap = min(max_nodes, out_tokens.shape[0], out_parents.shape[0], out_probs.shape[0], out_src.shape[0])
-    n = min(n, buf.shape[0] - 1)
-    n_known = min(n_known, alt_tok.shape[0], alt_p.shape[0])
-    kb = min(k_branch, alt_tok.shape[1])
+    n = min(n, ctx.shape[0])
+    j = anchor
     m = 0
-    for j in range(min(n_anchors, ends.shape[0], scale.shape[0])):
-        e = ends[j]
-        if e < 0 or e >= n_known or e > n - 2:
+    if j < 0 or j > n - 2:
+        return 0
+    n_copy = min(copy_len, n - 1 - j)
+    L = _common_suffix(ctx, j, n - 1, 32)
+    first = -1
+    if n_copy > 0:
+        first = _add_node(out_tokens, out_parents, out_probs, out_src, m, cap, ctx[j + 1], -1,
+                          L / (L + 2.0), src_copy)
+        if first < 0:
+            return m
+        m += 1
+    nb = min(n_branch, branch_tok.shape[0], branch_p.shape[0], succ_pos.shape[0])
+    b0 = m
+    for i in range(nb):
+        if _add_node(out_tokens, out_parents, out_probs, out_src, m, cap, branch_tok[i], -1,
+                     branch_p[i], src_branch) < 0:
+            return m
+        m += 1
+    for i in range(m - b0):
+        e = succ_pos[i]
+        if e < 0 or e > n - 2:
             continue
-        copied = buf[e + 1] if exclude_copied else -1
-        for r in range(kb):
-            t = alt_tok[e, r]
-            if t < 0:
-                break
-            if t == copied:
-                continue
-            q = alt_p[e, r] * scale[j]
-            c = _child_of(out_tokens, out_parents, m, -1, t)
-            if c >= 0:
-                if q > out_probs[c]:
-                    out_probs[c] = q
-                continue
-            if m >= cap:
+        Ls = 1
+        if ctx[e] == branch_tok[i]:
+            Ls = 1 + _common_suffix(ctx, e - 1, n - 1, 31)
+        parent = b0 + i
+        for d in range(min(succ_len, n - 1 - e)):
+            if _add_node(out_tokens, out_parents, out_probs, out_src, m, cap, ctx[e + 1 + d], parent,
+                         (Ls + d) / (Ls + d + 2.0), src_branch) < 0:
                 return m
-            c = m
-            out_tokens[m] = t
-            out_parents[m] = -1
-            out_probs[m] = q
-            out_src[m] = src
+            parent = m
             m += 1
-            buf[n] = t
-            m = _successors(buf, n, c, 1, m, cap, succ_len, src, out_tokens, out_parents, out_probs,
-                            out_src, ends1, lens1)
+    parent = first
+    for d in range(1, n_copy):
+        if _add_node(out_tokens, out_parents, out_probs, out_src, m, cap, ctx[j + 1 + d], parent,
+                     (L + d) / (L + d + 2.0), src_copy) < 0:
+            return m
+        parent = m
+        m += 1
     return m
 
 
@@ -352,12 +380,12 @@ def warmup() -> None:
     build_branch_tree(ctx, 8, ends, 2, alt_tok, alt_p, 8, 3, 2, 8, *out, src, 4, True, 8, 5)
     sim = np.zeros(8, np.float32)
     soft_anchors(ctx, 8, sim, sim, 0.5, 4, np.zeros(4, np.int32), np.zeros(4, np.float32))
-    single_anchors(ctx, 8, sim, 0.1, 4, np.zeros(4, np.int32), np.zeros(4, np.float32))
-    buf = np.zeros(9, np.int32)
-    buf[:8] = ctx
-    one = np.zeros(1, np.int32)
-    build_adapld_tree(buf, 8, ends, np.ones(2, np.float32), 2, True, alt_tok, alt_p, 8, 8, 4, 8, *out, src, 5,
-                      one, one.copy())
+    H = np.zeros((8, 2), np.float32)
+    known = np.zeros(8, np.bool_)
+    best_anchor(ctx, 8, 2, sim, 0.1, H, known, 6)
+    bt, bp, sp = np.array([7, 9], np.int32), np.array([0.5, 0.2], np.float32), np.array([-1, 2], np.int32)
+    successor_anchors(ctx, 8, bt, 2, H, known, 1, sp)
+    build_adapld_tree(ctx, 8, 1, 4, bt, bp, 2, sp, 1, 8, *out, src, 0, 5)
     mark_copied_from(ctx, 8, 4, ends, 2, 4, out[0], out[1], 0, src, 0, 7)
     scatter_sims(np.zeros((2, 3), np.float32), np.zeros(2, np.int64), 0, 2, np.zeros(3, np.float32), sim)
     softmax_rows(np.zeros((2, 4), np.float32), alt_p, 0, 4)
