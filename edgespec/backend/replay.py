@@ -345,12 +345,10 @@ class OracleDrafter(Drafter):
     def __init__(self, inner, backend: ReplayBackend):
         self.inner = inner
         self.backend = backend
-        self.name = "oracle-" + getattr(inner, "name", "drafter")
-        self.topk = getattr(inner, "topk", 0)
-        self.prefill_topk = getattr(inner, "prefill_topk", 0)
-        self.wants_entropy = getattr(inner, "wants_entropy", False)
-        self.wants_hidden = getattr(inner, "wants_hidden", False)
-        self.observes = inner.wants_observe()
+        self.name = "oracle-" + inner.name
+
+    def needs(self):
+        return self.inner.needs()
 
     def warmup(self) -> None:
         self.inner.warmup()

@@ -92,7 +92,7 @@ class Engine:
         self.gate = Gate(self.config, cost)
         self.eog = backend.vocab.eog_mask()
         self._feedback = DrafterFeedback(drafter, backend, self.config.max_nodes + 1)
-        self._plain = getattr(drafter, "name", "") == "none"     # plain decoding drafts nothing, forced text included
+        self._plain = drafter.name == "none"     # plain decoding drafts nothing, forced text included
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -167,7 +167,7 @@ class Engine:
             raise
         finally:
             self.kv_tokens = st.ctx[:be.n_past].copy()
-        return (yield from finish(st, getattr(self.drafter, "name", "?"), self.config.verify.mode))
+        return (yield from finish(st, self.drafter.name, self.config.verify.mode))
 
     def check_request(self, n_prompt: int, max_tokens: int, sampling: SamplingConfig,
                       constrained: bool = False) -> None:

@@ -32,19 +32,20 @@ class DrafterFeedback:
     def __init__(self, drafter: Drafter, backend, n: int):
         self.drafter = drafter
         self.backend = backend
-        self.observes = drafter.wants_observe()
-        self.topk = int(getattr(drafter, "topk", 0) or 0) if self.observes else 0
+        needs = drafter.needs()
+        self.observes = needs.observe
+        self.topk = needs.topk if self.observes else 0
         if self.topk:
             from edgespec.kernels.topk import topk_rows_vals
             self._topk_rows = topk_rows_vals
             self._tk = np.zeros((n, self.topk), np.int32)
             self._tv = np.zeros((n, self.topk), np.float32)
             self._rows = np.arange(n, dtype=np.int64)
+        self.prefill_topk = needs.prefill_topk
         # ReSpec's trigger wants every committed row's entropy, AdaPLD's rerank its hidden state
-        self.want_entropy = self.observes and bool(getattr(drafter, "wants_entropy", False))
-        self.want_hidden = self.observes and bool(getattr(drafter, "wants_hidden", False))
-        # the block AdaPLD compares (None: the last hidden state)
-        self.hidden_layer = getattr(drafter, "hidden_layer", None) if self.want_hidden else None
+        self.want_entropy = self.observes and needs.entropy
+        self.want_hidden = self.observes and needs.hidden
+        self.hidden_layer = needs.hidden_layer if self.want_hidden else None
         if self.want_entropy:
             from edgespec.kernels.topk import row_entropy
             self._row_entropy = row_entropy
@@ -64,11 +65,11 @@ class DrafterFeedback:
         hidden-state output to this drafter's wish (other engines may share
         the backend)."""
         be = self.backend
-        k_pre = int(getattr(self.drafter, "prefill_topk", 0) or 0)
+        k_pre = self.prefill_topk
         pre = hid = None
         if k_pre:
             pre = (np.full((m_pre, k_pre), -1, np.int32), np.zeros((m_pre, k_pre), np.float32))
-        if self.want_hidden or getattr(be, "hidden_on", False):
+        if self.want_hidden or be.hidden_on:
             be.set_hidden(self.want_hidden, self.hidden_layer)
         if self.want_hidden:
             hid = np.zeros((m_pre, be.n_embd), np.float32)

@@ -15,7 +15,7 @@ import numpy as np
 
 from edgespec.calibration.curve import CostCurve
 from edgespec.core.config import SPLIT_KV_FREE_CELLS, EngineConfig
-from edgespec.core.tree import N_SOURCES, SOURCE_NAMES, DraftTree
+from edgespec.core.tree import N_SOURCES, DraftTree, source_name
 from edgespec.kernels.tree import N_SCORE_BUCKETS, SCORE_EDGES, learn_step, plan_step, shadow_learn
 
 SHADOW_KEEP = 16      # proposals judged at once: deeper than any draft the engine verifies
@@ -96,7 +96,7 @@ class AcceptanceModel:
             for b in range(N_SCORE_BUCKETS):
                 n = self.n_c[s, b]
                 if n > 0:
-                    rows.append({"source": SOURCE_NAMES[s], "score": f"{SCORE_EDGES[b]:g}-{SCORE_EDGES[b + 1]:g}",
+                    rows.append({"source": source_name(s), "score": f"{SCORE_EDGES[b]:g}-{SCORE_EDGES[b + 1]:g}",
                                  "tested": int(n), "predicted": round(float(self.pred_sum[s, b] / n), 3),
                                  "observed": round(float(self.a_c[s, b] / n), 3)})
         return rows

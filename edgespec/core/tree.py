@@ -24,21 +24,71 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SOURCE_CONTEXT = 0   # suffix match in the prompt / generation so far
-SOURCE_CORPUS = 1    # suffix match in a compiled corpus
-SOURCE_TRIGRAM = 2
-SOURCE_ADJACENCY = 3
-SOURCE_CARRY = 4     # tokens accepted last step off the batch's first path, re-verified
-SOURCE_BRANCH = 5    # the model's own alternatives beside a retrieved continuation (AASD, AdaPLD)
-SOURCE_SEMANTIC = 6  # continuation of an embedding-similar anchor (AdaPLD fallback)
-SOURCE_PROMPT = 7    # a context match copied from the prompt (marked so only with auto+aasd)
-SOURCE_ALIGN = 8     # AASD alignment sampling: the model's choice where the prompt disagreed
-SOURCE_GRAMMAR = 9   # text a request's grammar forces next (the engine adds it; no drafter does)
-SOURCE_EDIT = 10     # a prompt copy with the answer's own edits applied, from the first edited token on
-N_SOURCES = 11
-SOURCE_NAMES = ("context", "corpus", "trigram", "adjacency", "carry", "branch", "semantic", "prompt", "align",
-                "grammar", "edit")
+MAX_SOURCES = 32
+"""Capacity of the source registry: per-source arrays (the gate's acceptance
+counts, the schedule's tallies) are sized by it, so a source registered after
+they were made still has its row."""
 
+
+@dataclass(frozen=True)
+class Source:
+    """A kind of draft node.  The engine's acceptance model calibrates each
+    source apart; the flags say which mechanisms treat its nodes specially.
+
+    retrieved: text copied from what the model read or a corpus (ReSpec's
+        relaxed verification may accept such a token)
+    aligned:   a token AASD's conditional verification may accept (copied
+        from the prompt, or the model's own choice at a misaligned position)
+    guess:     a model-free guess (tri-gram, adjacency, branch, semantic):
+        a leaf retrieval never looked from, which graft_tail continues
+    """
+    id: int
+    name: str
+    retrieved: bool = False
+    aligned: bool = False
+    guess: bool = False
+
+
+SOURCES: list[Source] = []
+"""Every registered source, indexed by its id (the value stored in DraftTree.source)."""
+
+
+def register_source(name: str, *, retrieved: bool = False, aligned: bool = False, guess: bool = False) -> int:
+    """Register a draft source and return its id.  The module that makes a
+    source's nodes registers it, once (a second registration of a name is an
+    error: two modules would share one calibration)."""
+    if any(s.name == name for s in SOURCES):
+        raise ValueError(f"draft source {name!r} is already registered")
+    if len(SOURCES) >= MAX_SOURCES:
+        raise ValueError(f"at most {MAX_SOURCES} draft sources")
+    SOURCES.append(Source(len(SOURCES), name, retrieved, aligned, guess))
+    return len(SOURCES) - 1
+
+
+def sources_with(flag: str) -> tuple[int, ...]:
+    """The ids of the registered sources whose `flag` is set (read at each
+    call: a source registered later is included)."""
+    return tuple(s.id for s in SOURCES if getattr(s, flag))
+
+
+def source_name(i: int) -> str:
+    return SOURCES[i].name if 0 <= i < len(SOURCES) else f"source{i}"
+
+
+# the engine's and the built-in drafters' sources (their ids are stored in
+# results files and compared in tests: keep this order)
+SOURCE_CONTEXT = register_source("context", retrieved=True)     # a match in the prompt / generation so far
+SOURCE_CORPUS = register_source("corpus", retrieved=True)       # a match in a compiled corpus
+SOURCE_TRIGRAM = register_source("trigram", guess=True)
+SOURCE_ADJACENCY = register_source("adjacency", guess=True)
+SOURCE_CARRY = register_source("carry")         # accepted last step off the batch's first path, re-verified
+SOURCE_BRANCH = register_source("branch", guess=True)     # the model's own alternatives beside a retrieved copy
+SOURCE_SEMANTIC = register_source("semantic", guess=True)  # continuation of an embedding-similar anchor
+SOURCE_PROMPT = register_source("prompt", retrieved=True, aligned=True)   # a context match copied from the prompt
+SOURCE_ALIGN = register_source("align", aligned=True, guess=True)   # AASD: the model's choice where the prompt disagreed
+SOURCE_GRAMMAR = register_source("grammar")     # text a request's grammar forces next (the engine adds it)
+SOURCE_EDIT = register_source("edit", retrieved=True)   # a prompt copy with the answer's edits applied ahead
+N_SOURCES = MAX_SOURCES
 
 @dataclass
 class DraftTree:

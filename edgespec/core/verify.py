@@ -181,10 +181,8 @@ class VerifyConfig:
     @property
     def relax_sources(self) -> tuple:
         """The draft sources a relaxed rule may accept."""
-        from edgespec.core.tree import SOURCE_ALIGN, SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_EDIT, SOURCE_PROMPT
-        if self.mode == "entropy":
-            return (SOURCE_PROMPT, SOURCE_ALIGN)
-        return (SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT, SOURCE_EDIT)
+        from edgespec.core.tree import sources_with
+        return sources_with("aligned" if self.mode == "entropy" else "retrieved")
 
 
 def _entropy(row: np.ndarray) -> tuple[np.ndarray, float]:

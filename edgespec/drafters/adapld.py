@@ -108,6 +108,9 @@ class AdaPLDDrafter(BranchDrafter):
     anchors are left to the suffix part)."""
 
     name = "adapld"
+    # its copy path is SOURCE_CONTEXT too, which the schedule credits to suffix (always on)
+    sources = (SOURCE_BRANCH, SOURCE_SEMANTIC)
+    retrieves = True
     hidden_layer = 0        # the block whose hidden states `rerank` compares (0: the backend's middle one)
 
     def __init__(self, branch: bool = True, embeddings=None, rerank: bool = False, hidden: HiddenStates | None = None,

@@ -208,6 +208,7 @@ class AdjacencyDrafter(Drafter):
     """
 
     name = "adjacency"
+    sources = (SOURCE_ADJACENCY,)
     topk = 8
 
     def __init__(self, n_vocab: int, corpora=(), config: AdjacencyConfig | None = None):

@@ -58,6 +58,33 @@ class StepResult:
     hidden: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
 
 
+@dataclass(frozen=True)
+class Needs:
+    """What a drafter asks of the engine: the contract between them, read once
+    when an engine is built (Drafter.needs()).
+
+    observe:      call observe() after every step
+    topk:         K > 0: the model's top-K next tokens at every committed slot
+                  (StepResult.topk_input / topk_tokens / topk_logits)
+    prefill_topk: K > 0: the top-K after every prompt position it prefills
+                  (observe_prefill)
+    entropy:      the entropy of the model's distribution after every committed
+                  slot (StepResult.entropy)
+    hidden:       hidden states at every committed slot (StepResult.hidden) and
+                  every prefilled prompt position (observe_prefill_hidden)
+    hidden_layer: which block's hidden state (None: the last; 0: the backend's
+                  middle one; else block N)
+    The top-K, entropy and hidden states are computed only for a drafter
+    that observes.
+    """
+    observe: bool = False
+    topk: int = 0
+    prefill_topk: int = 0
+    entropy: bool = False
+    hidden: bool = False
+    hidden_layer: int | None = None
+
+
 class Drafter:
     """Base class: a drafter that proposes nothing (the `none` method).
 
@@ -89,6 +116,28 @@ class Drafter:
     committed slot (StepResult.hidden) and every prompt position it prefills
     (observe_prefill_hidden); the prefill then computes every prompt row's
     output, as with prefill_topk."""
+
+    hidden_layer: int | None = None
+    """With wants_hidden: which block's hidden state (see Needs)."""
+
+    sources: tuple = ()
+    """The node sources (core/tree.py's registry) this drafter's proposals
+    carry: what `auto`'s schedule credits to it."""
+
+    retrieves = False
+    """Its drafts are retrieved text (or anchored on it): ReSpec's trigger
+    gates it inside `auto`."""
+
+    def needs(self) -> Needs:
+        """What this drafter asks of the engine (from the attributes above)."""
+        return Needs(observe=self.wants_observe(), topk=int(self.topk), prefill_topk=int(self.prefill_topk),
+                     entropy=bool(self.wants_entropy), hidden=bool(self.wants_hidden),
+                     hidden_layer=self.hidden_layer if self.wants_hidden else None)
+
+    def set_prediction(self, tokens) -> None:
+        """Only a drafter built for predicted outputs takes one
+        (drafters/prediction.py); anything else is misuse."""
+        raise TypeError(f"drafter {self.name!r} takes no prediction (wrap it in PredictionDrafter)")
 
     def begin(self, prompt: np.ndarray) -> None:
         pass

@@ -55,6 +55,8 @@ class BranchDrafter(Drafter):
     ``k`` rankings are kept per position."""
 
     name = "branch"
+    sources = (SOURCE_BRANCH, SOURCE_ALIGN)
+    retrieves = True
 
     def __init__(self, aasd: bool = False, branch: bool = True, max_nodes: int = 64, aasd_all: bool = False,
                  k: int = BRANCH_K):

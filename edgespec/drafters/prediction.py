@@ -33,9 +33,6 @@ class PredictionDrafter(Drafter):
     def __init__(self, inner: Drafter, config: SuffixConfig | None = None):
         self.inner = inner
         self.name = inner.name
-        self.topk = inner.topk
-        self.prefill_topk = inner.prefill_topk
-        self.observes = inner.wants_observe()
         c = self.config = config or SuffixConfig(corpus_min_match=2, max_depth=16)
         self._pred = np.zeros(0, np.int32)
         self._index = None                     # (tokens, suffix array) of prompt tail + prediction
@@ -66,8 +63,14 @@ class PredictionDrafter(Drafter):
                                    np.array([-1], np.int32)])
             self._index = (toks, suffix_array(toks, 32).astype(np.int32))
 
+    def needs(self):
+        return self.inner.needs()      # the prediction's own matches need nothing of the engine
+
     def observe_prefill(self, start, topk_tokens, topk_logits) -> None:
         self.inner.observe_prefill(start, topk_tokens, topk_logits)
+
+    def observe_prefill_hidden(self, start: int, hidden: np.ndarray) -> None:
+        self.inner.observe_prefill_hidden(start, hidden)
 
     def observe(self, result) -> None:
         self.inner.observe(result)

@@ -35,6 +35,8 @@ class SemanticDrafter(Drafter):
     """Continuations of embedding-similar anchors, when no exact match exists."""
 
     name = "semantic"
+    sources = (SOURCE_SEMANTIC,)
+    retrieves = True
 
     def __init__(self, embeddings, max_nodes: int = 64, min_sim: float = SEMANTIC_MIN_SIM):
         self.emb = embeddings

@@ -181,6 +181,8 @@ class SuffixDrafter(Drafter):
     """
 
     name = "suffix"
+    sources = (SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT, SOURCE_EDIT)
+    retrieves = True
 
     def __init__(self, config: SuffixConfig | None = None, corpora=()):
         self.config = config if config is not None else SuffixConfig()

@@ -330,6 +330,7 @@ class TrigramDrafter(Drafter):
     """
 
     name = "trigram"
+    sources = (SOURCE_TRIGRAM,)
 
     def __init__(self, n_vocab: int, corpora=(), config: TrigramConfig | None = None):
         self.config = config if config is not None else TrigramConfig()

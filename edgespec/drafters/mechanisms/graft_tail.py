@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.core.tree import (N_SOURCES, SOURCE_ADJACENCY, SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_CONTEXT,
-                                SOURCE_SEMANTIC, SOURCE_TRIGRAM)
+from edgespec.core.tree import N_SOURCES, SOURCE_CONTEXT, sources_with
 from edgespec.kernels import anchor as _ak
 from edgespec.kernels import suffix as _sk
 
@@ -25,8 +24,6 @@ GRAFT_RESERVE = 8                   # graft_tail: at most 8 slots of a proposal 
 GRAFT_POINTS = 2                    # from the 2 most probable drafted leaves
 GRAFT_MIN_CUM = 0.05                # whose path is at least this likely
 GRAFT_DEPTH = 4
-GRAFT_FROM = (SOURCE_TRIGRAM, SOURCE_ADJACENCY, SOURCE_BRANCH, SOURCE_SEMANTIC, SOURCE_ALIGN)
-_GRAFT_FROM_MASK = np.isin(np.arange(N_SOURCES), GRAFT_FROM)
 
 
 class TailGraft:
@@ -39,6 +36,8 @@ class TailGraft:
                        np.zeros(GRAFT_RESERVE, np.float32), np.zeros(GRAFT_RESERVE, np.int32))
         self._g_cum = np.zeros(max_nodes, np.float64)
         self._g_leaf = np.zeros(max_nodes, np.bool_)
+        # the leaves retrieval continues from: those of the model-free guesses
+        self._from = np.isin(np.arange(N_SOURCES), sources_with("guess"))
 
     @staticmethod
     def warmup() -> None:
@@ -53,7 +52,7 @@ class TailGraft:
         lim = min(m, budget - reserve)
         if reserve <= 0 or lim <= 0:
             return tok, par, pr, src
-        drafted = _GRAFT_FROM_MASK[src[:lim]]
+        drafted = self._from[src[:lim]]
         if not drafted.any():                           # retrieval alone: nothing to graft under
             return tok, par, pr, src
         cum, leaf = self._g_cum[:m], self._g_leaf[:m]

@@ -23,25 +23,12 @@ import time
 
 import numpy as np
 
-from edgespec.core.tree import (N_SOURCES, SOURCE_ADJACENCY, SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_CORPUS,
-                                SOURCE_EDIT, SOURCE_PROMPT, SOURCE_SEMANTIC, SOURCE_TRIGRAM)
-from edgespec.drafters.adapld import AdaPLDDrafter
-from edgespec.drafters.adjacency import AdjacencyDrafter
-from edgespec.drafters.branch import BranchDrafter
-from edgespec.drafters.semantic import SemanticDrafter
-from edgespec.drafters.suffix import SuffixDrafter
-from edgespec.drafters.trigram import TrigramDrafter
+from edgespec.core.tree import N_SOURCES
 
 SCHEDULE_PROBE = 8                  # an idle part proposes again after 8 steps,
 SCHEDULE_PROBE_MAX = 64             # doubling the wait after each failed probe, to 64
 SCHEDULE_ALPHA = 0.1                # weight of the newest step in the moving averages
 SCHEDULE_GAIN0 = 1.0                # parts start trusted (1 accepted token per step)
-
-PART_SOURCES = {SuffixDrafter: (SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT, SOURCE_EDIT),
-                TrigramDrafter: (SOURCE_TRIGRAM,), AdjacencyDrafter: (SOURCE_ADJACENCY,),
-                BranchDrafter: (SOURCE_BRANCH, SOURCE_ALIGN), SemanticDrafter: (SOURCE_SEMANTIC,),
-                AdaPLDDrafter: (SOURCE_BRANCH, SOURCE_SEMANTIC)}
-"""The node sources each part's proposals carry: what the schedule credits to it."""
 
 
 class PartSchedule:
@@ -54,7 +41,7 @@ class PartSchedule:
         self.config = config
         self.parts = parts
         self._suffix = suffix
-        self._sources = [PART_SOURCES[type(p)] for p in parts]
+        self._sources = [p.sources for p in parts]       # what the schedule credits to each part
         self._gain = np.full(len(parts), SCHEDULE_GAIN0)
         self._cost = np.zeros(len(parts))
         self._idle = [False] * len(parts)

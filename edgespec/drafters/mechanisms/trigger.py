@@ -19,12 +19,7 @@ One concern: the entropy window, the decision, the key, and the counters.
 """
 from __future__ import annotations
 
-from edgespec.drafters.adapld import AdaPLDDrafter
-from edgespec.drafters.branch import BranchDrafter
-from edgespec.drafters.semantic import SemanticDrafter
 from edgespec.drafters.suffix import SuffixDrafter
-
-RETRIEVAL = (SuffixDrafter, SemanticDrafter, AdaPLDDrafter, BranchDrafter)   # what ReSpec's trigger gates
 
 
 def select_key(h: list, lam: float, window: int) -> tuple[int, float]:
@@ -46,7 +41,7 @@ class RetrievalTrigger:
 
     def __init__(self, config, parts):
         self.config = config
-        self.gated = [isinstance(p, RETRIEVAL) for p in parts]     # per part: does the trigger gate it
+        self.gated = [p.retrieves for p in parts]     # per part: does the trigger gate it
         self._keyed = [p for p in parts if isinstance(p, SuffixDrafter)]   # they retrieve with k*
         self._trig_h: list[float] = []      # the full entropies of the last committed positions (newest last)
         self.key = 0                        # k* of the last decision (0: none known)
