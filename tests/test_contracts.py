@@ -4,6 +4,7 @@ registry (core/tree.py) and the capabilities a drafter asks for
 import pytest
 
 from edgespec.core import tree
+from edgespec.core.grammar_drafts import SOURCE_LABEL, SOURCE_VALUE
 from edgespec.core.verify import VerifyConfig
 from edgespec.drafters import Drafter, make_drafter
 from edgespec.drafters.base import Needs
@@ -17,9 +18,9 @@ def test_registry_names_and_flags():
                           "align", "grammar", "edit"]        # ids stored in results files: fixed
     assert [s.id for s in tree.SOURCES] == list(range(len(names)))
     assert set(tree.sources_with("aligned")) == {tree.SOURCE_PROMPT, tree.SOURCE_ALIGN}
-    assert {tree.SOURCE_CONTEXT, tree.SOURCE_EDIT} <= set(tree.sources_with("retrieved"))
+    assert {SOURCE_VALUE, SOURCE_LABEL, tree.SOURCE_CONTEXT, tree.SOURCE_EDIT} <= set(tree.sources_with("retrieved"))
     assert tree.SOURCE_GRAMMAR not in tree.sources_with("retrieved")
-    assert tree.source_name(tree.SOURCE_EDIT) == "edit" and tree.source_name(31) == "source31"
+    assert tree.source_name(SOURCE_VALUE) == "value" and tree.source_name(31) == "source31"
     with pytest.raises(ValueError, match="already registered"):
         tree.register_source("context")
 

@@ -181,6 +181,25 @@ class Grammar:
             L.llama_sampler_free(clone)
         return "".join(out)
 
+    def admits(self, tokens) -> int:
+        """How many of `tokens`, in order from the current state, the grammar
+        admits before the first it rejects (checked on a copy of the state)."""
+        clone = L.llama_sampler_clone(self._smpl)
+        one, arr = self._one, self._arr_one
+        n = 0
+        try:
+            for t in tokens:
+                one[0] = (int(t), 0.0, 0.0)
+                arr.size = 1
+                L.llama_sampler_apply(clone, arr)
+                if not np.isfinite(one["logit"][0]):
+                    break
+                L.llama_sampler_accept(clone, int(t))
+                n += 1
+        finally:
+            L.llama_sampler_free(clone)
+        return n
+
     def accept(self, token: int) -> None:
         """Advance past `token`, which must be one the grammar admits."""
         L.llama_sampler_accept(self._smpl, int(token))

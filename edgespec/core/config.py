@@ -30,7 +30,9 @@ class EngineConfig:
     forced_drafts: under a request's grammar, draft the text it forces next
         (keys, brackets, quotes) as a chain scored forced_prob; the gate's
         acceptance statistics for it start from that score.  Never with the
-        drafter `none`, which stays plain decoding (the baseline).
+        drafter `none`, which stays plain decoding (the baseline).  Where
+        nothing is forced, the prompt text the answer is copying (a value) is
+        drafted as a chain scored copy_prob (core/grammar_drafts.py).
     history_cap: at the start of each request, the fine (source, score,
         depth) acceptance counts of earlier requests are scaled down to at
         most this many tested nodes per cell (AcceptanceModel.shrink), so the
@@ -49,6 +51,7 @@ class EngineConfig:
     shadow: bool = True
     forced_drafts: bool = True
     forced_prob: float = 0.9
+    copy_prob: float = 0.7
     history_cap: float | None = None
 
     def __post_init__(self):

@@ -32,12 +32,13 @@ import numpy as np
 from edgespec.backend.protocol import Backend
 from edgespec.calibration.curve import CostCurve
 from edgespec.core.config import EngineConfig
-from edgespec.core.feedback import EMPTY_I32, DrafterFeedback
+from edgespec.core.feedback import DrafterFeedback
 from edgespec.core.gate import AcceptanceModel, Gate
 from edgespec.core.logprobs import check_top, token_logprobs
 from edgespec.core.request import RunState, chunks, finish
 from edgespec.core.result import GenerationResult
 from edgespec.core.stream import TextStream
+from edgespec.core.grammar_drafts import SOURCE_LABEL, SOURCE_VALUE, GrammarDrafts
 from edgespec.core.tree import SOURCE_CARRY, SOURCE_GRAMMAR, DraftTree
 from edgespec.core.verify import SamplingConfig, relaxed_path, sample_token
 from edgespec.drafters.base import Drafter
@@ -54,21 +55,24 @@ def _child(bparent: list, btok: list, slot: int, tok: int) -> int:
     return -1
 
 
-def _merge_chain(tree: DraftTree, chain: np.ndarray, prob: float, source: int = SOURCE_CARRY) -> DraftTree:
+def _merge_chain(tree: DraftTree, chain: np.ndarray, prob: float, source: int = SOURCE_CARRY,
+                 start: int = 0) -> DraftTree:
     """Insert a chain below the root into a proposal, sharing existing nodes
-    (which then count as `source`, with at least `prob`)."""
+    (which then count as `source`, with at least `prob`, from the chain's
+    `start`-th token on: the nodes before it are left as they are)."""
     toks, pars = list(tree.tokens), list(tree.parents)
     probs, src = list(tree.probs), list(tree.source)
     cur = -1
-    for t in chain.tolist():
+    for j, t in enumerate(chain.tolist()):
         nxt = -1
         for i in range(len(toks)):
             if pars[i] == cur and toks[i] == t:
                 nxt = i
                 break
         if nxt >= 0:
-            probs[nxt] = max(probs[nxt], prob)
-            src[nxt] = source
+            if j >= start:
+                probs[nxt] = max(probs[nxt], prob)
+                src[nxt] = source
         else:
             toks.append(t); pars.append(cur); probs.append(prob); src.append(source)
             nxt = len(toks) - 1
@@ -203,6 +207,8 @@ class Engine:
         if logprobs is not None:
             st.n_logprobs, st.lp = logprobs, []
         st.grammar = grammar
+        if grammar is not None and self.config.forced_drafts and not self._plain:
+            st.gdrafts = GrammarDrafts(grammar, self.backend.vocab, self.backend.vocab.detokenize(prompt))
         st.topk_walk = bool(self._feedback.topk) and sampling.greedy and grammar is None
         self._reuse_prefix(st, reuse_prefix)
         pre, hid = self._prefill(st, is_cancelled)
@@ -356,10 +362,8 @@ class Engine:
         if len(st.carry):
             tree = _merge_chain(tree, st.carry, self.config.carry_prob)
             st.carry = np.zeros(0, np.int32)
-        if st.grammar is not None and budget > 1:
-            forced = self._forced(st)
-            if len(forced):
-                tree = _merge_chain(tree, forced[:budget - 1], self.config.forced_prob, SOURCE_GRAMMAR)
+        if st.gdrafts is not None and budget > 1:
+            tree = self._grammar_drafts(st, tree, budget - 1)
         return tree
 
     def _verify(self, st: RunState, logits, tree: DraftTree, btok: np.ndarray, k: int):
@@ -401,21 +405,24 @@ class Engine:
                     s2 = c2
             slot = c
 
-    def _forced(self, st: RunState) -> np.ndarray:
-        """Tokens for the text the grammar forces after the committed answer
-        (jump-forward decoding, drafted: verification still decides), or none
-        when nothing is forced or its tokens do not spell it back."""
-        if not self.config.forced_drafts or self._plain:
-            return EMPTY_I32
-        text = st.grammar.forced_text(st.out.text)
-        if not text:
-            return EMPTY_I32
-        vocab = self.backend.vocab
-        toks = vocab.tokenize(text, add_special=False)
-        if vocab.detokenize(toks) != text:
-            return EMPTY_I32
-        st.n_forced += 1
-        return toks
+    def _grammar_drafts(self, st: RunState, tree: DraftTree, room: int) -> DraftTree:
+        """The proposal with the text the grammar forces next merged in (and
+        under it the value a prompt label gives its key), or, where nothing
+        is forced, the prompt text the answer is copying (core/grammar_drafts.py)."""
+        gd, text = st.gdrafts, st.out.text
+        ftext, forced = gd.forced(text)
+        if len(forced):
+            st.n_forced += 1
+            forced = forced[:room]
+            tree = _merge_chain(tree, forced, self.config.forced_prob, SOURCE_GRAMMAR)
+            label = gd.labelled(text + ftext, forced, room - len(forced))
+            if len(label):
+                tree = _merge_chain(tree, np.concatenate([forced, label]), self.config.copy_prob, SOURCE_LABEL,
+                                    start=len(forced))
+            return tree
+        for chain in gd.copied(text, room):
+            tree = _merge_chain(tree, chain, self.config.copy_prob, SOURCE_VALUE)
+        return tree
 
     def _pick(self, st: RunState, logits, slot: int) -> int:
         """The model's token at batch row `slot`: its argmax (greedy) or a draw,

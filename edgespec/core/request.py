@@ -50,6 +50,7 @@ class RunState:
     rec_rows: np.ndarray = None
     rec_buf: np.ndarray = None
     grammar: object = None            # a backend Grammar the answer follows (Engine.run)
+    gdrafts: object = None            # its GrammarDrafts, when the engine drafts under it
     n_logprobs: int | None = None     # alternatives per token when logprobs are asked for
     lp: list | None = None            # a TokenLogprob per token of `generated` (then)
 
