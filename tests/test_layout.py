@@ -85,6 +85,14 @@ def test_core_imports_neither_click_nor_llama_cpp():
             assert not bad, f"{m} imports {sorted(bad)}"
 
 
+def test_only_app_and_bench_import_app():
+    """app/ is what users touch; the library under it does not reach up into it
+    (the package's own __init__ re-exports the public API)."""
+    up = {m for m in MODULES if not m.startswith(("edgespec.app", "edgespec.bench")) and m not in ("edgespec", "edgespec.__main__")
+          and any(n.startswith("edgespec.app") for n in _edges(m))}
+    assert not up, f"modules below app/ that import it: {sorted(up)}"
+
+
 def test_modules_and_functions_are_short():
     long_modules, long_functions = [], []
     for m, p in MODULES.items():

@@ -33,7 +33,7 @@ from edgespec.calibration.background import BackgroundTask, Pacer
 from edgespec.calibration.curve import CostCurve
 from edgespec.calibration.kernelchoice import resolve as resolve_kernels
 from edgespec.calibration.kernelchoice import setting as kernels_setting
-from edgespec.core.engine import _cancel_check, drain
+from edgespec.core.engine import cancel_check, drain
 from edgespec.core.result import GenerationResult
 from edgespec.core.logprobs import check_top
 from edgespec.core.verify import SamplingConfig
@@ -326,7 +326,7 @@ class SpecModel(ModelEngines):
                constraint: tuple = (None, None)):
         """With the model held: the engine generator of one request and what to
         do when it ends."""
-        user_cancel = _cancel_check(cancel)
+        user_cancel = cancel_check(cancel)
         closing = self._closing
 
         def is_cancelled() -> bool:

@@ -62,7 +62,7 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
     from edgespec.version import __version__
     from edgespec.backend.process import llama_cpp_version, tiled_mm_setting
     from edgespec.backend.ggml import hello_ms
-    from edgespec.calibration.cache import _cpu_name
+    from edgespec.calibration.cache import cpu_name
 
     be = model.backend
     ex = getattr(model, "exactness", None)
@@ -94,7 +94,7 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "llama_cpp_version": llama_cpp_version(),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "hostname": platform.node(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "cost_curve": model.cost.to_json() if model.cost is not None else None,

@@ -40,7 +40,7 @@ def cache_dir() -> str:
     return d
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -70,7 +70,7 @@ def calibration_key(model_path: str, n_gpu_layers: int, n_threads: int, extra: s
     from edgespec.backend.process import llama_cpp_version
 
     parts = [model_fingerprint(model_path),
-             f"ngl={n_gpu_layers}", f"threads={n_threads}", platform.machine(), _cpu_name(),
+             f"ngl={n_gpu_layers}", f"threads={n_threads}", platform.machine(), cpu_name(),
              str(os.cpu_count()), llama_cpp_version(), f"v{CALIBRATION_VERSION}", extra]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 

@@ -233,7 +233,7 @@ def prefill(backend, toks, pause, chunk: int) -> None:
             return
 
 
-def _measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None) -> tuple[float, list, float]:
+def measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None) -> tuple[float, list, float]:
     """(t1_s, rel, after_s) after a random prefix of `prefix` tokens: the median
     of `reps` decodes of T-token chains per T, interleaved so that machine noise
     spreads over all sizes, and after_s, what a one-token decode right after a
@@ -310,7 +310,7 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: 
     """Time decodes of T tokens (chains, logits at every token) after each of
     `prefixes` KV cells (capped by the context size), and single tokens within
     the first 256 cells.  progress(done, total) is called after every round;
-    pause: see _measure_at (a measurement between requests)."""
+    pause: see measure_at (a measurement between requests)."""
     prefixes = plan_contexts(backend.n_ctx, prefixes, max(ts))
     ts = [t for t in ts if t <= backend.max_nodes and backend.n_ctx > prefixes[0] + t + 1]
     rng = np.random.default_rng(0)
@@ -322,10 +322,10 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: 
         if progress:
             progress(done[0], total)
 
-    at = [(p,) + _measure_at(backend, ts, p, reps, rng, tick, pause) for p in prefixes]
+    at = [(p,) + measure_at(backend, ts, p, reps, rng, tick, pause) for p in prefixes]
     # the short regime: one-token decodes with every thread (backend/llama.py),
     # so its own curve, its singles timed in the same rounds as its batches
-    t1_short, short_rel, after_short = _measure_at(backend, ts, min(SHORT_PREFIX, prefixes[0]), reps, rng, tick,
+    t1_short, short_rel, after_short = measure_at(backend, ts, min(SHORT_PREFIX, prefixes[0]), reps, rng, tick,
                                                     pause)
     backend.reset()
     p0, t1, rel, after0 = at[0]

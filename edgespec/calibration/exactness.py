@@ -60,13 +60,13 @@ class ExactnessReport:
         if self.exact:
             return (f"exact: batches of 2..{self.max_t} tokens give logits bit-identical to one-token decoding "
                     f"(checked after {' and '.join(map(str, self.contexts))} KV cells)")
-        ts = _ranges(self.failed)
+        ts = batch_ranges(self.failed)
         return (f"NOT exact: batches of {ts} tokens give logits that differ from one-token decoding by up to "
                 f"{self.max_abs_diff:.3g} ({self.argmax_flips} argmax flips; checked 2..{self.max_t} after "
                 f"{' and '.join(map(str, self.contexts))} KV cells)")
 
 
-def _ranges(ts) -> str:
+def batch_ranges(ts) -> str:
     """[2, 3, 4, 9] -> '2-4, 9'."""
     out, ts = [], sorted(ts)
     i = 0
@@ -93,7 +93,7 @@ def check_exactness(backend, max_t: int | None = None, contexts=EXACT_CONTEXTS, 
     through backend.decode_tree, so they use the thread settings generation
     uses.  Contexts that do not fit n_ctx are capped.  ts: only these batch
     sizes (a quicker survey; the default is every size).  progress(done, total).
-    pause: as in the cost curve's measurement (curve._measure_at); when a
+    pause: as in the cost curve's measurement (curve.measure_at); when a
     request used the backend, the context and its one-token rows are computed
     again before the next batch."""
     max_t = min(max_t or backend.max_nodes, backend.max_nodes, backend.n_ctx - 2)

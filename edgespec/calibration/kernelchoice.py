@@ -142,12 +142,12 @@ def _time_one_setting(model_path: str, kernels: str, n_threads: int) -> dict:
 
     from edgespec.backend.llama import LlamaBackend
     from edgespec.backend.process import kernel_options
-    from edgespec.calibration.curve import _measure_at
+    from edgespec.calibration.curve import measure_at
 
     be = LlamaBackend(model_path, n_ctx=2048, n_threads=n_threads, max_nodes=max(SIZES), max_leaves=1,
                       **kernel_options(kernels == "fast"))
     try:
-        t1, rel, _ = _measure_at(be, list(SIZES), PREFIX, 5, np.random.default_rng(0), lambda: None)
+        t1, rel, _ = measure_at(be, list(SIZES), PREFIX, 5, np.random.default_rng(0), lambda: None)
     finally:
         be.close()
     return {str(t): t1 * r for t, r in zip(SIZES, rel)}

@@ -152,7 +152,7 @@ class Engine:
         grammar: a backend Grammar (edgespec.backend.grammar) the answer must
         follow: every committed token is the model's choice among the tokens
         it admits, drafts included; its state advances with the answer."""
-        is_cancelled = _cancel_check(cancel)
+        is_cancelled = cancel_check(cancel)
         check_top(logprobs)
         st = self._start(prompt, max_tokens, sampling or SamplingConfig(), stop, reuse_prefix, record_topk,
                          is_cancelled, logprobs, grammar)
@@ -442,7 +442,7 @@ class Engine:
         return sample_token(logits[slot], st.sampling, st.rng.random())
 
 
-def _cancel_check(cancel):
+def cancel_check(cancel):
     """A threading.Event (or anything with is_set()) or a callable -> a callable; None stays None."""
     if cancel is None:
         return None

@@ -165,12 +165,16 @@ class HybridDrafter(Drafter):
         self.trigger = RetrievalTrigger(c, self.parts)
         self.wants_hidden = c.rerank and self._adapld is not None
         self.hidden_layer = c.rerank_layer
+        self.rerank.enabled = self.wants_hidden
         self.schedule = PartSchedule(c, self.parts, self._suffix)
         n = c.max_nodes
         self._buf = [(np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.float32), np.zeros(n, np.int8))
                      for _ in range(2)]
         self.graft = PruneGraft(c, self._buf)
+        self.graft.enabled = c.graft and self._adjacency is not None
         self.graft_tail = TailGraft(n)
+        # the lifecycle hooks run on these, in this order
+        self.mechanisms = [m for m in (self.entropy, self.trigger, self.rerank, self.graft, self.schedule) if m.enabled]
 
     def _make_parts(self, c: HybridConfig, n_vocab: int, corpora, model_path, embeddings) -> list[Drafter]:
         """The component drafters in merge priority order; sets _suffix, _adapld, _adjacency."""
@@ -220,11 +224,8 @@ class HybridDrafter(Drafter):
     def begin(self, prompt: np.ndarray) -> None:
         for p in self.parts:
             p.begin(prompt)
-        self.entropy.begin()
-        self.trigger.begin()
-        self.graft.begin()
-        if self.wants_hidden:
-            self.rerank.begin(prompt)
+        for m in self.mechanisms:
+            m.begin(prompt)
 
     def observe_prefill(self, start, topk_tokens, topk_logits) -> None:
         for p in self.parts:
@@ -238,14 +239,8 @@ class HybridDrafter(Drafter):
         for i, p in enumerate(self.parts):
             if self.schedule.observes(i):
                 p.observe(result)
-        if self.entropy.enabled:
-            self.entropy.observe(result)
-        if self.wants_entropy:
-            self.trigger.observe(result)
-        if self.wants_hidden:
-            self.rerank.observe(result)
-        self.graft.observe(result)
-        self.schedule.observe(result)
+        for m in self.mechanisms:
+            m.observe(result)
 
     # --------------------------------------------------------------- propose
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
@@ -253,12 +248,10 @@ class HybridDrafter(Drafter):
         if budget <= 0:
             return DraftTree.empty()
         c = self.config
-        self.entropy.start_step()
-        self.schedule.start_step()
-        retrieve = self.trigger.check() if c.trigger else True
-        graft = c.graft and self._adjacency is not None
-        if graft:
-            self.graft.start()
+        for m in self.mechanisms:
+            m.start_step()
+        retrieve = self.trigger.check() if self.trigger.enabled else True
+        graft = self.graft.enabled
         cur, template, drafted = self._merge(context, budget, retrieve, graft)
         if graft:
             cur = self.graft.graft(cur, template, budget)

@@ -18,6 +18,7 @@ import numpy as np
 
 from edgespec.core.tree import SOURCE_CORPUS
 from edgespec.kernels.topk import push_entropy
+from edgespec.drafters.mechanisms import Mechanism
 
 ENTROPY_TOPK = 8                    # entropy of the model's top-8 distribution
 ENTROPY_MAX = float(np.log(ENTROPY_TOPK))
@@ -25,7 +26,7 @@ ENTROPY_BUCKETS = 5
 ENTROPY_WINDOW = 4                  # committed positions in the recent mean
 
 
-class EntropyScaler:
+class EntropyScaler(Mechanism):
     """Recent entropy and per-bucket calibration of the retrieved drafts."""
 
     def __init__(self, enabled: bool):
@@ -38,7 +39,7 @@ class EntropyScaler:
         self._ent_tot = [0.0, 0.0]                   # their sums over the buckets
         self._ent_last = (-1, 1.0)       # (bucket, factor) of the last proposal
 
-    def begin(self) -> None:
+    def begin(self, prompt=None) -> None:
         """A new request: no recent entropy yet."""
         self._hn = 0
         self._hmean = 0.0

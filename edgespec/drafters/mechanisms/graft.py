@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgespec.kernels.suffix import merge_trees
+from edgespec.drafters.mechanisms import Mechanism
 
 GRAFT_CHECKPOINTS = (2, 4, 6)       # pruning checkpoints (depths of the drafted tree)
 GRAFT_TAU_FIELDS = tuple(f"graft_tau{d}" for d in GRAFT_CHECKPOINTS)
@@ -49,19 +50,20 @@ def check_thresholds(config) -> None:
                          f"({', '.join(f'{f}={t:g}' for f, t in zip(GRAFT_TAU_FIELDS, taus))})")
 
 
-class PruneGraft:
+class PruneGraft(Mechanism):
     """Per checkpoint, predicted best-path confidence and observed reach.
 
     ``config`` is the HybridConfig (the thresholds are read at each
     proposal); ``bufs`` the hybrid's two merge scratch buffers (tokens,
     parents, probs, source), one of which receives the grafted tree.
 
-    A proposal: ``start()``, then ``checkpoint(cur)`` after each drafted
+    A proposal: ``start_step()``, then ``checkpoint(cur)`` after each drafted
     part is merged (``pruned`` tells the merge to stop asking drafted parts),
     then ``graft(cur, template, budget)``."""
 
     def __init__(self, config, bufs):
         self.config = config
+        self.enabled = bool(config.graft)
         self._buf = bufs
         self._gp_pred = np.zeros(len(GRAFT_CHECKPOINTS))
         self._gp_obs = np.zeros(len(GRAFT_CHECKPOINTS))
@@ -75,11 +77,11 @@ class PruneGraft:
         """Whether this proposal's drafted tree was pruned (deeper drafting skipped)."""
         return self.stage is not None
 
-    def begin(self) -> None:
+    def begin(self, prompt=None) -> None:
         """A new request: no proposal to calibrate on."""
         self._gp_last = []
 
-    def start(self) -> None:
+    def start_step(self) -> None:
         """A proposal starts: no checkpoint decided yet."""
         self._gp_last = []
         self._next = 0
@@ -139,7 +141,7 @@ class PruneGraft:
 
     def prune_and_graft(self, cur, template, budget):
         """The whole mechanism on a tree drafted at once: checkpoints, then the graft."""
-        self.start()
+        self.start_step()
         return self.graft(self.checkpoint(cur), template, budget)
 
     def observe(self, result) -> None:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgespec.drafters.mechanisms import Mechanism
 
-class HiddenStates:
+
+class HiddenStates(Mechanism):
     """Unit hidden states by context position, with which positions hold one."""
 
-    def __init__(self):
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
         self._H = np.zeros((0, 1), np.float32)
         self._known = np.zeros(0, np.bool_)
         self._ctx = np.zeros(0, np.int32)

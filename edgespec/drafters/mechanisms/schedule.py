@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from edgespec.core.tree import N_SOURCES
+from edgespec.drafters.mechanisms import Mechanism
 
 SCHEDULE_PROBE = 8                  # an idle part proposes again after 8 steps,
 SCHEDULE_PROBE_MAX = 64             # doubling the wait after each failed probe, to 64
@@ -31,7 +32,7 @@ SCHEDULE_ALPHA = 0.1                # weight of the newest step in the moving av
 SCHEDULE_GAIN0 = 1.0                # parts start trusted (1 accepted token per step)
 
 
-class PartSchedule:
+class PartSchedule(Mechanism):
     """Per part: sources, moving averages of net value and propose time, idle state.
 
     ``config`` is the HybridConfig (its ``schedule`` switch is read at each

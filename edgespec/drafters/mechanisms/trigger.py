@@ -20,6 +20,7 @@ One concern: the entropy window, the decision, the key, and the counters.
 from __future__ import annotations
 
 from edgespec.drafters.suffix import SuffixDrafter
+from edgespec.drafters.mechanisms import Mechanism
 
 
 def select_key(h: list, lam: float, window: int) -> tuple[int, float]:
@@ -36,18 +37,19 @@ def select_key(h: list, lam: float, window: int) -> tuple[int, float]:
     return best_k, best_h
 
 
-class RetrievalTrigger:
+class RetrievalTrigger(Mechanism):
     """ReSpec's trigger over the HybridConfig's trigger_* settings (read at each use)."""
 
     def __init__(self, config, parts):
         self.config = config
+        self.enabled = bool(config.trigger)
         self.gated = [p.retrieves for p in parts]     # per part: does the trigger gate it
         self._keyed = [p for p in parts if isinstance(p, SuffixDrafter)]   # they retrieve with k*
         self._trig_h: list[float] = []      # the full entropies of the last committed positions (newest last)
         self.key = 0                        # k* of the last decision (0: none known)
         self.n_triggered = self.n_trigger_checks = 0
 
-    def begin(self) -> None:
+    def begin(self, prompt=None) -> None:
         """A new request: no entropy known."""
         self._trig_h = []
         self.key = 0
