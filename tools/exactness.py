@@ -22,7 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from edgespec.backend.llama import EXACT_MAX_BATCH, LlamaBackend  # noqa: E402
-from edgespec.calibration.exactness import _ranges, check_exactness  # noqa: E402
+from edgespec.calibration.exactness import batch_ranges, check_exactness  # noqa: E402
 from edgespec.models.zoo import MODELS, require_model  # noqa: E402
 
 
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
                 for c in ctxs:
                     r = check_exactness(be, a.max_t, contexts=(c,), ts=ts)
                     print(f"{name:<22} {k:<7} {r.contexts[0]:>5}  {str(r.exact):<5} {r.max_abs_diff:>12.4g} "
-                          f"{r.argmax_flips:>12}  {_ranges(r.failed) or '-'}", flush=True)
+                          f"{r.argmax_flips:>12}  {batch_ranges(r.failed) or '-'}", flush=True)
                     if out:
                         out.write(json.dumps({"model": name, "cache_type_k": k, "cpu_repack": a.cpu_repack,
                                               **r.to_json()}) + "\n")
