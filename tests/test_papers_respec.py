@@ -144,21 +144,21 @@ def test_feedback_scores_every_position_selects_three_rewards_the_winner_only():
     _observe(d, ctx, [30, 2, 7, 8, 5], [[50, 4, 7, 8], [30, 2, 7, 8]])
     # EMA (eq. 4), rate 0.5: end 5 -> 0.5 * 0.5 + 0.5 * 1 = 0.75; ends 9 and 13 -> 0.25;
     # end 1 was not selected and keeps 0.5
-    assert d._fb[[1, 5, 9, 13]].tolist() == [0.5, 0.75, 0.25, 0.25]
+    assert d.feedback.scores[[1, 5, 9, 13]].tolist() == [0.5, 0.75, 0.25, 0.25]
     t = d.propose(ctx, 32)
     # the best three: end 5 (0.75), end 1 (0.5), then ends 13 and 9 tie at 0.25 (the more recent)
     assert sorted(t.tokens[t.parents == -1].tolist()) == [20, 30, 50]
     # a partial follow: the model took 20 then 9 where the chain said 1 (L_acc 1 of L_draft 2
     # verified): R = 0.5 for end 1; ends 5 and 13 get 0
     _observe(d, ctx, [20, 9], [[20, 1]])
-    assert d._fb[[1, 5, 9, 13]].tolist() == [0.5, 0.375, 0.25, 0.125]
+    assert d.feedback.scores[[1, 5, 9, 13]].tolist() == [0.5, 0.375, 0.25, 0.125]
     # theta_score filters: end 13 (0.125) is under 0.2 and is not drafted any more,
     # though only three positions are left
     t = d.propose(ctx, 32)
     assert sorted(t.tokens[t.parents == -1].tolist()) == [20, 30, 40]
     # a new request starts from 0.5 everywhere
     d.begin(ctx)
-    assert (d._fb == 0.5).all()
+    assert (d.feedback.scores == 0.5).all()
 
 
 def test_feedback_falls_back_when_no_position_passes_theta_score():
@@ -167,9 +167,9 @@ def test_feedback_falls_back_when_no_position_passes_theta_score():
     d.begin(ctx)
     assert len(d.propose(ctx, 32)) > 0
     _observe(d, ctx, [9], [[30], [20]])                      # neither followed: both 0.25 < 0.3
-    assert d._fb[[1, 5]].tolist() == [0.25, 0.25]
+    assert d.feedback.scores[[1, 5]].tolist() == [0.25, 0.25]
     assert len(d.propose(ctx, 32)) == 0                     # no context retrieval: fall back
-    assert d._fb_last == []
+    assert d.feedback.selected == []
 
 
 # --------------------------------------------------- 3.4 relaxed verification

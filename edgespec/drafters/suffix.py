@@ -21,6 +21,7 @@ from edgespec.kernels import anchor as _a
 from edgespec.kernels import edits as _e
 from edgespec.core.tree import SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_EDIT, SOURCE_PROMPT, DraftTree
 from edgespec.drafters.base import Drafter
+from edgespec.drafters.mechanisms.feedback import PositionFeedback
 
 
 @dataclass
@@ -209,8 +210,7 @@ class SuffixDrafter(Drafter):
         self.observes = c.position_ema or c.feedback
         self._ema = np.ones(0, np.float32)
         self._last: list[tuple[int, int]] = []
-        self._fb = np.zeros(0, np.float32)          # feedback: score per match position
-        self._fb_last: list[tuple[int, list]] = []  # (end, continuation) of the drafted occurrences
+        self.feedback = PositionFeedback(c)     # ReSpec's scores per match position (with c.feedback)
         self.key_len = 0        # feedback's retrieval key: the last key_len tokens (set by ReSpec's trigger; 0: none)
         self._n_prompt = 0
         # edits: the alignment state and recorded edits of the current answer,
@@ -265,9 +265,10 @@ class SuffixDrafter(Drafter):
             if k:
                 k = self._filter_by_ema(ctx, n, k)
         if c.feedback:
-            self._fb_last = []
-            if k or self.key_len:
-                k = self._select_by_feedback(ctx, n, k)
+            self.feedback.selected = []
+            if k or self.key_len:       # the key: k* from ReSpec's trigger, else the longest match (SAM-Decoding)
+                k = self.feedback.select(ctx, n, self.key_len or (int(self._lens[0]) if k else 0),
+                                         self._ends, self._lens)
         if not k:
             return 0
         m = _k.build_continuation_tree(ctx, n, self._ends, self._lens, k, c.max_depth,
@@ -346,68 +347,15 @@ class SuffixDrafter(Drafter):
         self._last = last
         return j
 
-    def _select_by_feedback(self, ctx: np.ndarray, n: int, k: int) -> int:
-        """ReSpec (Algorithm 1, lines 15-17): every earlier occurrence of the
-        retrieval key (the last key_len tokens; without a key, the longest
-        match found), those scored at least feedback_min, and of them the
-        feedback_top best (ties: the more recent first); returns how many
-        were selected (0: fall back) and remembers their continuations."""
-        c = self.config
-        key = self.key_len or (int(self._lens[0]) if k else 0)
-        if len(self._fb) < n:
-            grown = np.full(max(2 * len(self._fb), n, 256), c.feedback_init, np.float32)
-            grown[:len(self._fb)] = self._fb
-            self._fb = grown
-        ends, lens = np.zeros(max(n, 1), np.int32), np.zeros(max(n, 1), np.int32)
-        m = _k.find_suffix_matches(ctx, n, key, key, n, ends, lens) if key else 0   # most recent first
-        ends = ends[:m][self._fb[ends[:m]] >= c.feedback_min]
-        order = np.argsort(-self._fb[ends], kind="stable")[:min(c.feedback_top, len(self._ends))]
-        j = len(order)
-        self._ends[:j], self._lens[:j] = ends[order], key
-        self._fb_last = [(int(e), ctx[e + 1:e + 1 + c.max_depth].tolist()) for e in self._ends[:j]]
-        return j
-
-    def _observe_feedback(self, result) -> None:
-        """ReSpec (Algorithm 1, lines 20-28): every selected position gets
-        S <- (1 - rate) S + rate R; the winner, the one whose continuation the
-        model followed furthest (ties: the selection order), R = L_acc / L_draft
-        with L_draft the tokens of its continuation that were verified; every
-        other one R = 0, also one the cost gate left unverified (its draft
-        accepted nothing)."""
-        pr = result.proposed
-        child = {(int(p), int(t)): i for i, (p, t) in enumerate(zip(pr.parents.tolist(), pr.tokens.tolist()))}
-        acc = result.accepted.tolist()
-        scored = []                     # (end, L_acc, L_draft) of the selected occurrences
-        for e, cont in self._fb_last:
-            node, l_draft = -1, 0
-            for t in cont:              # how much of the continuation was verified
-                node = child.get((node, t), -2)
-                if node == -2:
-                    break
-                l_draft += 1
-            l_acc = 0
-            while l_acc < min(l_draft, len(acc)) and cont[l_acc] == acc[l_acc]:
-                l_acc += 1
-            scored.append((e, l_acc, l_draft))
-        best = max(a for _, a, _ in scored)
-        win = next(i for i, (_, a, _) in enumerate(scored) if a == best) if best > 0 else -1
-        r = self.config.feedback_rate
-        for i, (e, l_acc, l_draft) in enumerate(scored):
-            reward = l_acc / l_draft if i == win else 0.0
-            self._fb[e] = (1.0 - r) * self._fb[e] + r * reward
-
     def begin(self, prompt: np.ndarray) -> None:
         self._ema[:] = 1.0
         self._last = []
-        self._fb[:] = self.config.feedback_init
-        self._fb_last = []
+        self.feedback.begin()
         self._n_prompt = len(prompt)
         self._align[:] = 0
 
     def observe(self, result) -> None:
-        if self._fb_last:
-            self._observe_feedback(result)
-            self._fb_last = []
+        self.feedback.observe(result)
         if not self._last:
             return
         pr = result.proposed

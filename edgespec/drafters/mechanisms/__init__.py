@@ -8,7 +8,8 @@ action (scale, check, graft, ...) is called where it acts in the merge:
 * schedule.py     which parts propose this step, from their learnt cost and yield
 * entropy.py      edgespec's soft retrieval trigger (`entropy`): retrieved scores scaled by recent entropy
 * trigger.py      ReSpec's hard retrieval trigger (`trigger`)
-* rerank.py       AdaPLD's hidden-state rerank of the lexical anchors (`rerank`)
+* feedback.py     ReSpec's feedback-scored match positions (`feedback`; used by the suffix drafter)
+* rerank.py       the hidden states AdaPLD's `rerank` compares, by context position
 * graft.py        Graft's prune-then-graft under a fixed budget (`graft`)
 * graft_tail.py   edgespec's retrieval continued from the best drafted leaves (`graft_tail`)
 """
