@@ -65,10 +65,11 @@ def _make_callback():
             continue
     else:
         return None
+    assert addr is not None         # a symbol dlsym finds has an address (a missing one raised AttributeError)
     # the destination pointer passed as an integer (the same register in the C ABI)
     get = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t)(addr)
 
-    @cfunc(types.boolean(types.voidptr, types.boolean, types.voidptr), nopython=True)
+    @cfunc(types.boolean(types.voidptr, types.boolean, types.voidptr))    # a C callback is always nopython
     def tap(t, ask, user_data):
         ctl = carray(user_data, (8,), np.int64)
         if ctl[ON] == 0:
@@ -107,7 +108,7 @@ class LayerTap:
         self._buf = np.zeros((rows, n_embd), np.float32)
         self._ctl[DST], self._ctl[CAP], self._ctl[EMBD] = self._buf.ctypes.data, rows, n_embd
         self.user_data = self._ctl.ctypes.data
-        self.block = None
+        self.block: int | None = None
 
     def set_block(self, block: int | None) -> None:
         self.block = block

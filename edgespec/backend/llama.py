@@ -40,11 +40,10 @@ import llama_cpp as L
 from edgespec.core.config import SPLIT_KV_FREE_CELLS
 from edgespec.errors import BackendError, ConfigError, ModelLoadError  # re-exported
 from edgespec.backend import ggml
-from edgespec.backend.layer_tap import attach_tap, tap_block
+from edgespec.backend.layer_tap import LayerTap, attach_tap, tap_block
 from edgespec.backend.process import (CACHE_TYPES_K, auto_cache_type_k, clear_recent_log, default_threads,
                                       gpu_offload_available, init_backend, recent_errors)
 from edgespec.backend.vocab import Vocab
-
 
 EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
 # llama.cpp rounds every context size up to a multiple of 256 KV cells (the
@@ -172,7 +171,7 @@ class LlamaBackend:
                                 load_progress=load_progress)
         self.vocab = Vocab(self.model)
         self.n_vocab = self.vocab.n_vocab
-        self._tap = None          # LayerTap: a middle layer's hidden states (set_hidden(True, layer))
+        self._tap: LayerTap | None = None     # a middle layer's hidden states (set_hidden(True, layer))
         self._create_context(n_ctx, flash_attn)
         self._create_batch()
         self._init_state()
@@ -226,13 +225,13 @@ class LlamaBackend:
         self._logits = np.zeros(nb, np.int8)
         self._seq_rows = (ctypes.POINTER(L.llama_seq_id) * nb)(
             *[self._seq[i].ctypes.data_as(ctypes.POINTER(L.llama_seq_id)) for i in range(nb)])
-        self._batch = L.llama_batch()
-        self._batch.token = self._tok.ctypes.data_as(ctypes.POINTER(L.llama_token))
-        self._batch.embd = ctypes.POINTER(ctypes.c_float)()
-        self._batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))
-        self._batch.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        self._batch.seq_id = ctypes.cast(self._seq_rows, ctypes.POINTER(ctypes.POINTER(L.llama_seq_id)))
-        self._batch.logits = self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self._batch = L.llama_batch()       # llama_cpp types its pointer fields as ctypes arrays: hence the ignores
+        self._batch.token = self._tok.ctypes.data_as(ctypes.POINTER(L.llama_token))  # type: ignore[assignment]
+        self._batch.embd = ctypes.POINTER(ctypes.c_float)()  # type: ignore[assignment]
+        self._batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(L.llama_pos))  # type: ignore[assignment]
+        self._batch.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))  # type: ignore[assignment]
+        self._batch.seq_id = ctypes.cast(self._seq_rows, ctypes.POINTER(ctypes.POINTER(L.llama_seq_id)))  # type: ignore[assignment]
+        self._batch.logits = self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))  # type: ignore[assignment]
         self._arange_s = np.arange(S, dtype=np.int32)
 
     def _init_state(self) -> None:
@@ -255,11 +254,13 @@ class LlamaBackend:
         self.kv_tokens = np.zeros(0, np.int32)  # their ids (kept by the engine)
         self.n_outputs = 0        # rows of logits from the last decode
         self._out_off = 0         # first of them in llama.cpp's output buffer
-        self._logits_addr = None
-        self._logits_view = None
+        self._logits_addr: int | None = None
+        self._logits_view: np.ndarray | None = None
         self.n_embd = int(L.llama_model_n_embd(self.model))
-        self.hidden_on, self.hidden_layer = False, None     # set_hidden(True, layer)
-        self._hidden_addr = self._hidden_view = None
+        self.hidden_on = False
+        self.hidden_layer: int | None = None    # set_hidden(True, layer)
+        self._hidden_addr: int | None = None
+        self._hidden_view: np.ndarray | None = None
 
     # ------------------------------------------------------------------ basics
     def close(self) -> None:
@@ -271,10 +272,8 @@ class LlamaBackend:
             self.model = None
 
     def __del__(self):  # pragma: no cover - best effort
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
     def metadata(self, key: str) -> str | None:
         return model_metadata(self.model, key)
@@ -441,11 +440,11 @@ class LlamaBackend:
     def logits(self) -> np.ndarray:
         """float32 view [n_outputs, n_vocab] of the last decode's logits (no copy;
         valid until the next decode)."""
-        ptr = L.llama_get_logits(self.ctx)
-        addr = ctypes.cast(ptr, ctypes.c_void_p).value
-        if addr != self._logits_addr:   # the output buffer moved: rebuild the view
+        addr = ctypes.cast(L.llama_get_logits(self.ctx), ctypes.c_void_p).value
+        if addr != self._logits_addr or self._logits_view is None:   # the output buffer moved: rebuild the view
+            assert addr is not None     # read after a decode, which filled llama.cpp's output buffer
             buf = (ctypes.c_float * (self.n_batch * self.n_vocab)).from_address(addr)
-            self._logits_view = np.frombuffer(buf, dtype=np.float32).reshape(self.n_batch, self.n_vocab)
+            self._logits_view = np.frombuffer(memoryview(buf), dtype=np.float32).reshape(self.n_batch, self.n_vocab)
             self._logits_addr = addr
         return self._logits_view[self._out_off:self._out_off + self.n_outputs]
 
@@ -467,14 +466,15 @@ class LlamaBackend:
         if not self.hidden_on:
             raise BackendError("hidden() needs set_hidden(True) before the decode")
         if self.hidden_layer is not None:
+            assert self._tap is not None        # set_hidden attached it
             return self._tap.rows(self._out_off, self.n_outputs)
         ptr = L.llama_get_embeddings(self.ctx)
         addr = ctypes.cast(ptr, ctypes.c_void_p).value
         if not addr:
             raise BackendError("llama.cpp returned no hidden states")
-        if addr != self._hidden_addr:   # the output buffer moved: rebuild the view
+        if addr != self._hidden_addr or self._hidden_view is None:   # the output buffer moved: rebuild the view
             buf = (ctypes.c_float * (self.n_batch * self.n_embd)).from_address(addr)
-            self._hidden_view = np.frombuffer(buf, dtype=np.float32).reshape(self.n_batch, self.n_embd)
+            self._hidden_view = np.frombuffer(memoryview(buf), dtype=np.float32).reshape(self.n_batch, self.n_embd)
             self._hidden_addr = addr
         return self._hidden_view[self._out_off:self._out_off + self.n_outputs]
 

@@ -2,11 +2,12 @@
 
 `LlamaBackend` (backend/llama.py) is the real one; `ReplayBackend`
 (backend/replay.py) stands in for it with recorded output.  Both satisfy
-`Backend`, so the engine (core/engine.py) and the measurements
-(calibration/curve.py, exactness.py) are written against this and nothing
-else.  The contract behind the methods (KV sequence 0 holds the committed
-prefix, a tree batch goes after it, `keep(k)` commits a chain of k slots) is
-stated in backend/llama.py's module docstring.
+`Backend` (mypy checks it: backend/conformance.py), so the engine
+(core/engine.py) and the measurements (calibration/curve.py, exactness.py)
+are written against this and nothing else.  The contract behind the methods
+(KV sequence 0 holds the committed prefix, a tree batch goes after it,
+`keep(k)` commits a chain of k slots) is stated in backend/llama.py's module
+docstring.
 """
 from __future__ import annotations
 

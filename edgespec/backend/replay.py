@@ -150,7 +150,7 @@ def teacher_pass(backend, tokens: np.ndarray, n_prompt: int, k: int = 8, hidden:
         lg = backend.logits()
         topk_rows_vals(lg, rows, m, k, ids[i:i + m], vals[i:i + m])
         row_entropy(lg, m, ent[i:i + m])
-        if hidden:
+        if hid is not None:         # with `hidden`
             hid[i:i + m] = backend.hidden()[:m]
         backend.keep(m)
         i += m
@@ -182,7 +182,7 @@ class ReplayBackend:
         self.n_outputs = 0
         self._logits = np.zeros((max_nodes, self.n_vocab), np.float32)
         self._dirty: list = []                       # (row, col) entries set non-zero
-        self.topk = None
+        self.topk: np.ndarray | None = None
         self.n_prompt = 0
         self.truth = np.zeros(0, np.int32)
         self.cost = cost
@@ -226,6 +226,7 @@ class ReplayBackend:
         """Row i is the model after reading truth[:p + 1]: the teacher's top-k
         logits over a flat tail (its entropy), the recorded next token on top."""
         tch, lg = self.teacher, self._logits
+        assert tch is not None              # _set_rows calls this only with one
         lg[i, :] = tch.tail[p]
         lg[i, tch.ids[p]] = tch.logits[p]
         top = float(tch.logits[p].max())

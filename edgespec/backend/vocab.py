@@ -22,12 +22,12 @@ from edgespec.errors import BackendError, ConfigError
 class Vocab:
     """Tokenizer of a model (works on a vocab-only load too)."""
 
-    def __init__(self, model_ptr):
+    def __init__(self, model_ptr) -> None:
         self._model = model_ptr
         self.ptr = L.llama_model_get_vocab(model_ptr)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.ptr))
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.ptr))
-        self._eog = None
+        self._eog: np.ndarray | None = None
         self._piece_cache: dict[int, bytes] = {}
         self._formatters: dict = {}      # add_generation_prompt -> Jinja2ChatFormatter
 

@@ -330,6 +330,7 @@ class Engine:
         be.keep(slot + 1)
         if st.record_topk:
             from edgespec.kernels.topk import topk_rows
+            assert st.rec_buf is not None       # _first_token made it
             topk_rows(logits, st.rec_rows, slot + 1, st.record_topk, st.rec_buf)
             st.topk_log.append(st.rec_buf[:slot + 1].copy())
         if carried is not None:
@@ -410,6 +411,7 @@ class Engine:
         under it the value a prompt label gives its key), or, where nothing
         is forced, the prompt text the answer is copying (core/grammar_drafts.py)."""
         gd, text = st.gdrafts, st.out.text
+        assert gd is not None                   # _propose calls this only with them
         ftext, forced = gd.forced(text)
         if len(forced):
             st.n_forced += 1

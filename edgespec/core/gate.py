@@ -154,10 +154,13 @@ class Gate:
         then interpolated between the calibrated contexts in 128-cell buckets."""
         if self.cost is None:
             return self.cost_table_short
+        assert self._buckets is not None        # set_cost makes them with the curve
         return cost_table_at(n_past, self.cost_table_short, self._buckets)[0]
 
     def t1(self, n_past: int) -> float:
-        """Seconds of one plain one-token step at this context (as calibrated)."""
+        """Seconds of one plain one-token step at this context (as calibrated);
+        needs a curve (the engine asks only when `timed`)."""
+        assert self._buckets is not None
         return self._buckets.at(n_past)[1]
 
     def choose(self, tree: DraftTree, budget: int, n_past: int) -> tuple[int, int]:

@@ -100,7 +100,7 @@ class LogprobFormatter:
         and text_offset."""
         if entries is None:
             return None
-        d = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        d: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for e in entries:
             d["text_offset"].append(self._advance(e.token))
             s = self._text(e.token)

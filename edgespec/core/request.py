@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgespec.core.result import GenerationResult, sum_accepted
 from edgespec.core.stream import Chunk, TextStream
 from edgespec.core.verify import SamplingConfig
+
+if TYPE_CHECKING:
+    from edgespec.backend.grammar import Grammar
+    from edgespec.core.grammar_drafts import GrammarDrafts
 
 
 @dataclass(eq=False)
@@ -29,7 +34,7 @@ class RunState:
     rng: np.random.Generator | None = None
     topk_walk: bool = False
     n_common: int = 0                 # prompt tokens reused from the KV cache
-    ctx: np.ndarray = None            # prompt + committed tokens (first n)
+    ctx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))   # prompt + committed tokens (first n)
     n: int = 0
     pending: int = -1                 # the last committed token, not yet decoded
     carry: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
@@ -47,11 +52,11 @@ class RunState:
     n_forced: int = 0                 # steps that drafted grammar-forced text
     topk_log: list = field(default_factory=list)
     shadow: list = field(default_factory=list)   # proposals still being judged (Gate.record_shadow)
-    rec_rows: np.ndarray = None
-    rec_buf: np.ndarray = None
-    grammar: object = None            # a backend Grammar the answer follows (Engine.run)
-    gdrafts: object = None            # its GrammarDrafts, when the engine drafts under it
-    n_logprobs: int | None = None     # alternatives per token when logprobs are asked for
+    rec_rows: np.ndarray | None = None   # with record_topk: the batch rows ranked, and their top-k
+    rec_buf: np.ndarray | None = None
+    grammar: Grammar | None = None    # the grammar the answer follows (Engine.run)
+    gdrafts: GrammarDrafts | None = None   # its drafts, when the engine drafts under it
+    n_logprobs: int = 0               # alternatives per token when logprobs are asked for (lp then)
     lp: list | None = None            # a TokenLogprob per token of `generated` (then)
 
 

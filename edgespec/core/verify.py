@@ -179,6 +179,12 @@ class VerifyConfig:
         return self.mode == "exact"
 
     @property
+    def n_lookahead(self) -> int:
+        """lookahead as __post_init__ resolved it (never None after it)."""
+        assert self.lookahead is not None
+        return self.lookahead
+
+    @property
     def relax_sources(self) -> tuple:
         """The draft sources a relaxed rule may accept."""
         from edgespec.core.tree import sources_with
@@ -258,7 +264,7 @@ class _Slots:
 
     def paths(self):
         """Every root-to-leaf path (slots below the root), in batch order."""
-        stack = [(0, [])]
+        stack: list[tuple[int, list[int]]] = [(0, [])]
         while stack:
             s, path = stack.pop()
             if not self.kids[s]:
@@ -295,11 +301,11 @@ def _respec_accepted(sl: _Slots, path: list, m: int, phi: int) -> int:
     return last
 
 
-def _aasd_longest(sl: _Slots, s: int):
+def _aasd_longest(sl: _Slots, s: int) -> tuple[int, int, list[int]]:
     """AASD: the longest path below slot s whose tokens all pass, as
     (length, relaxed tokens on it, slots); equal lengths: fewer relaxed
     tokens, then batch order."""
-    best = (0, 0, [])
+    best: tuple[int, int, list[int]] = (0, 0, [])
     for t in sl.kids[s]:
         if not sl.passes(t):
             continue
@@ -322,7 +328,7 @@ def _inv_child(sl: _Slots, s: int) -> int:
         if sc > best:
             best, best_c = sc, t
     s2 = best_c
-    for _ in range(cfg.lookahead if best_c >= 0 else 0):
+    for _ in range(cfg.n_lookahead if best_c >= 0 else 0):
         s2 = next((t for t in sl.kids[s2] if sl.greedy(t)), -1)
         if s2 < 0:
             return -1
@@ -333,7 +339,8 @@ def _inv_path(sl: _Slots) -> list:
     """entropy_inv (edgespec's variant): greedy first; where no child carries
     the model's token, _inv_child, at most max_relaxed times a step (0 = no cap)."""
     cap = sl.cfg.max_relaxed or (1 << 30)
-    path, s, n = [], 0, 0
+    path: list[int] = []
+    s = n = 0
     while True:
         c = next((t for t in sl.kids[s] if sl.greedy(t)), -1)
         if c < 0 and n < cap:
@@ -363,7 +370,7 @@ def relaxed_path(logits, parents: list, tokens: list, sources: list, cfg: Verify
         return _inv_path(sl)
     best, best_key = [], (0, 0)
     for path in sl.paths():
-        n = _respec_accepted(sl, path, cfg.lookahead, cfg.phi)
+        n = _respec_accepted(sl, path, cfg.n_lookahead, cfg.phi)
         key = (n, -sum(not sl.greedy(t) for t in path[:n]))
         if key > best_key:
             best, best_key = path[:n], key
