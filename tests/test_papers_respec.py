@@ -18,7 +18,8 @@ from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
 from edgespec.core.engine import Engine, drain
 from edgespec.kernels.topk import row_entropy
 from edgespec.core.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
-from edgespec.core.verify import VerifyConfig, relaxed_path
+from edgespec.core.relaxed import relaxed_path
+from edgespec.core.verify import VerifyConfig
 
 from conftest import dev_prompts
 

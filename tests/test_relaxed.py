@@ -11,7 +11,8 @@ import pytest
 from edgespec.drafters.base import Drafter
 from edgespec.core.engine import Engine, drain
 from edgespec.core.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
-from edgespec.core.verify import SamplingConfig, VerifyConfig, relaxed_accepts, relaxed_path, rouge_l
+from edgespec.core.relaxed import relaxed_accepts, relaxed_path
+from edgespec.core.verify import SamplingConfig, VerifyConfig, rouge_l
 
 from conftest import dev_prompts
 

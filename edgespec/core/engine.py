@@ -40,7 +40,8 @@ from edgespec.core.result import GenerationResult
 from edgespec.core.stream import TextStream
 from edgespec.core.grammar_drafts import SOURCE_LABEL, SOURCE_VALUE, GrammarDrafts
 from edgespec.core.tree import SOURCE_CARRY, SOURCE_GRAMMAR, DraftTree
-from edgespec.core.verify import SamplingConfig, relaxed_path, sample_token
+from edgespec.core.relaxed import relaxed_path
+from edgespec.core.verify import SamplingConfig, sample_token
 from edgespec.drafters.base import Drafter
 from edgespec.errors import ConfigError, PromptTooLongError
 from edgespec.kernels.tree import warmup as _warmup_tree_kernels
@@ -127,7 +128,7 @@ class Engine:
 
     def _relaxed_child(self, logits, bpl: list, btl: list, tree: DraftTree, sel, order) -> dict:
         """Lossy verification (VerifyConfig): the path of drafts the relaxed
-        mode accepts (verify.relaxed_path), as {slot: its accepted child}."""
+        mode accepts (relaxed.relaxed_path), as {slot: its accepted child}."""
         src = [-1] + [int(tree.source[sel[order[t]]]) for t in range(1, len(btl))]
         path = relaxed_path(logits, bpl, btl, src, self.config.verify)
         return dict(zip([0] + path[:-1], path))
