@@ -242,3 +242,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if n:
         terminalreporter.write_line(f"model-matrix tier: {n} tests not selected (fetch the models with "
                                     "`python tools/get_models.py`, then run with --matrix)")
+
+
+def trie_slots(paths):
+    """Candidates (sequences of (token, source)) merged as a trie under a
+    root (slot 0, token 9), laid out depth first as a verification batch:
+    (tokens, parents, sources, the prefix of tokens each slot continues)."""
+    toks, pars, srcs, prefix_of = [9], [-1], [-1], [()]
+    for path in paths:
+        slot = 0
+        for tok, src in path:
+            kids = [t for t in range(len(toks)) if pars[t] == slot and toks[t] == tok]
+            if kids:
+                slot = kids[0]
+                continue
+            toks.append(tok); pars.append(slot); srcs.append(src)
+            prefix_of.append(prefix_of[slot] + (tok,))
+            slot = len(toks) - 1
+    return toks, pars, srcs, prefix_of

@@ -19,7 +19,7 @@ from edgespec.core.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_CONTEXT, SOUR
 from edgespec.core.relaxed import aasd_threshold, relaxed_accepts, relaxed_path
 from edgespec.core.verify import VerifyConfig
 
-from conftest import dev_prompts
+from conftest import dev_prompts, trie_slots
 from test_anchor import branch_tree, rankings
 
 I32 = np.int32
@@ -67,17 +67,7 @@ def _batch(paths, model):
     (token, source) merged as a trie under the root (slot 0); model(prefix) ->
     {token: probability} after the root + prefix (the rest of the mass spread
     evenly).  Returns (logits, parents, tokens, sources)."""
-    toks, pars, srcs, prefix_of = [9], [-1], [-1], [()]
-    for path in paths:
-        slot = 0
-        for tok, src in path:
-            kids = [t for t in range(len(toks)) if pars[t] == slot and toks[t] == tok]
-            if kids:
-                slot = kids[0]
-                continue
-            toks.append(tok); pars.append(slot); srcs.append(src)
-            prefix_of.append(prefix_of[slot] + (tok,))
-            slot = len(toks) - 1
+    toks, pars, srcs, prefix_of = trie_slots(paths)
     logits = np.zeros((len(toks), V), np.float32)
     for s, prefix in enumerate(prefix_of):
         p = model(prefix)

@@ -21,7 +21,7 @@ from edgespec.core.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
 from edgespec.core.relaxed import relaxed_path
 from edgespec.core.verify import VerifyConfig
 
-from conftest import dev_prompts
+from conftest import dev_prompts, trie_slots
 
 I32 = np.int32
 
@@ -183,17 +183,7 @@ def _batch(paths, model):
     sequences of (token, source) merged as a trie under the root (slot 0);
     model(prefix) -> {token: logit} the model's row after the root + prefix
     (every other token at -20).  Returns (logits, parents, tokens, sources)."""
-    toks, pars, srcs, prefix_of = [9], [-1], [-1], [()]
-    for path in paths:
-        slot = 0
-        for tok, src in path:
-            kids = [t for t in range(len(toks)) if pars[t] == slot and toks[t] == tok]
-            if kids:
-                slot = kids[0]
-                continue
-            toks.append(tok); pars.append(slot); srcs.append(src)
-            prefix_of.append(prefix_of[slot] + (tok,))
-            slot = len(toks) - 1
+    toks, pars, srcs, prefix_of = trie_slots(paths)
     logits = np.full((len(toks), V), -20.0, np.float32)
     for s, prefix in enumerate(prefix_of):
         for tok, v in model(prefix).items():

@@ -35,6 +35,7 @@ import numpy as np
 from edgespec.kernels import anchor as _a
 from edgespec.core.tree import SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_SEMANTIC, DraftTree
 from edgespec.drafters.branch import BranchDrafter
+from edgespec.drafters.embeddings import SeenTokens
 from edgespec.drafters.mechanisms.rerank import HiddenStates
 
 ADAPLD_K = 8               # branch width: the model's top 8 after the anchor
@@ -55,41 +56,22 @@ class TokenCosines:
         self.emb = embeddings
         nv = int(embeddings.n_vocab)
         self._sims = np.full(nv, -1.0, np.float32)
-        self._slot = np.full(nv, -1, np.int64)
-        self._ids = np.zeros(256, np.int64)
-        self._vecs = np.zeros((256, embeddings.dim), np.float32)
-        self._u = 0
+        self._seen = SeenTokens(embeddings, centred=False)
         self._scanned = 0
 
     def begin(self) -> None:
         self._scanned = 0        # seen tokens stay (their vectors do not change)
 
-    def _add(self, tokens: np.ndarray) -> None:
-        new = np.unique(tokens[(tokens >= 0) & (tokens < len(self._slot))])
-        new = new[self._slot[new] < 0]
-        if len(new) == 0:
-            return
-        u, k = self._u, len(new)
-        if u + k > len(self._ids):
-            cap = max(2 * len(self._ids), u + k)
-            ids = np.zeros(cap, np.int64)
-            vecs = np.zeros((cap, self._vecs.shape[1]), np.float32)
-            ids[:u], vecs[:u] = self._ids[:u], self._vecs[:u]
-            self._ids, self._vecs = ids, vecs
-        self._ids[u:u + k] = new
-        self._vecs[u:u + k] = self.emb.rows(new, centred=False)
-        self._slot[new] = np.arange(u, u + k)
-        self._u = u + k
-
     def of(self, ctx: np.ndarray, n: int, tok: int) -> np.ndarray:
         """Cosines to `tok` of every token of ctx[:n]."""
         if self._scanned > n:
             self._scanned = 0
-        self._add(ctx[self._scanned:n])
+        self._seen.add(ctx[self._scanned:n])
         self._scanned = n
-        s = int(self._slot[tok]) if 0 <= tok < len(self._slot) else -1
-        q = self._vecs[s] if s >= 0 else self.emb.rows([tok], centred=False)[0]
-        _a.scatter_sims(self._vecs, self._ids, 0, self._u, q, self._sims)
+        seen = self._seen
+        s = int(seen.slot[tok]) if 0 <= tok < len(seen.slot) else -1
+        q = seen.vecs[s] if s >= 0 else self.emb.rows([tok], centred=False)[0]
+        _a.scatter_sims(seen.vecs, seen.ids, 0, seen.n, q, self._sims)
         return self._sims
 
 

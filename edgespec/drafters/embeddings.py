@@ -82,3 +82,36 @@ class TokenEmbeddings:
             x = self._dense(tokens[ok]) - (self.mean if centred else 0.0)
             out[ok] = x / (np.linalg.norm(x, axis=1, keepdims=True) + 1e-9)
         return out
+
+
+class SeenTokens:
+    """The unit embedding rows of the distinct tokens seen so far, in one
+    growing matrix: ``vecs[:n]`` / ``ids[:n]``, and ``slot[token]`` its row
+    (-1: unseen).  A token's row never changes, so rows are read once per
+    token (the semantic drafters' cache); ``centred`` as TokenEmbeddings.rows."""
+
+    def __init__(self, embeddings, centred: bool = True):
+        self.emb = embeddings
+        self.centred = centred
+        self.slot = np.full(int(embeddings.n_vocab), -1, np.int64)
+        self.ids = np.zeros(256, np.int64)
+        self.vecs = np.zeros((256, embeddings.dim), np.float32)
+        self.n = 0
+
+    def add(self, tokens: np.ndarray) -> None:
+        """Read the rows of the tokens among these not seen before."""
+        new = np.unique(tokens[(tokens >= 0) & (tokens < len(self.slot))])
+        new = new[self.slot[new] < 0]
+        if len(new) == 0:
+            return
+        u, k = self.n, len(new)
+        if u + k > len(self.ids):
+            cap = max(2 * len(self.ids), u + k)
+            ids = np.zeros(cap, np.int64)
+            vecs = np.zeros((cap, self.vecs.shape[1]), np.float32)
+            ids[:u], vecs[:u] = self.ids[:u], self.vecs[:u]
+            self.ids, self.vecs = ids, vecs
+        self.ids[u:u + k] = new
+        self.vecs[u:u + k] = self.emb.rows(new, centred=self.centred)
+        self.slot[new] = np.arange(u, u + k)
+        self.n = u + k

@@ -25,6 +25,7 @@ from edgespec.kernels import anchor as _a
 from edgespec.kernels import suffix as _k
 from edgespec.core.tree import SOURCE_SEMANTIC, DraftTree
 from edgespec.drafters.base import Drafter
+from edgespec.drafters.embeddings import SeenTokens
 
 SEMANTIC_MIN_SIM = 0.6     # both tokens of an anchor at least this similar
 SEMANTIC_ANCHORS = 4
@@ -46,11 +47,7 @@ class SemanticDrafter(Drafter):
         self._s_last = np.full(nv, -1.0, np.float32)
         self._s_prev = np.full(nv, -1.0, np.float32)
         self._q = (-1, 0)            # (last token, seen count) of the last call
-        # the distinct tokens seen so far: token -> row of _ids/_vecs (-1: unseen)
-        self._slot = np.full(nv, -1, np.int64)
-        self._ids = np.zeros(256, np.int64)
-        self._vecs = np.zeros((256, embeddings.dim), np.float32)
-        self._u = 0                  # distinct tokens seen
+        self._seen = SeenTokens(embeddings)      # the distinct tokens seen so far, their rows
         self._scanned = 0            # context positions already added
         self._ends = np.zeros(SEMANTIC_ANCHORS, np.int32)
         self._score = np.zeros(SEMANTIC_ANCHORS, np.float32)
@@ -68,23 +65,6 @@ class SemanticDrafter(Drafter):
         self._scanned = 0           # seen tokens stay (their vectors do not change)
         self._q = (-1, 0)
 
-    def _add(self, tokens: np.ndarray) -> None:
-        new = np.unique(tokens[(tokens >= 0) & (tokens < len(self._slot))])
-        new = new[self._slot[new] < 0]
-        if len(new) == 0:
-            return
-        u, k = self._u, len(new)
-        if u + k > len(self._ids):
-            cap = max(2 * len(self._ids), u + k)
-            ids = np.zeros(cap, np.int64)
-            vecs = np.zeros((cap, self._vecs.shape[1]), np.float32)
-            ids[:u], vecs[:u] = self._ids[:u], self._vecs[:u]
-            self._ids, self._vecs = ids, vecs
-        self._ids[u:u + k] = new
-        self._vecs[u:u + k] = self.emb.rows(new)
-        self._slot[new] = np.arange(u, u + k)
-        self._u = u + k
-
     def similarities(self, ctx: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(sim to ctx[n-1], sim to ctx[n-2]) of every token seen so far, as
         float32 [n_vocab] arrays indexed by token (entries of unseen tokens
@@ -92,9 +72,10 @@ class SemanticDrafter(Drafter):
         similarity of a token not in ctx[:n]); n >= 2."""
         if self._scanned > n:
             self._scanned = 0
-        self._add(ctx[self._scanned:n])
+        self._seen.add(ctx[self._scanned:n])
         self._scanned = n
-        u = self._u
+        seen = self._seen
+        u, vecs, ids, slot = seen.n, seen.vecs, seen.ids, seen.slot
         last, prev = int(ctx[n - 1]), int(ctx[n - 2])
         if prev == self._q[0]:
             # the last token of the previous call is now the one before: its
@@ -102,10 +83,10 @@ class SemanticDrafter(Drafter):
             # accepted no draft, the usual case where this part is asked)
             self._s_last, self._s_prev = self._s_prev, self._s_last
             if self._q[1] < u:
-                _a.scatter_sims(self._vecs, self._ids, self._q[1], u, self._vecs[self._slot[prev]], self._s_prev)
+                _a.scatter_sims(vecs, ids, self._q[1], u, vecs[slot[prev]], self._s_prev)
         else:
-            _a.scatter_sims(self._vecs, self._ids, 0, u, self._vecs[self._slot[prev]], self._s_prev)
-        _a.scatter_sims(self._vecs, self._ids, 0, u, self._vecs[self._slot[last]], self._s_last)
+            _a.scatter_sims(vecs, ids, 0, u, vecs[slot[prev]], self._s_prev)
+        _a.scatter_sims(vecs, ids, 0, u, vecs[slot[last]], self._s_last)
         self._q = (last, u)
         return self._s_last, self._s_prev
 

@@ -28,13 +28,11 @@ context the matrix does not know has no successors.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit
 
-from edgespec.kernels.topk import push_sorted
-from edgespec.kernels.trigram import _home, corpus_row, exploration, overlay_find
+from edgespec.kernels.topk import push_ranked, push_sorted
+from edgespec.kernels.trigram import _home, corpus_row, overlay_find, puct_child
 
 
 # --------------------------------------------------------------------------
@@ -177,17 +175,7 @@ def matrix_successors(corpus, adj, w1, w2, n_vocab, max_out, out_tok, out_p, can
         t = cand_tok[i]
         if not p > 0.0 or max_out <= 0:
             continue
-        if k == max_out and (p < out_p[k - 1] or (p == out_p[k - 1] and t > out_tok[k - 1])):
-            continue
-        j = k if k < max_out else max_out - 1
-        while j > 0 and (out_p[j - 1] < p or (out_p[j - 1] == p and out_tok[j - 1] > t)):
-            out_p[j] = out_p[j - 1]
-            out_tok[j] = out_tok[j - 1]
-            j -= 1
-        out_p[j] = p
-        out_tok[j] = t
-        if k < max_out:
-            k += 1
+        k = push_ranked(out_p, out_tok, k, max_out, p, t)
     return k
 
 
@@ -204,27 +192,6 @@ def _uniform(rng):
     x ^= x >> np.uint64(27)
     rng[0] = x
     return float((x * np.uint64(2685821657736338717)) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-
-
-@njit(cache=True)
-def _select_child(node, first, nch, prior, visits, score, c1, c2):
-    """The child of highest PUCT(s, a) = Q + E P sqrt(sum_b N) / (1 + N) (Eq. 2,
-    E of Eq. 3), Q the child's mean backed-up score (0 unvisited: not given by
-    the paper); ties: the earlier child."""
-    f = first[node]
-    sum_n = 0.0
-    for c in range(f, f + nch[node]):
-        sum_n += visits[c]
-    coef = exploration(sum_n, c1, c2) * math.sqrt(sum_n)
-    best = f
-    best_s = -1.0
-    for c in range(f, f + nch[node]):
-        q = score[c] / visits[c] if visits[c] > 0 else 0.0
-        s = q + coef * prior[c] / (1.0 + visits[c])
-        if s > best_s:
-            best_s = s
-            best = c
-    return best
 
 
 @njit(cache=True)
@@ -276,7 +243,7 @@ def aded_draft(corpus, adj, n_vocab, w1, w2, search, nodes, cand, state, rng, st
     nodes; group float64 [>= max_out + 1].
 
     Each iteration (re-seeded from ``seed`` per call, as line 1 re-initialises
-    the generator): *selection* descends by ``_select_child`` while the node has
+    the generator): *selection* descends by ``puct_child`` (Eq. 2, E of Eq. 3) while the node has
     children and the state (the root's token and the selected ones) is shorter
     than l + 1 tokens (l drafted tokens: whether the paper's sentence length
     counts the root's token is not given by the paper); *expansion* gives a
@@ -326,7 +293,7 @@ def aded_draft(corpus, adj, n_vocab, w1, w2, search, nodes, cand, state, rng, st
         node = 0
         slen = 1
         while nch[node] > 0 and slen < length:             # selection
-            node = _select_child(node, first, nch, prior, visits, score, c1, c2)
+            node = puct_child(node, first, nch, prior, visits, score, c1, c2)
             st_tok[slen] = tok[node]
             st_p[slen] = prior[node]
             slen += 1

@@ -41,6 +41,24 @@ def push_sorted(keys, items, k, cap, key, item):
     return k + 1 if k < cap else k
 
 
+@njit(cache=True, inline="always")
+def push_ranked(probs, toks, k, cap, p, t):
+    """push_sorted for (probability, token) pairs: probs[:k] descending,
+    ties by token ascending (so the order does not depend on the order the
+    candidates came in); return the new count.  The tri-gram kernels' top
+    successors of a context."""
+    if k == cap and (p < probs[k - 1] or (p == probs[k - 1] and t > toks[k - 1])):
+        return k
+    j = k if k < cap else cap - 1
+    while j > 0 and (probs[j - 1] < p or (probs[j - 1] == p and toks[j - 1] > t)):
+        probs[j] = probs[j - 1]
+        toks[j] = toks[j - 1]
+        j -= 1
+    probs[j] = p
+    toks[j] = t
+    return k + 1 if k < cap else k
+
+
 @njit(cache=True)
 def _scan(row, lo, hi, vals, idx, k):
     """Insert every entry of ``row[lo:hi]`` that beats the buffer's smallest

@@ -64,7 +64,7 @@ import math
 import numpy as np
 from numba import njit
 
-from edgespec.kernels.topk import push_sorted
+from edgespec.kernels.topk import push_ranked, push_sorted
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -371,17 +371,7 @@ def successors(corpus, ov, w1, w2, mix, max_out, out_tok, out_p, cand_tok, cand_
         if not p > 0.0:
             continue
         t = cand_tok[i]
-        if k == max_out and (p < out_p[k - 1] or (p == out_p[k - 1] and t > out_tok[k - 1])):
-            continue
-        j = k if k < max_out else max_out - 1
-        while j > 0 and (out_p[j - 1] < p or (out_p[j - 1] == p and out_tok[j - 1] > t)):
-            out_p[j] = out_p[j - 1]
-            out_tok[j] = out_tok[j - 1]
-            j -= 1
-        out_p[j] = p
-        out_tok[j] = t
-        if k < max_out:
-            k += 1
+        k = push_ranked(out_p, out_tok, k, max_out, p, t)
     return k
 
 
@@ -393,6 +383,27 @@ def successors(corpus, ov, w1, w2, mix, max_out, out_tok, out_p, cand_tok, cand_
 def exploration(sum_n, c1, c2):
     """ADED/PUCT exploration weight E = C1 + log((sum N + C2 + 1) / C2)."""
     return c1 + math.log((sum_n + c2 + 1.0) / c2)
+
+
+@njit(cache=True, inline="always")
+def puct_child(node, first, nch, prior, visits, value, c1, c2):
+    """The child of `node` with the highest PUCT score
+    Q + E P sqrt(sum_b N) / (1 + N), Q its mean backed-up value (0 while
+    unvisited), E the exploration weight; ties: the earlier child."""
+    f = first[node]
+    sum_n = 0.0
+    for c in range(f, f + nch[node]):
+        sum_n += visits[c]
+    coef = exploration(sum_n, c1, c2) * math.sqrt(sum_n)
+    best = f
+    best_s = -1.0
+    for c in range(f, f + nch[node]):
+        q = value[c] / visits[c] if visits[c] > 0 else 0.0
+        s = q + coef * prior[c] / (1.0 + visits[c])
+        if s > best_s:
+            best_s = s
+            best = c
+    return best
 
 
 @njit(cache=True)
@@ -476,20 +487,7 @@ def mcts_draft(corpus, ov, mix, w1, w2, search, nodes, cand, path,
         plen = 1
         path[0] = 0
         while nch[node] > 0:
-            f = first[node]
-            sum_n = 0.0
-            for c in range(f, f + nch[node]):
-                sum_n += visits[c]
-            coef = exploration(sum_n, c1, c2) * math.sqrt(sum_n)
-            best = f
-            best_s = -1.0
-            for c in range(f, f + nch[node]):
-                q = value[c] / visits[c] if visits[c] > 0 else 0.0
-                s = q + coef * prior[c] / (1.0 + visits[c])
-                if s > best_s:
-                    best_s = s
-                    best = c
-            node = best
+            node = puct_child(node, first, nch, prior, visits, value, c1, c2)
             path[plen] = node
             plen += 1
         # expand
