@@ -32,7 +32,8 @@ import numpy as np
 from numba import njit
 
 from edgespec.kernels.topk import push_ranked, push_sorted
-from edgespec.kernels.trigram import _home, corpus_row, overlay_find, puct_child
+from edgespec.kernels.tree import cap_sibling_mass
+from edgespec.kernels.trigram import _home, corpus_row, corpus_successors, overlay_find, puct_child
 
 
 # --------------------------------------------------------------------------
@@ -128,19 +129,9 @@ def gather(corpus, adj, w1, w2, n_vocab, cand_tok, cand_p):
     successors appended.  Returns the count (at most cand_tok's capacity)."""
     if not (0 <= w1 < n_vocab and 0 <= w2 < n_vocab):
         return 0
-    tri_w1_offsets, tri_w2, tri_ctx_count, tri_offsets, tri_next, tri_count = corpus[:6]
     a_key, a_tok, a_p, _ = adj
     ncap = cand_tok.shape[0]
-    n = 0
-    row = corpus_row(tri_w1_offsets, tri_w2, w1, w2)
-    if row >= 0 and tri_ctx_count[row] > 0:
-        total = float(tri_ctx_count[row])
-        for e in range(tri_offsets[row], tri_offsets[row + 1]):
-            if n >= ncap:
-                break
-            cand_tok[n] = tri_next[e]
-            cand_p[n] = float(tri_count[e]) / total
-            n += 1
+    n = max(corpus_successors(corpus, w1, w2, cand_tok, cand_p), 0)
     i = overlay_find(a_key, np.int64(w1) * n_vocab + w2)
     if i >= 0:
         for s in range(a_tok.shape[1]):
@@ -363,12 +354,5 @@ def _emit(tok, par, nch, prior, score, m, n_seq, max_out, out_tok, out_par, out_
             out_par[r] = -1 if par[i] == 0 else new_index[par[i]]
             out_p[r] = min(prior[i], 1.0)
             r += 1
-    for j in range(r + 1):
-        group[j] = 0.0
-    for j in range(r):
-        group[out_par[j] + 1] += out_p[j]
-    for j in range(r):
-        g = group[out_par[j] + 1]
-        if g > 1.0:
-            out_p[j] = out_p[j] / g
+    cap_sibling_mass(out_par, out_p, r, group)
     return r

@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from edgespec.kernels.topk import push_sorted
+from edgespec.kernels.tree import cap_sibling_mass
 
 
 @njit(cache=True)
@@ -563,14 +564,7 @@ def merge_trees(a_tokens, a_parents, a_probs, a_source, ma,
                 first_child[node] = c
         b_map[j] = c
 
-    # Siblings summing to more than 1: scale down.
-    sib_sum = np.zeros(m + 1, np.float64)   # index 0: the root, i + 1: node i
-    for i in range(m):
-        sib_sum[par[i] + 1] += p[i]
-    for i in range(m):
-        s = sib_sum[par[i] + 1]
-        if s > 1.0:
-            p[i] = p[i] / s
+    cap_sibling_mass(par, p, m, np.zeros(m + 1, np.float64))
 
     return _emit_by_path_prob(tok, par, p, src, m, max_nodes, out_tokens, out_parents, out_probs, out_source)
 

@@ -37,6 +37,22 @@ class PlanScratch(NamedTuple):
 
 
 @njit(cache=True)
+def cap_sibling_mass(par, p, m, sums):
+    """Scale down, in place, the probabilities p[:m] of every set of siblings
+    that sums to more than 1 (par[i] = -1: a child of the root; sums: float64
+    scratch of at least m + 1), so that each node's children stay a
+    distribution."""
+    for j in range(m + 1):
+        sums[j] = 0.0
+    for i in range(m):
+        sums[par[i] + 1] += p[i]
+    for i in range(m):
+        s = sums[par[i] + 1]
+        if s > 1.0:
+            p[i] = p[i] / s
+
+
+@njit(cache=True)
 def select_by_rate(parents, q, cost, overhead, max_nodes, out_sel):
     """Choose how many draft nodes to verify this step.
 

@@ -247,6 +247,26 @@ def corpus_row(tri_w1_offsets, tri_w2, w1, w2):
     return -1
 
 
+@njit(cache=True, inline="always")
+def corpus_successors(corpus, w1, w2, cand_tok, cand_p):
+    """The corpus tri-gram row of context (w1, w2) into cand_tok / cand_p
+    (each successor's share of the context's count, at most cand_tok's size);
+    return how many, or -1 when the corpus does not know the context."""
+    tri_w1_offsets, tri_w2, tri_ctx_count, tri_offsets, tri_next, tri_count = corpus[:6]
+    row = corpus_row(tri_w1_offsets, tri_w2, w1, w2)
+    if row < 0 or tri_ctx_count[row] <= 0:
+        return -1
+    total = float(tri_ctx_count[row])
+    n = 0
+    for e in range(tri_offsets[row], tri_offsets[row + 1]):
+        if n >= cand_tok.shape[0]:
+            break
+        cand_tok[n] = tri_next[e]
+        cand_p[n] = float(tri_count[e]) / total
+        n += 1
+    return n
+
+
 @njit(cache=True)
 def _cand(cand_tok, n, tok):
     """Index of ``tok`` among the first n candidates, or -1."""
@@ -328,17 +348,11 @@ def successors(corpus, ov, w1, w2, mix, max_out, out_tok, out_p, cand_tok, cand_
     ncap = cand_tok.shape[0]
 
     # base distribution: the corpus tri-gram row ...
-    row = corpus_row(tri_w1_offsets, tri_w2, w1, w2) if has_w1 else -1
-    if row >= 0 and tri_ctx_count[row] > 0:
-        ctx_total = float(tri_ctx_count[row])
-        for e in range(tri_offsets[row], tri_offsets[row + 1]):
-            if n >= ncap:
-                break
-            cand_tok[n] = tri_next[e]
-            cand_a[n] = float(tri_count[e]) / ctx_total
-            cand_b[n] = 0.0
-            n += 1
+    n = corpus_successors(corpus, w1, w2, cand_tok, cand_a) if has_w1 else -1
+    if n >= 0:
+        cand_b[:n] = 0.0
     else:
+        n = 0
         # ... or the bi-gram backoff: corpus row of w2 and overlay bi-grams.
         a_total = bi_total[w2]
         for k in range(adj_next.shape[1]):
