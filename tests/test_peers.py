@@ -120,7 +120,10 @@ def test_server_command_lines():
     assert mod[mod.index("--spec-type"):] == ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "24",
                                               "--spec-ngram-mod-n-min", "48", "--spec-ngram-mod-n-max", "64"]
     rpc = S.server_args("llama-server", "b", "m", 2048, 0, None, 1, ["h:1", "h:2"], [3, 1])
-    assert rpc[rpc.index("-ngl") + 1] == "999" and rpc[-4:] == ["--rpc", "h:1,h:2", "-ts", "3,1"]
+    assert rpc[rpc.index("-ngl") + 1] == "999" and rpc[-6:] == ["--rpc", "h:1,h:2", "-ot", S.OUTPUT_ON_CPU,
+                                                                   "-ts", "3,1"]
+    remote = S.server_args("llama-server", "b", "m", 2048, 0, None, 1, ["h:1"], rpc_output="remote")
+    assert remote[-2:] == ["--rpc", "h:1"] and "-ot" not in remote
     with pytest.raises(PeerError):
         S.server_args("llama-server-eagle", "b", "m", 2048, 0, None, 1)
     body = S.completion_request([1, 2, 3], 16)

@@ -6,6 +6,7 @@ the README installs it; with EDGESPEC_REQUIRE_RPC=1 (CI) a build without it
 fails them, elsewhere they skip and name the reinstall command."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -185,6 +186,68 @@ def test_a_worker_lost_mid_answer_ends_the_process_with_a_clear_line(model_path)
             stop_worker(p)
     assert client.returncode != 0
     assert f"RPC workers in use: {eps[0]}, {eps[1]}" in err.decode(), err.decode()[-2000:]
+
+
+class CountingRelay:
+    """A loopback relay in front of a worker that counts the bytes coming back from it."""
+
+    def __init__(self, target: str):
+        import socket
+        import threading
+        self.down, self._lock = 0, threading.Lock()
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self._srv.getsockname()[1]}"
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+        while True:
+            client, _ = self._srv.accept()
+            worker = socket.create_connection(self._target)
+            threading.Thread(target=self._pump, args=(client, worker, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(worker, client, True), daemon=True).start()
+
+    def _pump(self, src, dst, count):
+        import socket
+        while data := src.recv(1 << 16):
+            if count:
+                with self._lock:
+                    self.down += len(data)
+            dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)    # pass the close on (the worker serves one client at a time)
+
+
+def bytes_back_per_token(model_path, rpc_output) -> tuple[float, int]:
+    """(bytes the worker sent back per generated token, n_vocab) for 16 greedy tokens over one worker."""
+    proc = start_worker(_free_port())
+    relay = CountingRelay(proc.endpoint)
+    try:
+        m = SpecModel(model_path, drafter="none", n_ctx=512, calibrate=False, rpc=[relay.endpoint],
+                      kernels="exact", rpc_output=rpc_output)
+        try:
+            m.generate("Count from one to twenty:", max_tokens=4)
+            before = relay.down
+            r = m.generate("List the months of the year:", max_tokens=16)
+            return (relay.down - before) / len(r.tokens), m.backend.n_vocab
+        finally:
+            m.close()
+    finally:
+        stop_worker(proc)
+
+
+def test_the_logits_are_computed_here_unless_asked_otherwise(model_path):
+    """With the output layer here (the default) a worker sends back hidden
+    states; with rpc_output="remote" every token's logits (4 bytes per
+    vocabulary entry) cross the link."""
+    need_rpc()
+    local, n_vocab = bytes_back_per_token(model_path, "local")
+    remote, _ = bytes_back_per_token(model_path, "remote")
+    assert remote >= 4 * n_vocab
+    assert local < remote / 10, (local, remote)
 
 
 def test_bench_over_rpc_needs_workers_of_its_own_for_llama_server():

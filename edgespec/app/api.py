@@ -100,6 +100,10 @@ class SpecModel(ModelEngines):
         CMAKE_ARGS="-DGGML_RPC=on".  The calibration is measured over them.
     tensor_split: proportions of the offloaded layers per device (workers in
         order, then local GPUs); None: by their free memory.
+    rpc_output: over RPC, where the output layer runs: "local" (default; this
+        machine computes the logits, so only hidden states cross the link) or
+        "remote" (on the last worker; the logits of every verified token, 4
+        bytes per vocabulary entry, come back over the link).
     load_progress: load_progress(fraction) while llama.cpp loads the weights
         (over RPC: while it sends them to the workers; the CLI draws a bar).
 
@@ -119,7 +123,7 @@ class SpecModel(ModelEngines):
                  cost_gate: bool = True, calibrate: bool | str = "background", verbose: bool = False,
                  progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None,
                  kernels: str | None = None, rpc: Sequence[str] | str | None = None,
-                 tensor_split: Sequence[float] | None = None, load_progress=None):
+                 tensor_split: Sequence[float] | None = None, load_progress=None, rpc_output: str = "local"):
         self._gate = Gate()
         self._closing = threading.Event()
         self._engines: dict = {}
@@ -138,6 +142,7 @@ class SpecModel(ModelEngines):
                                     n_threads=n_threads, max_nodes=max(EXACT_MAX_BATCH, max_nodes),
                                     max_leaves=None, cache_type_k=cache_type_k, verbose=verbose,
                                     rpc=rpc, tensor_split=tensor_split, load_progress=load_progress,
+                                    rpc_output=rpc_output,
                                     **kernel_options(fast))
         try:
             self._setup(drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify)

@@ -64,7 +64,8 @@ class ModelEngines:
                                extra=f"k={self.backend.cache_type_k},repack={int(self.backend.cpu_repack)},"
                                      f"tiled_mm={tiled_mm_setting()}"
                                      + (",fa=0" if self.backend.flash_attn is False else "")
-                                     + (f",rpc={'+'.join(self.backend.rpc)}" if self.backend.rpc else "")
+                                     + (f",rpc={'+'.join(self.backend.rpc)},out={self.backend.rpc_output}"
+                                        if self.backend.rpc else "")
                                      + (f",split={':'.join(f'{x:g}' for x in self.backend.tensor_split)}"
                                         if self.backend.tensor_split else ""))
 

@@ -64,7 +64,8 @@ def _ggml():
                               ("ggml_backend_dev_name", cs, [vp]), ("ggml_backend_dev_description", cs, [vp]),
                               ("ggml_backend_dev_memory", None, [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)]),
                               ("ggml_backend_dev_by_name", vp, [cs]), ("ggml_backend_dev_by_type", vp, [ctypes.c_int]),
-                              ("ggml_backend_reg_dev_count", sz, [vp]), ("ggml_backend_reg_dev_get", vp, [vp, sz])):
+                              ("ggml_backend_reg_dev_count", sz, [vp]), ("ggml_backend_reg_dev_get", vp, [vp, sz]),
+                              ("ggml_backend_dev_buffer_type", vp, [vp])):
             f = getattr(g, fn)
             f.restype, f.argtypes = res, args
         if hasattr(g, "ggml_backend_rpc_add_server"):
@@ -96,6 +97,46 @@ def local_gpus() -> list[int]:
     devs = [g.ggml_backend_dev_get(i) for i in range(g.ggml_backend_dev_count())]
     gpus = [d for d in devs if g.ggml_backend_dev_type(d) == DEVICE_GPU]
     return gpus or [d for d in devs if g.ggml_backend_dev_type(d) == DEVICE_IGPU]
+
+
+RPC_OUTPUTS = ("local", "remote")
+# the output layer's weights (tied models read theirs from token_embd), for
+# llama_model_params.tensor_buft_overrides
+OUTPUT_WEIGHTS = rb"^output\.(weight|bias)$|^token_embd\.weight$"
+
+
+class BuftOverride(ctypes.Structure):
+    """llama.h's llama_model_tensor_buft_override (tensors whose name matches
+    `pattern` go to buffer type `buft`; an array ends with pattern NULL)."""
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def output_on_cpu():
+    """A tensor_buft_overrides array that keeps the output layer's weights in
+    this machine's RAM, so that llama.cpp computes the logits here: over
+    RPC a worker holding them would send n_vocab floats back per token of a
+    batch (608 KB for a 152k vocabulary), where with them here a layer's
+    output of n_embd floats crosses the link."""
+    g = _ggml()
+    cpu = g.ggml_backend_dev_buffer_type(g.ggml_backend_dev_by_type(DEVICE_CPU))
+    return (BuftOverride * 2)(BuftOverride(OUTPUT_WEIGHTS, cpu), BuftOverride(None, None))
+
+
+def place_on_workers(mp, endpoints: list[str], rpc_output: str) -> list:
+    """Set llama_model_params `mp` to place the model on these workers, then
+    this machine's GPUs; return the ctypes arrays llama.cpp reads while it
+    loads (keep them alive until then).  rpc_output "local" keeps the output
+    layer here: llama.cpp puts it on the last device, which is this machine's
+    GPU when it has one, else a worker."""
+    if rpc_output not in RPC_OUTPUTS:
+        raise ConfigError(f"rpc_output must be one of {', '.join(RPC_OUTPUTS)}, not {rpc_output!r}")
+    gpus = local_gpus()
+    keep = [device_array(rpc_devices(endpoints) + gpus)]
+    mp.devices = ctypes.cast(keep[-1], ctypes.c_void_p).value
+    if rpc_output == "local" and not gpus:
+        keep.append(output_on_cpu())
+        mp.tensor_buft_overrides = ctypes.cast(keep[-1], ctypes.c_void_p).value
+    return keep
 
 
 def rpc_available() -> bool:

@@ -54,7 +54,7 @@ MIN_CTX = 256
 
 def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbose: bool = False,
                cpu_repack: bool = False, tiled_mm: str = "0", rpc: list[str] | None = None,
-               tensor_split: list[float] | None = None, load_progress=None):
+               tensor_split: list[float] | None = None, load_progress=None, rpc_output: str = "local"):
     """Load a GGUF file; return the model pointer or raise ModelLoadError.
 
     cpu_repack: let llama.cpp's CPU backend move weights into its "extra buffer
@@ -66,7 +66,8 @@ def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbo
     the first multi-token batch (docs/exactness.md).
 
     rpc: llama.cpp RPC workers (HOST:PORT) whose devices take the offloaded
-    layers, before this machine's GPUs; n_gpu_layers 0 then means all layers.
+    layers, before this machine's GPUs; n_gpu_layers 0 then means all layers;
+    rpc_output "local" computes the logits here, "remote" on the last worker.
     tensor_split: the proportions of the offloaded layers per device, in that
     order (None: by the devices' free memory).
     load_progress: called with the fraction loaded (0..1) while llama.cpp
@@ -78,9 +79,7 @@ def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbo
     mp.use_extra_bufts = bool(cpu_repack)
     keep = []       # ctypes arrays llama.cpp reads while loading
     if rpc and not vocab_only:
-        devs = ggml.rpc_devices(rpc) + ggml.local_gpus()
-        keep.append(ggml.device_array(devs))
-        mp.devices = ctypes.cast(keep[-1], ctypes.c_void_p).value
+        keep += ggml.place_on_workers(mp, rpc, rpc_output)
         mp.n_gpu_layers = int(n_gpu_layers) or -1
     if load_progress is not None:
         def on_progress(fraction, user_data):  # pragma: no cover - called from C
@@ -147,7 +146,7 @@ class LlamaBackend:
                  max_leaves: int | None = 32, exact: bool = True, cache_type_k: str | None = None,
                  cpu_repack: bool = False, flash_attn: bool | None = None, tiled_mm: str = "0",
                  verbose: bool = False, rpc: list[str] | None = None, tensor_split: list[float] | None = None,
-                 load_progress=None):
+                 load_progress=None, rpc_output: str = "local"):
         max_leaves = _check_request(n_ctx, n_gpu_layers, max_nodes, max_leaves, rpc)
         self.model_path = model_path
         self.n_gpu_layers = n_gpu_layers
@@ -157,6 +156,7 @@ class LlamaBackend:
         self.n_batch = max(n_batch, max_nodes)
         self.rpc = list(rpc or [])
         self.tensor_split = list(tensor_split or [])
+        self.rpc_output = rpc_output
         # over RPC the workers' CPUs run the layers: exact as asked, and the
         # self-check (exactness.check_exactness) says whether it holds there
         self.exact = exact and (n_gpu_layers == 0 or bool(self.rpc))
@@ -167,7 +167,7 @@ class LlamaBackend:
         self.cache_type_k = cache_type_k
         self.cpu_repack = bool(cpu_repack)
         self.model = load_model(model_path, n_gpu_layers, verbose=verbose, cpu_repack=self.cpu_repack,
-                                tiled_mm=tiled_mm, rpc=self.rpc, tensor_split=self.tensor_split,
+                                tiled_mm=tiled_mm, rpc=self.rpc, tensor_split=self.tensor_split, rpc_output=rpc_output,
                                 load_progress=load_progress)
         self.vocab = Vocab(self.model)
         self.n_vocab = self.vocab.n_vocab

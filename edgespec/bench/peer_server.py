@@ -29,6 +29,7 @@ import time
 import urllib.error
 import urllib.request
 
+from edgespec.backend.ggml import local_gpus
 from edgespec.errors import PeerError
 
 SERVER_METHODS = {
@@ -44,13 +45,15 @@ SERVER_METHODS = {
 }
 """Method -> llama-server's speculative options (docs/speculative.md's examples)."""
 
+OUTPUT_ON_CPU = r"^output\.(weight|bias)$=CPU,^token_embd\.weight$=CPU"
 START_TIMEOUT_S = 300.0      # loading a large GGUF from a cold disk
 REQUEST_TIMEOUT_S = 3600.0
 STOP_REASONS = {"eos": "stop", "word": "stop", "limit": "length"}
 
 
 def server_args(method: str, binary: str, model_path: str, n_ctx: int, n_gpu_layers: int,
-                threads: int | None, port: int, rpc: list[str] = (), tensor_split: list[float] = ()) -> list[str]:
+                threads: int | None, port: int, rpc: list[str] = (), tensor_split: list[float] = (),
+                rpc_output: str = "local") -> list[str]:
     """llama-server's command line for a method (threads None = its default:
     one per physical core for decoding and for batches).  CPU weight
     repacking is off, as for edgespec and the llama-cpp-python methods
@@ -66,6 +69,9 @@ def server_args(method: str, binary: str, model_path: str, n_ctx: int, n_gpu_lay
         args += ["-t", str(threads), "-tb", str(threads)]
     if rpc:
         args += ["--rpc", ",".join(rpc)]
+        # the output layer here, as edgespec places it (backend.llama.load_model)
+        if rpc_output == "local" and not local_gpus():
+            args += ["-ot", OUTPUT_ON_CPU]
     if tensor_split:
         args += ["-ts", ",".join(f"{x:g}" for x in tensor_split)]
     return args + list(SERVER_METHODS[method])
@@ -135,11 +141,11 @@ class LlamaServerRunner:
 
     def __init__(self, method: str, binary: str, model_path: str, n_ctx: int, n_gpu_layers: int,
                  threads: int | None, env: dict | None = None, start_timeout: float = START_TIMEOUT_S,
-                 rpc: list[str] = (), tensor_split: list[float] = ()):
+                 rpc: list[str] = (), tensor_split: list[float] = (), rpc_output: str = "local"):
         self.method = method
         self.port = free_port()
         self.args = server_args(method, binary, model_path, n_ctx, n_gpu_layers, threads, self.port, rpc,
-                                tensor_split)
+                                tensor_split, rpc_output)
         self.log = tempfile.TemporaryFile(mode="w+", prefix="llama-server-", suffix=".log")
         try:
             self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=self.log,

@@ -128,6 +128,7 @@ def _rpc_line(head: dict) -> str:
                                         else ep for ep in head["rpc"])
             + (f", split {':'.join(f'{x:g}' for x in head['tensor_split'])}" if head.get("tensor_split")
                else "")
+            + (f", output layer {head['rpc_output']}" if head.get("rpc_output") else "")
             + (f"; llama-server's: {', '.join(head['peer_rpc'])}" if head.get("peer_rpc") else ""))
 
 

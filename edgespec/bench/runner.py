@@ -89,6 +89,7 @@ def header(model, methods: Sequence[str], max_tokens: int, prompts_file: str | N
         "rpc": list(getattr(be, "rpc", [])),
         "rpc_hello_ms": {ep: hello_ms.get(ep) for ep in getattr(be, "rpc", [])},
         "tensor_split": list(getattr(be, "tensor_split", [])),
+        "rpc_output": getattr(be, "rpc_output", "local") if getattr(be, "rpc", None) else None,
         "max_nodes": model.config.max_nodes,
         "cost_gate": model.config.cost_gate,
         "llama_cpp_version": llama_cpp_version(),
@@ -184,7 +185,8 @@ class _Methods:
                 from edgespec.bench.peer_server import LlamaServerRunner, server_env
                 self.peers[m] = LlamaServerRunner(base, self.server.path, self.model.model_path, be.n_ctx,
                                                   be.n_gpu_layers, n or self.llama_threads, env=server_env(),
-                                                  rpc=self.peer_rpc, tensor_split=be.tensor_split)
+                                                  rpc=self.peer_rpc, tensor_split=be.tensor_split,
+                                                  rpc_output=be.rpc_output)
             else:
                 self.peers[m] = LlamaRunner(m, self.model.model_path, be.n_ctx, self.llama_threads,
                                             be.n_gpu_layers, cache_type_k=be.cache_type_k, raw=self.raw)

@@ -38,7 +38,7 @@ def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=Non
         if setting(kernels) == "auto" and calibrate is True and not n_gpu_layers and not rpc["rpc"]:
             measure_kernel_price(model, threads, remeasure=False)
         return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
-                         rpc=rpc["rpc"], tensor_split=rpc["tensor_split"],
+                         rpc=rpc["rpc"], tensor_split=rpc["tensor_split"], rpc_output=rpc["rpc_output"],
                          load_progress=_upload_bar(rpc["rpc"]) if rpc["rpc"] else None,
                          max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
                          progress=calibration_note() if calibrate is True else None, corpora=corpora, verify=verify,

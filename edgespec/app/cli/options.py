@@ -125,8 +125,8 @@ def rpc_settings(ctx=None) -> dict:
     like log_settings; loading.load_model passes them on)."""
     ctx = ctx or click.get_current_context(silent=True)
     if ctx is None:
-        return {"rpc": [], "tensor_split": []}
-    return ctx.find_root().meta.setdefault("edgespec.rpc", {"rpc": [], "tensor_split": []})
+        return {"rpc": [], "tensor_split": [], "rpc_output": "local"}
+    return ctx.find_root().meta.setdefault("edgespec.rpc", {"rpc": [], "tensor_split": [], "rpc_output": "local"})
 
 
 def _set_rpc(ctx, param, value):
@@ -137,6 +137,8 @@ def _set_rpc(ctx, param, value):
         try:
             if param.name == "rpc":
                 value = parse_endpoints(value)
+            elif param.name == "rpc_output":
+                pass
             else:
                 value = [float(x) for x in value.replace("/", ",").split(",") if x.strip()]
         except (ConfigError, ValueError) as e:
@@ -147,11 +149,16 @@ def _set_rpc(ctx, param, value):
 
 
 def backend_options(f):
-    """--ctx, --n-gpu-layers, --threads, --cache-type-k, --kernels, --rpc, --tensor-split."""
+    """--ctx, --n-gpu-layers, --threads, --cache-type-k, --kernels, --rpc, --rpc-output, --tensor-split."""
     f = click.option("-ts", "--tensor-split", "tensor_split", metavar="P0,P1,...", expose_value=False,
                      callback=_set_rpc,
                      help="Proportions of the offloaded layers per device: the --rpc workers in order, then "
                           "local GPUs (default: by their free memory).")(f)
+    f = click.option("--rpc-output", "rpc_output", type=click.Choice(("local", "remote")), default="local",
+                     show_default=True, expose_value=False, callback=_set_rpc,
+                     help="Over --rpc, where the output layer runs: local = this machine computes the logits "
+                          "(only hidden states cross the link), remote = the last worker does (every verified "
+                          "token's logits, 4 bytes per vocabulary entry, cross the link).")(f)
     f = click.option("--rpc", metavar="HOST:PORT[,...]", expose_value=False, callback=_set_rpc,
                      help="Put the model's layers on llama.cpp RPC workers (`edgespec rpc-worker` or "
                           "llama.cpp's rpc-server; all layers unless --n-gpu-layers says how many).  Needs "
