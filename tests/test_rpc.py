@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -25,7 +27,6 @@ from conftest import dev_prompts
 
 
 def _free_port() -> int:
-    import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -192,8 +193,6 @@ class CountingRelay:
     """A loopback relay in front of a worker that counts the bytes coming back from it."""
 
     def __init__(self, target: str):
-        import socket
-        import threading
         self.down, self._lock = 0, threading.Lock()
         self._srv = socket.create_server(("127.0.0.1", 0))
         self.endpoint = f"127.0.0.1:{self._srv.getsockname()[1]}"
@@ -202,8 +201,6 @@ class CountingRelay:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
-        import socket
-        import threading
         while True:
             client, _ = self._srv.accept()
             worker = socket.create_connection(self._target)
@@ -211,7 +208,6 @@ class CountingRelay:
             threading.Thread(target=self._pump, args=(worker, client, True), daemon=True).start()
 
     def _pump(self, src, dst, count):
-        import socket
         while data := src.recv(1 << 16):
             if count:
                 with self._lock:

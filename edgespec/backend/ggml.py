@@ -122,18 +122,23 @@ def output_on_cpu():
     return (BuftOverride * 2)(BuftOverride(OUTPUT_WEIGHTS, cpu), BuftOverride(None, None))
 
 
+def needs_output_override(rpc_output: str) -> bool:
+    """Whether keeping the output layer here takes a tensor override: llama.cpp
+    puts it on the last device, this machine's GPU when it has one, else a
+    worker."""
+    return rpc_output == "local" and not local_gpus()
+
+
 def place_on_workers(mp, endpoints: list[str], rpc_output: str) -> list:
     """Set llama_model_params `mp` to place the model on these workers, then
     this machine's GPUs; return the ctypes arrays llama.cpp reads while it
     loads (keep them alive until then).  rpc_output "local" keeps the output
-    layer here: llama.cpp puts it on the last device, which is this machine's
-    GPU when it has one, else a worker."""
+    layer here (needs_output_override)."""
     if rpc_output not in RPC_OUTPUTS:
         raise ConfigError(f"rpc_output must be one of {', '.join(RPC_OUTPUTS)}, not {rpc_output!r}")
-    gpus = local_gpus()
-    keep = [device_array(rpc_devices(endpoints) + gpus)]
+    keep = [device_array(rpc_devices(endpoints) + local_gpus())]
     mp.devices = ctypes.cast(keep[-1], ctypes.c_void_p).value
-    if rpc_output == "local" and not gpus:
+    if needs_output_override(rpc_output):
         keep.append(output_on_cpu())
         mp.tensor_buft_overrides = ctypes.cast(keep[-1], ctypes.c_void_p).value
     return keep

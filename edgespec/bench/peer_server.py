@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 
-from edgespec.backend.ggml import local_gpus
+from edgespec.backend.ggml import OUTPUT_WEIGHTS, needs_output_override
 from edgespec.errors import PeerError
 
 SERVER_METHODS = {
@@ -45,7 +45,7 @@ SERVER_METHODS = {
 }
 """Method -> llama-server's speculative options (docs/speculative.md's examples)."""
 
-OUTPUT_ON_CPU = r"^output\.(weight|bias)$=CPU,^token_embd\.weight$=CPU"
+OUTPUT_ON_CPU = f"{OUTPUT_WEIGHTS.decode()}=CPU"     # llama-server's -ot for edgespec's placement
 START_TIMEOUT_S = 300.0      # loading a large GGUF from a cold disk
 REQUEST_TIMEOUT_S = 3600.0
 STOP_REASONS = {"eos": "stop", "word": "stop", "limit": "length"}
@@ -69,8 +69,7 @@ def server_args(method: str, binary: str, model_path: str, n_ctx: int, n_gpu_lay
         args += ["-t", str(threads), "-tb", str(threads)]
     if rpc:
         args += ["--rpc", ",".join(rpc)]
-        # the output layer here, as edgespec places it (backend.llama.load_model)
-        if rpc_output == "local" and not local_gpus():
+        if needs_output_override(rpc_output):    # the output layer here, as edgespec places it
             args += ["-ot", OUTPUT_ON_CPU]
     if tensor_split:
         args += ["-ts", ",".join(f"{x:g}" for x in tensor_split)]

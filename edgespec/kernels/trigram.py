@@ -337,14 +337,12 @@ def successors(corpus, ov, w1, w2, mix, max_out, out_tok, out_p, cand_tok, cand_
     drafter cannot name, so it does not propose them.  With no corpus and one
     overlay occurrence of (w1, w2, w3), P(w3) = 1 / (1 + kappa).
     """
-    (tri_w1_offsets, tri_w2, tri_ctx_count, tri_offsets, tri_next, tri_count,
-     adj_next, adj_count, bi_total) = corpus
+    adj_next, adj_count, bi_total = corpus[6:]
     n_vocab, kappa, beta, inc, cap = mix
     max_out = min(max_out, out_tok.shape[0], out_p.shape[0])
     if w2 < 0 or w2 >= n_vocab or max_out <= 0:
         return 0
     has_w1 = 0 <= w1 < n_vocab
-    n = 0
     ncap = cand_tok.shape[0]
 
     # base distribution: the corpus tri-gram row ...

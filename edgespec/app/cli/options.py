@@ -137,9 +137,7 @@ def _set_rpc(ctx, param, value):
         try:
             if param.name == "rpc":
                 value = parse_endpoints(value)
-            elif param.name == "rpc_output":
-                pass
-            else:
+            elif param.name == "tensor_split":
                 value = [float(x) for x in value.replace("/", ",").split(",") if x.strip()]
         except (ConfigError, ValueError) as e:
             raise click.BadParameter(str(e) if isinstance(e, ConfigError) else
