@@ -49,6 +49,8 @@ MODEL_FIXTURES = frozenset({"model", "model_path"})
 
 def mark_model_tests(items) -> None:
     for item in items:
+        if "chromium" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)
         if (MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ()))
                 or item.get_closest_marker("matrix") is not None):
             item.add_marker(pytest.mark.model)
@@ -107,6 +109,52 @@ def model_path():
     return resolve_model(None)
 
 
+# ------------------------------------------------------- optional externals
+# What some tests need beyond `pip install -e '.[test]'`: the variable that
+# turns a missing one from a skip into a failure (.ci/run sets those it
+# installs or builds), by name.  A test reaches an external only through the
+# fixture or helper here (tests/test_layout.py checks it for the browser), so
+# the README's test command stays green on a machine without them.
+REQUIRE = {"browser": "EDGESPEC_REQUIRE_BROWSER",       # Debian's chromium, driven by playwright
+           "rpc": "EDGESPEC_REQUIRE_RPC",               # llama-cpp-python built with GGML_RPC
+           "llama-server": "EDGESPEC_REQUIRE_LLAMA_SERVER"}  # `edgespec build-peers`
+
+
+def missing_external(kind: str, why: str):
+    """Skip the test, saying why; fail it instead where REQUIRE[kind] is 1."""
+    var = REQUIRE[kind]
+    if os.environ.get(var) == "1":
+        pytest.fail(f"{why} ({var}=1)")
+    pytest.skip(why)
+
+
+# headless, and nothing that reaches the network by itself
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def chromium_path() -> str | None:
+    """The Chromium the browser tests drive: EDGESPEC_CHROMIUM, else
+    `chromium` on the PATH (Debian's package); None when there is none."""
+    import shutil
+    return shutil.which(os.environ.get("EDGESPEC_CHROMIUM", "chromium"))
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """A Chromium executable with playwright to drive it, or a skip (a
+    failure under EDGESPEC_REQUIRE_BROWSER=1) that says what is missing.
+    Never downloads a browser."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing_external("browser", "playwright is not installed (pip install -e '.[test]')")
+    path = chromium_path()
+    if path is None:
+        missing_external("browser", "no chromium on the PATH: apt-get install chromium, or set EDGESPEC_CHROMIUM")
+    return path
+
+
 @pytest.fixture(scope="session")
 def server_binary():
     """A built llama-server (edgespec build-peers, or EDGESPEC_LLAMA_SERVER);
@@ -116,7 +164,7 @@ def server_binary():
     try:
         return peers.find_llama_server()
     except PeerError as e:
-        pytest.skip(f"no llama-server to test against: {e}")
+        missing_external("llama-server", f"no llama-server to test against: {e}")
 
 
 @pytest.fixture(scope="session")

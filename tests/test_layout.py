@@ -108,3 +108,28 @@ def test_modules_and_functions_are_short():
                     long_functions.append(f"{m}.{node.name} ({length} lines)")
     assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
     assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
+
+
+def test_tests_reach_optional_externals_only_through_conftest():
+    """The browser, the RPC build and llama-server come from conftest's
+    fixtures and helpers (`chromium`, `missing_external`, `server_binary`),
+    which skip with the reason or, under CI's EDGESPEC_REQUIRE_*, fail: a test
+    that looks for one itself turned the README's test command red on a
+    machine without it, twice (the second time issue 43)."""
+    tests = pathlib.Path(__file__).resolve().parent
+    bad = []
+    for p in sorted(tests.glob("*.py")):
+        if p.name in ("conftest.py", pathlib.Path(__file__).name):
+            continue
+        text = p.read_text(encoding="utf-8")
+        for word in ("/usr/bin/chromium", "EDGESPEC_CHROMIUM", "which(\"chromium", "EDGESPEC_REQUIRE_"):
+            if word in text:
+                bad.append(f"{p.name} names {word!r}")
+        for node in ast.walk(ast.parse(text)):
+            if (isinstance(node, ast.Attribute) and node.attr == "launch"
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "chromium"):
+                func = next(f for f in ast.walk(ast.parse(text)) if isinstance(f, ast.FunctionDef)
+                            and f.lineno <= node.lineno <= f.end_lineno)
+                if "chromium" not in [a.arg for a in func.args.args]:
+                    bad.append(f"{p.name}:{node.lineno} launches chromium outside the `chromium` fixture")
+    assert not bad, bad

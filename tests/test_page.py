@@ -1,11 +1,10 @@
-"""The chat page of `edgespec serve`, in a real headless Chromium (Debian's
-/usr/bin/chromium driven by playwright; no browser is ever downloaded): type a
-prompt, see the streamed answer with the drafted text highlighted and the
-stats line.  Without playwright or the browser the test is skipped (with
-the reason), unless EDGESPEC_REQUIRE_BROWSER=1, as .ci/run sets: then it
-fails.  To run it locally: apt-get install chromium (or point
-EDGESPEC_CHROMIUM at a Chromium), then pytest tests/test_page.py.  The screenshot goes to EDGESPEC_SCREENSHOT when that is set (the
-README's picture is taken this way)."""
+"""The chat page of `edgespec serve`, in a real headless Chromium driven by
+playwright (no browser is ever downloaded): type a prompt, see the streamed
+answer with the drafted text highlighted and the stats line.  The browser
+comes from conftest's `chromium` fixture, which skips with the reason where
+there is none and fails under CI's require variable (tests/conftest.py).  The
+screenshot goes to EDGESPEC_SCREENSHOT when that is set (the README's
+picture is taken this way)."""
 from __future__ import annotations
 
 import json
@@ -13,13 +12,11 @@ import os
 import shutil
 
 import pytest
+from conftest import CHROMIUM_FLAGS
 from serving import request, running_server
 
 pytestmark = pytest.mark.model
 
-CHROMIUM = os.environ.get("EDGESPEC_CHROMIUM", "/usr/bin/chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"]
 PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog, and the lazy dog sleeps."
 
 
@@ -29,30 +26,7 @@ def page_server(model):
         yield base
 
 
-def browser_missing() -> str | None:
-    """Why the page cannot be driven here (None when it can)."""
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "playwright is not installed (pip install -e '.[test]')"
-    if not shutil.which(CHROMIUM):
-        return f"{CHROMIUM} is missing: apt-get install chromium, or set EDGESPEC_CHROMIUM"
-    return None
-
-
-@pytest.fixture(autouse=True)
-def need_browser():
-    """A machine without the browser skips this test with the reason; CI
-    (.ci/run sets EDGESPEC_REQUIRE_BROWSER=1) fails instead, so the page is
-    always proven there."""
-    why = browser_missing()
-    if why and os.environ.get("EDGESPEC_REQUIRE_BROWSER") == "1":
-        pytest.fail(why + " (EDGESPEC_REQUIRE_BROWSER=1)")
-    if why:
-        pytest.skip(why)
-
-
-def test_chat_page_streams_and_highlights_drafts(page_server, tmp_path):
+def test_chat_page_streams_and_highlights_drafts(chromium, page_server, tmp_path):
     from playwright import sync_api
     # the answer the page must show, asked through the API
     status, _, body = request(page_server, "POST", "/v1/chat/completions",
@@ -60,7 +34,7 @@ def test_chat_page_streams_and_highlights_drafts(page_server, tmp_path):
     assert status == 200
     want = json.loads(body)
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         try:
             page = browser.new_page(viewport={"width": 900, "height": 620})
             page.goto(page_server + "/")

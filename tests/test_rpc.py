@@ -2,8 +2,8 @@
 
 Workers are started by these tests as child processes and stopped by process
 id.  They need a llama-cpp-python built with CMAKE_ARGS="-DGGML_RPC=on", as
-the README installs it; with EDGESPEC_REQUIRE_RPC=1 (CI) a build without it
-fails them, elsewhere they skip and name the reinstall command."""
+the README installs it; without one they skip and name the reinstall
+command, or fail where CI requires the build (conftest.missing_external)."""
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +23,7 @@ from edgespec.backend import ggml
 from edgespec.app.cli import main
 from edgespec.errors import BackendError, ConfigError
 
-from conftest import dev_prompts
+from conftest import dev_prompts, missing_external
 
 
 def _free_port() -> int:
@@ -34,10 +34,7 @@ def _free_port() -> int:
 
 def need_rpc():
     if not ggml.rpc_available():
-        reason = f"llama-cpp-python is built without RPC: {ggml.REINSTALL}"
-        if os.environ.get("EDGESPEC_REQUIRE_RPC"):
-            pytest.fail(reason)          # CI builds it with RPC (.ci/run): a missing build fails
-        pytest.skip(reason)
+        missing_external("rpc", f"llama-cpp-python is built without RPC: {ggml.REINSTALL}")
 
 
 def start_worker(port: int, threads: int = 1) -> subprocess.Popen:

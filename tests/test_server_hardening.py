@@ -12,7 +12,6 @@ import asyncio
 import http.client
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +21,7 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from conftest import CHROMIUM_FLAGS
 from serving import running_server
 
 from edgespec.core.stream import TextStream
@@ -33,9 +33,6 @@ ALLOWED = "http://allowed.example"
 MSG = [{"role": "user", "content": "Hi"}]
 BODY_LIMIT = (1 << 20) + 64 * CTX
 FUZZ_CASES = int(os.environ.get("EDGESPEC_FUZZ_SERVER_CASES", "200"))
-CHROMIUM = os.environ.get("EDGESPEC_CHROMIUM", "/usr/bin/chromium")     # as tests/test_page.py
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 # ------------------------------------------------------------------ helpers
@@ -324,13 +321,11 @@ def test_guard_names_and_keys():
     assert Access().key_ok(None)
 
 
-def test_chromium_page_of_another_origin_cannot_use_the_server(server, tmp_path):
+def test_chromium_page_of_another_origin_cannot_use_the_server(chromium, server, tmp_path):
     """A web page on another origin (another port) that POSTs to the key-less
     loopback server, as fetch() with JSON and as a no-cors text/plain simple
     request, gets nothing and runs nothing; a rebinding name is refused."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not shutil.which(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does)")
+    from playwright import sync_api
     port, _ = server
     (tmp_path / "index.html").write_text("<!doctype html><title>elsewhere</title>")
     other = subprocess.Popen(["python3", "-m", "http.server", "0", "--bind", "127.0.0.1"], cwd=tmp_path,
@@ -340,8 +335,8 @@ def test_chromium_page_of_another_origin_cannot_use_the_server(server, tmp_path)
         other_port = int(line.split(" port ")[1].split()[0])
         before = json.loads(raw(port, "GET", "/health")[2])["requests"]["completed"]
         with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-                *FLAGS, "--host-resolver-rules=MAP rebind.test 127.0.0.1"])
+            browser = p.chromium.launch(executable_path=chromium, args=[
+                *CHROMIUM_FLAGS, "--host-resolver-rules=MAP rebind.test 127.0.0.1"])
             try:
                 page = browser.new_page()
                 page.goto(f"http://localhost:{other_port}/index.html")
