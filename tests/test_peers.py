@@ -184,27 +184,32 @@ def fake_model(**over):
     from edgespec.core.verify import VerifyConfig
     n = default_threads()
     be = SimpleNamespace(n_threads=n, n_ctx=4096, n_gpu_layers=0, cache_type_k="q8_0" if n > 1 else "f16")
-    for k in ("n_threads", "n_ctx", "cache_type_k"):
+    for k in ("n_threads", "n_ctx", "cache_type_k", "n_gpu_layers"):
         if k in over:
             setattr(be, k, over.pop(k))
-    cfg = SimpleNamespace(max_nodes=48, cost_gate=True, verify=VerifyConfig("exact"))
+    cfg = SimpleNamespace(max_nodes=over.pop("max_nodes", 48), cost_gate=True, verify=VerifyConfig("exact"))
     return SimpleNamespace(backend=be, config=cfg, kernels=over.pop("kernels", "exact"), corpora=over.pop("corpora", []),
                            model_path="/no/such/model.gguf")
 
 
 def test_default_resolves_generate_defaults():
     """`default` is what `edgespec generate MODEL PROMPT` runs: its option
-    defaults, resolved here; a bench model loaded otherwise is refused with
-    the differences named."""
+    defaults, resolved here with the bench model's placement (threads,
+    context, GPU layers); a bench model whose other settings differ is
+    refused with the differences named."""
     d = M.resolve_default(fake_model())
     assert d["drafter"] == d["generate_drafter"] == "suffix" and d["kernels"] == "exact" and d["cost_gate"]
     assert d["n_ctx"] == 4096 and d["max_nodes"] == 48
     # the bench's corpora are not generate's: default runs without them
     assert M.resolve_default(fake_model(corpora=["c.esc"]))["drafter"] == "suffix-nocorpus"
+    # another context, or every layer on a GPU (K cache f16 there), is the defaults with that placement
+    assert M.resolve_default(fake_model(n_ctx=2048))["n_ctx"] == 2048
+    gpu = M.resolve_default(fake_model(n_gpu_layers=-1, cache_type_k="f16"))
+    assert gpu["n_gpu_layers"] == -1 and gpu["cache_type_k"] == "f16"
     with pytest.raises(BenchError) as e:
-        M.resolve_default(fake_model(kernels="fast", n_ctx=1024))
+        M.resolve_default(fake_model(kernels="fast", max_nodes=16))
     assert "kernels fast (generate's default: exact)" in str(e.value)
-    assert "n_ctx 1024 (generate's default: 4096)" in str(e.value)
+    assert "max_nodes 16 (generate's default: 48)" in str(e.value)
     head = {"default": d}
     line = peer_header_lines(head)[0]
     assert line.startswith("default = `edgespec generate` with no options: drafter suffix, kernels exact")

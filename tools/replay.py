@@ -2,7 +2,7 @@
 
     python tools/replay.py RESULTS.jsonl --prompts ../shared/data/spec_bench_dev.jsonl \
         --methods suffix,trigram,adjacency [--corpus FILE] [--category C] [--limit N] \
-        [--cost cpu,rtx3090,m2,FILE.json]
+        [--cost cpu,rtx3090,m2,FILE.json,PREFIX]
 
 RESULTS.jsonl is an `edgespec bench` results file: its `none` rows are the
 model's greedy output for each prompt, its header the calibrated cost curve and
@@ -18,7 +18,13 @@ table each: ``cpu`` (default) = the results file's own calibration (this
 machine), ``rtx3090`` = an RTX 3090 with Llama-8B Q4_0 (llama.cpp PR #15802:
 c(2) = 1.12, c(4) = 1.33, c(8) = 2.15), ``m2`` = an Apple M2-class GPU with
 Qwen2-7B Q8_0 (llama.cpp PR #10581: c(2) = 1.11, c(4) = 1.41, c(8) = 2.16), ``flat:SLOPE`` = c(T) = 1 + SLOPE (T - 1)
-at every context (``--flat SLOPE`` is the same), or a JSON file ({"ts": [...], "rel": [...]} or a saved calibration).  Beyond the
+at every context (``--flat SLOPE`` is the same), a JSON file ({"ts": [...], "rel": [...]} or a saved calibration),
+or PREFIX naming a GPU check's PREFIX-steady.json and PREFIX-alternating.json
+(tools/gpu/: batch widths kept steady and alternating with one-token decodes,
+and the one-token decode after a batch, as measured; the replay then charges
+each decode by its shape, edgespec.backend.replay.shape_curve, and times
+steps in that machine's seconds, the engine's work per step counted as the
+--overhead-ms given).  Beyond the
 published T = 8 the GPU curves are extrapolated linearly from c(4)..c(8)
 (edgespec.backend.replay.gpu_curve); the engine's own work per step is counted as
 measured on this machine, relative to this machine's plain step.
@@ -55,7 +61,7 @@ from edgespec.drafters import drafter_from_spec
 from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine
 from edgespec.backend.replay import (GPU_CURVES, OracleDrafter, ReplayBackend, ReplayRequest, Teacher, curve_from_file,
-                             gpu_curve, replay, teacher_pass)
+                                     gpu_curve, replay, shape_curve, teacher_pass)
 
 
 def _curve(name: str, head: dict) -> CostCurve:
@@ -70,7 +76,10 @@ def _curve(name: str, head: dict) -> CostCurve:
             sys.exit(f"--cost {name!r}: flat:SLOPE takes a number")
     if os.path.exists(name):
         return curve_from_file(name)
-    sys.exit(f"--cost {name!r}: not cpu, {', '.join(GPU_CURVES)}, flat:SLOPE or a JSON file")
+    if os.path.exists(name + "-steady.json"):
+        return shape_curve(name)
+    sys.exit(f"--cost {name!r}: not cpu, {', '.join(GPU_CURVES)}, flat:SLOPE, a JSON file or a PREFIX of "
+             "PREFIX-steady.json and PREFIX-alternating.json")
 
 
 def _teachers(path: str, hidden_path: str, model_path: str, head: dict, reqs, want_hidden: bool) -> None:
@@ -131,6 +140,9 @@ def main(argv=None) -> int:
     ap.add_argument("--history-cap", type=float, default=None, metavar="N",
                     help="EngineConfig(history_cap=N): earlier requests' fine (source, score, depth) acceptance "
                          "counts scaled to at most N tested nodes per cell at each request's start")
+    ap.add_argument("--static-costs", action="store_true",
+                    help="the gate decides from the calibrated (or --cost) curve alone: no learned step costs, no "
+                         "speed guard (EngineConfig(learn_costs=False, guard=False)), as before they existed")
     ap.add_argument("--no-shadow", action="store_true",
                     help="the acceptance model learns from verified nodes only (EngineConfig(shadow=False))")
     a = ap.parse_args(argv)
@@ -195,18 +207,21 @@ def main(argv=None) -> int:
         cost = _curve(cname, head)
         results = {}
         for meth in methods:
-            be = ReplayBackend(vocab, m.backend.n_ctx, m.backend.max_nodes, cost, eog)
+            oh = overhead(meth)
+            be = ReplayBackend(vocab, m.backend.n_ctx, m.backend.max_nodes, cost, eog, overhead_s=oh)
             d = build(meth, be)
             d.warmup()
             eng = Engine(be, d, cost, EngineConfig(max_nodes=int(head["max_nodes"]), gate_overhead=a.gate_overhead,
-                                                   shadow=not a.no_shadow, history_cap=a.history_cap))
+                                                   shadow=not a.no_shadow, history_cap=a.history_cap,
+                                                   learn_costs=not a.static_costs, guard=not a.static_costs))
             out = replay(eng, be, reqs, max_tokens)
-            oh = overhead(meth)
             for i, r in enumerate(out):
                 # scale the c(T) model by this prompt's measured plain decode time, so
-                # that `none` is exact and the others differ only by the c(T) shape
+                # that `none` is exact and the others differ only by the c(T) shape;
+                # a shape curve is in its own machine's seconds
                 rec, base = none[qids[i]], (results["none"][i] if meth != "none" else r)
                 f = rec["decode_call_s"] / base["model_s"] if rec.get("decode_call_s") and base["model_s"] else 1.0
+                f = 1.0 if cost.steady_rel else f
                 r["time_s"] = r["model_s"] * f + r["n_steps"] * oh
             results[meth] = out
             print(f"replayed {meth} under {cname}: {len(out)} prompts", file=sys.stderr)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import time
 
 import numpy as np
 
@@ -477,6 +478,10 @@ class LlamaBackend:
             self._hidden_view = np.frombuffer(memoryview(buf), dtype=np.float32).reshape(self.n_batch, self.n_embd)
             self._hidden_addr = addr
         return self._hidden_view[self._out_off:self._out_off + self.n_outputs]
+
+    @staticmethod
+    def clock() -> float:
+        return time.perf_counter()
 
     def keep(self, k: int) -> None:
         """After decode_tree: commit the first k slots (a seq-0 chain from the root)

@@ -61,3 +61,7 @@ class Backend(Protocol):
 
     def hidden(self) -> np.ndarray:
         """float32 [n_outputs, n_embd] of the last decode; needs set_hidden(True)."""
+
+    def clock(self) -> float:
+        """Seconds, for timing steps: time.perf_counter for a real model, the
+        modelled time for a replay (the engine learns step costs from it)."""

@@ -12,7 +12,14 @@ of it in microseconds per step instead of milliseconds.
 Time is modelled, not measured: a decode of T tokens at a KV position p costs
 c(T) of the calibrated curve (the short-context entry for single tokens within
 the first 256 cells, as the engine's gate assumes), plus the engine's own
-measured work per step.  `tools/replay.py` is the command-line front end.
+measured work per step.  A curve with steady widths (CostCurve.steady_rel,
+as measured on a GPU) is charged by shape: a batch of the previous decode's
+width its steady cost, another width its alternating cost, and a one-token
+decode after a batch its after-batch cost, as llama.cpp's CUDA graphs make
+them.  The backend's clock() is that modelled time plus the engine's own
+time (real, or a fixed figure per step), so the engine learns its step
+costs and keeps its guard's account as it would on that machine.
+`tools/replay.py` is the command-line front end.
 
 The model's own numbers beyond its greedy tokens -- its top-k and their
 logits, the entropy of its distribution and its hidden state at every
@@ -35,7 +42,7 @@ import numpy as np
 
 from edgespec.drafters.base import Drafter
 from edgespec.core.engine import drain
-from edgespec.core.gate import CostBuckets, cost_table_at
+from edgespec.core.gate import CostBuckets, cost_table_at, prior_at
 from edgespec.core.tree import DraftTree
 
 _OFF_TEXT = 0
@@ -77,6 +84,30 @@ def curve_from_file(path: str):
         d = json.load(f)
     d.setdefault("t1_s", GPU_T1_S)
     return CostCurve.from_json(d)
+
+
+def shape_curve(prefix: str):
+    """A CostCurve with steady widths from a GPU check's pair of files,
+    PREFIX-steady.json and PREFIX-alternating.json (tools/gpu/shapes.py:
+    {"ts", "rel", "t1_ms", "after_ms"} each, after 300 cells): `rel` the
+    alternating widths, `steady_rel` the steady ones, after_s the median
+    one-token decode after a batch over t1.  One context; no short regime."""
+    import json
+    from edgespec.calibration.curve import CostCurve
+    with open(prefix + "-steady.json") as f:
+        steady = json.load(f)
+    with open(prefix + "-alternating.json") as f:
+        alt = json.load(f)
+    if steady["ts"] != alt["ts"] or steady["ts"][0] != 1:
+        raise ValueError(f"{prefix}: the steady and alternating files measure different sizes")
+    t1 = float(alt["t1_ms"]) / 1000
+    after = max(0.0, float(np.median(alt.get("after_ms") or [alt["t1_ms"]])) / 1000 - t1)
+    every = list(range(1, max(alt["ts"]) + 1))      # linear between the points (a model, not padded shapes)
+    c = CostCurve(every, [float(x) for x in np.interp(every, alt["ts"], alt["rel"])], t1,
+                  {"prefix": 300, "source": prefix}, after_s=after,
+                  steady_rel=[float(x) for x in np.interp(every, steady["ts"], steady["rel"])])
+    c.origin = "cached"
+    return c
 
 
 def tail_for_entropy(top: np.ndarray, h: np.ndarray, n_vocab: int) -> np.ndarray:
@@ -171,7 +202,7 @@ class ReplayBackend:
 
     exact = True
 
-    def __init__(self, vocab, n_ctx: int, max_nodes: int, cost, eog_token: int):
+    def __init__(self, vocab, n_ctx: int, max_nodes: int, cost, eog_token: int, overhead_s: float | None = None):
         self.vocab = vocab
         self.n_vocab = vocab.n_vocab
         self.n_ctx = n_ctx
@@ -190,6 +221,15 @@ class ReplayBackend:
         self._buckets = CostBuckets(cost, max_nodes + 1)
         self.model_s = 0.0
         self.n_decodes = 0
+        # the clock: modelled decodes, plus the engine's real time outside them
+        # or, with overhead_s, that many seconds a step (deterministic)
+        self.overhead_s = overhead_s
+        self._clock_s = 0.0
+        self._real_in_decode = 0.0
+        self._prev_n = 0
+        self._priors: dict = {}
+        self.shapes = bool(cost.steady_rel)
+        self.n_width_changes = 0            # decodes whose width differs from the decode before
         self.teacher: Teacher | None = None
         self._dense: list = []                       # rows filled whole (teacher rows)
         self.hidden_on = False
@@ -296,9 +336,27 @@ class ReplayBackend:
             if tch is not None and tch.hidden is not None:
                 hidden_out[:] = tch.hidden[a:a + n]
         self.n_past += n                    # prefill time is not part of decode speed
+        self._prev_n = 0
         self._set_rows(np.array([self._next(self.n_past)], np.int64), np.array([self.n_past], np.int64))
 
+    def clock(self) -> float:
+        if self.overhead_s is not None:
+            return self._clock_s
+        return time.perf_counter() - self._real_in_decode + self._clock_s
+
+    def modelled_s(self, n: int, base: int) -> float:
+        """Seconds of a decode of n tokens after base cells, following one of
+        self._prev_n (see the module doc)."""
+        if not self.shapes:
+            table, t1 = cost_table_at(base, self.table_short, self._buckets)     # as the gate picks it
+            return float(table[n] * t1)
+        p = prior_at(self.cost, base, self.max_nodes + 1, self._priors)
+        if n == 1:
+            return float((p.alt[1] + (p.after if self._prev_n >= 2 else 0.0)) * p.t1_s)
+        return float((p.steady[n] if n == self._prev_n else p.alt[n]) * p.t1_s)
+
     def decode_tree(self, tokens, depth, leaf_first, leaf_count, n_leaves) -> None:
+        r0 = time.perf_counter()
         n = len(tokens)
         base = self.n_past
         on = np.zeros(n, np.bool_)
@@ -317,9 +375,13 @@ class ReplayBackend:
                 hot[s] = self._next(base + d + 1)
                 pos[s] = base + d + 1
         self._set_rows(hot, pos)
-        table, t1 = cost_table_at(base, self.table_short, self._buckets)     # as the gate picks it
-        self.model_s += table[n] * t1
+        dt = self.modelled_s(n, base)
+        self.n_width_changes += n != self._prev_n
+        self._prev_n = n
+        self.model_s += dt
+        self._clock_s += dt
         self.n_decodes += 1
+        self._real_in_decode += time.perf_counter() - r0
 
     def seconds(self, n_past: int) -> np.ndarray:
         """Modelled seconds of a batch of T tokens after n_past cells, T = 0..max_nodes + 1
@@ -332,6 +394,8 @@ class ReplayBackend:
 
     def keep(self, k: int) -> None:
         self.n_past += k
+        if self.overhead_s is not None:     # the engine's work of a step, as a fixed figure
+            self._clock_s += self.overhead_s
 
 
 class OracleDrafter(Drafter):

@@ -81,36 +81,40 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
 
 def resolve_default(model) -> dict:
     """What method `default` runs: `edgespec generate`'s defaults (drafter,
-    kernels, K cache, threads, context, GPU layers, largest batch, cost gate,
-    verification), resolved on this machine.  The bench's model must run the
-    same backend settings (it is loaded once for every method); BenchError
-    naming the differences otherwise.  "drafter" is the spec to run: without
-    the corpora the bench loaded (generate loads none by default)."""
-    from edgespec.backend.process import auto_cache_type_k, default_threads
+    kernels, K cache, largest batch, cost gate, verification) with the bench
+    model's own placement (threads, context, GPU layers, RPC workers), as
+    generate would resolve them on this machine with that placement: `bench
+    -ngl -1 --methods default` is the defaults on this GPU.  The bench's model
+    must run the same settings otherwise (it is loaded once for every
+    method); BenchError naming the differences.  "drafter" is the spec to
+    run: without the corpora the bench loaded (generate loads none by
+    default)."""
+    from edgespec.backend.process import auto_cache_type_k
     from edgespec.app.cli.generate import generate_defaults
 
     d = generate_defaults()
     be = model.backend
-    threads = d["threads"] or default_threads()
+    threads = be.n_threads
+    gpu = bool(be.n_gpu_layers or getattr(be, "rpc", None))
     kernels = d["kernels"]
     if kernels == "auto":          # what generate would resolve it to here (the cached verdict)
         from edgespec.calibration.kernelchoice import resolve
-        kernels, _ = resolve("auto", model.model_path, threads, gpu=bool(d["n_gpu_layers"] or be.rpc),
-                             measure=False)
-    exact = kernels != "fast" and (not d["n_gpu_layers"] or bool(be.rpc))
-    want = {"kernels": kernels, "n_threads": threads, "n_ctx": d["ctx"], "n_gpu_layers": d["n_gpu_layers"],
+        kernels, _ = resolve("auto", model.model_path, threads, gpu=gpu, measure=False)
+    exact = kernels != "fast" and (not be.n_gpu_layers or bool(getattr(be, "rpc", None)))
+    want = {"kernels": kernels,
             "cache_type_k": (auto_cache_type_k(exact, threads) if d["cache_type_k"] == "auto" else d["cache_type_k"]),
             "max_nodes": d["max_nodes"], "cost_gate": not d["no_gate"], "verify": d["verify"]}
-    have = {"kernels": getattr(model, "kernels", "exact"), "n_threads": be.n_threads, "n_ctx": be.n_ctx,
-            "n_gpu_layers": be.n_gpu_layers, "cache_type_k": be.cache_type_k, "max_nodes": model.config.max_nodes,
-            "cost_gate": model.config.cost_gate, "verify": model.config.verify.mode}
+    have = {"kernels": getattr(model, "kernels", "exact"), "cache_type_k": be.cache_type_k,
+            "max_nodes": model.config.max_nodes, "cost_gate": model.config.cost_gate,
+            "verify": model.config.verify.mode}
     diff = [f"{k} {have[k]} (generate's default: {want[k]})" for k in want if have[k] != want[k]]
     if diff:
         raise BenchError(f"method default runs `edgespec generate`'s defaults, but this bench's model runs "
                          f"{', '.join(diff)}: bench default without those options")
     drafter = d["drafter"] + ("-nocorpus" if getattr(model, "corpora", None) and "-nocorpus" not in d["drafter"]
                               else "")
-    return dict(want, drafter=drafter, generate_drafter=d["drafter"])
+    placement = {"n_threads": threads, "n_ctx": be.n_ctx, "n_gpu_layers": be.n_gpu_layers}
+    return dict(want, **placement, drafter=drafter, generate_drafter=d["drafter"])
 
 
 def fresh_drafter(model, spec: str):

@@ -41,7 +41,12 @@ class CostCurve:
     after_s / after_short_s / longer[i]["after_s"]: the extra seconds of the
     one-token decode that follows a batch, over one that follows a one-token
     decode (0 in old caches).  The cost tables charge it to the batch: a step
-    that verifies a tree makes the next plain step dearer by that much."""
+    that verifies a tree makes the next plain step dearer by that much;
+    steady_rel: time(T)/t1_s after meta["prefix"] cells when the decode
+    before it had the same width T (a backend that replays a captured graph
+    for an unchanged shape, as llama.cpp's CUDA backend does, runs these
+    much faster than the alternating widths of `rel`; empty in old caches,
+    then taken as equal to `rel`)."""
     ts: list
     rel: list
     t1_s: float
@@ -51,6 +56,7 @@ class CostCurve:
     short_rel: list = field(default_factory=list)
     after_s: float = 0.0
     after_short_s: float = 0.0
+    steady_rel: list = field(default_factory=list)
     # where this curve came from: "measured" (here, now), "cached" (read from
     # the cache), "built-in" (builtin_curve: a guess); never written to the cache
     origin: str = field(default="measured", compare=False)
@@ -88,26 +94,27 @@ class CostCurve:
         ctx = self.contexts()
         return max(1e-6, (1 - w) * ctx[i][1] + w * ctx[j][1])
 
-    def table(self, max_t: int, short: bool = False, n_kv: int | None = None) -> np.ndarray:
+    def table(self, max_t: int, short: bool = False, n_kv: int | None = None, after: bool = True) -> np.ndarray:
         """cost[T] for T = 0..max_t (cost[0] = 0) in units of one single-token
         decode at the same context, linear between measured points and
         extrapolated from the last two beyond them; with n_kv, interpolated
         between the measured contexts.  Entries T >= 2 include the after-batch
-        cost of the one-token decode that follows (after_s)."""
+        cost of the one-token decode that follows (after_rel), unless `after`
+        is False."""
+        a = self.after_rel(short, n_kv) if after else 0.0
         if short and self.t1_short_s > 0 and self.short_rel:
             # the short regime's own curve, in units of t1_s like every table
             out = self._rel_table(self.short_rel, max_t) * (self.t1_short_s / self.t1_s)
-            out[2:] += self.after_short_s / self.t1_s
+            out[2:] += a
             out[0] = 0.0
             return out
         i, j, w = self._weights(n_kv)
         ctx = self.contexts()
-        after = self._after_rel()
         out = self._rel_table(ctx[i][2], max_t)
-        out[2:] += after[i]
+        out[2:] += a
         if w:
             hi = self._rel_table(ctx[j][2], max_t)
-            hi[2:] += after[j]
+            hi[2:] += a
             out = (1 - w) * out + w * hi
             out[1:] = np.maximum.accumulate(out[1:])
         out[0] = 0.0
@@ -115,6 +122,24 @@ class CostCurve:
         if short and self.t1_short_s > 0:
             out[1] = min(1.0, self.t1_short_s / self.t1_s)
         return out
+
+    def after_rel(self, short: bool = False, n_kv: int | None = None) -> float:
+        """The after-batch extra of a one-token decode, in units of t1_s:
+        the short regime's, or interpolated between the measured contexts."""
+        if short and self.t1_short_s > 0 and self.short_rel:
+            return self.after_short_s / self.t1_s
+        i, j, w = self._weights(n_kv)
+        after = self._after_rel()
+        return (1 - w) * after[i] + w * after[j]
+
+    def steady_factor(self, max_t: int) -> np.ndarray:
+        """steady / alternating cost per T = 0..max_t, as measured after the
+        first context (ones where steady widths were not measured)."""
+        if not self.steady_rel:
+            return np.ones(max_t + 1)
+        f = self._rel_table(self.steady_rel, max_t) / self._rel_table(self.rel, max_t)
+        f[:2] = 1.0
+        return np.minimum(f, 1.0)
 
     def _rel_table(self, rel, max_t: int) -> np.ndarray:
         ts = np.asarray(self.ts, np.float64)
@@ -137,19 +162,21 @@ class CostCurve:
                             "rel": [round(float(r), 4) for r in d["rel"]],
                             "after_s": float(d.get("after_s", 0.0))} for d in self.longer],
                 "short_rel": [round(float(r), 4) for r in self.short_rel],
-                "after_s": self.after_s, "after_short_s": self.after_short_s}
+                "after_s": self.after_s, "after_short_s": self.after_short_s,
+                "steady_rel": [round(float(r), 4) for r in self.steady_rel]}
 
     @staticmethod
     def from_json(d: dict) -> "CostCurve":
         c = CostCurve(list(d["ts"]), list(d["rel"]), float(d["t1_s"]), dict(d.get("meta", {})),
                       float(d.get("t1_short_s", 0.0)), list(d.get("longer", [])), list(d.get("short_rel", [])),
-                      float(d.get("after_s", 0.0)), float(d.get("after_short_s", 0.0)))
+                      float(d.get("after_s", 0.0)), float(d.get("after_short_s", 0.0)), list(d.get("steady_rel", [])))
         c.origin = "cached"
         if not c.ts or c.ts[0] != 1:
             raise ValueError("malformed cost curve")
         _check_finite(c)
-        if c.short_rel and (len(c.short_rel) != len(c.ts) or any(r <= 0 for r in c.short_rel)):
-            raise ValueError("malformed cost curve")
+        for extra in (c.short_rel, c.steady_rel):
+            if extra and (len(extra) != len(c.ts) or any(r <= 0 for r in extra)):
+                raise ValueError("malformed cost curve")
         if c.after_s < 0 or c.after_short_s < 0 or any(float(x.get("after_s", 0.0)) < 0 for x in c.longer):
             raise ValueError("malformed cost curve")
         last = -1
@@ -182,7 +209,7 @@ class CostCurve:
 
 def _check_finite(c: CostCurve) -> None:
     """A curve holds finite numbers only (json reads NaN, Infinity and 1e999)."""
-    nums = [c.t1_s, c.t1_short_s, c.after_s, c.after_short_s, *c.rel, *c.short_rel]
+    nums = [c.t1_s, c.t1_short_s, c.after_s, c.after_short_s, *c.rel, *c.short_rel, *c.steady_rel]
     for d in c.longer:
         nums += [d["n_kv"], d["t1_s"], d.get("after_s", 0.0), *d["rel"]]
     if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in nums):
@@ -233,12 +260,27 @@ def prefill(backend, toks, pause, chunk: int) -> None:
             return
 
 
-def measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None) -> tuple[float, list, float]:
+def timed_chain(backend, toks: np.ndarray) -> float:
+    """Seconds of one decode of the chain `toks` (logits at every token),
+    its cells dropped after."""
+    t = len(toks)
+    t0 = time.perf_counter()
+    backend.decode_tree(toks, np.arange(t, dtype=np.int32), np.zeros(t, np.int32), np.ones(t, np.int32), 1)
+    backend.logits()
+    dt = time.perf_counter() - t0
+    backend.keep(0)
+    return dt
+
+
+def measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None, steady: list | None = None) -> tuple[float, list, float]:
     """(t1_s, rel, after_s) after a random prefix of `prefix` tokens: the median
     of `reps` decodes of T-token chains per T, interleaved so that machine noise
     spreads over all sizes, and after_s, what a one-token decode right after a
     batch costs more than one after another one-token decode (median of paired
-    differences).
+    differences).  With `steady` (a list), it also times a T-token decode
+    that follows two of the same width (a backend that replays a captured
+    graph for an unchanged shape has done so by then) and appends the
+    medians over t1 to it.
 
     pause: None, or a callable called before every timed decode (and every
     prefill chunk) that returns True when a request used the backend since
@@ -249,18 +291,12 @@ def measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None) -> tu
     pause()
     prefill(backend, pre, pause, chunk)
     times = {t: [] for t in ts}
+    same: dict = {t: [] for t in ts}
     singles, after = [], []
     one = np.ones(max(ts), np.int32)
-    zeros = np.zeros(max(ts), np.int32)
 
     def decode(toks) -> float:
-        t = len(toks)
-        t0 = time.perf_counter()
-        backend.decode_tree(toks, np.arange(t, dtype=np.int32), zeros[:t], one[:t], 1)
-        backend.logits()
-        dt = time.perf_counter() - t0
-        backend.keep(0)
-        return dt
+        return timed_chain(backend, toks)
 
     prev_batch = False
     for r in range(reps + 1):  # first round is a warm-up
@@ -275,6 +311,9 @@ def measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None) -> tu
             a = decode(one[:1] * 500)
             b = decode(one[:1] * 500)
             dt = decode(rng.integers(100, min(backend.n_vocab, 20000), size=t).astype(np.int32))
+            if steady is not None and t > 1:
+                decode(one[:t] * 500)
+                same[t].append(decode(one[:t] * 501))
             if r:
                 times[t].append(dt)
                 singles.append(b)
@@ -290,6 +329,8 @@ def measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None) -> tu
         rel[i] = max(rel[i], rel[i - 1])
     rel[0] = 1.0
     after_s = max(0.0, float(np.median(after))) if after else 0.0
+    if steady is not None:
+        steady.extend([1.0] + [max(float(np.median(same[t][1:])) / t1, 1e-3) for t in ts[1:]])
     return t1, rel, after_s
 
 
@@ -322,7 +363,9 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: 
         if progress:
             progress(done[0], total)
 
-    at = [(p,) + measure_at(backend, ts, p, reps, rng, tick, pause) for p in prefixes]
+    steady: list = []      # the steady widths, after the first context only
+    at = [(p,) + measure_at(backend, ts, p, reps, rng, tick, pause, steady if i == 0 else None)
+          for i, p in enumerate(prefixes)]
     # the short regime: one-token decodes with every thread (backend/llama.py),
     # so its own curve, its singles timed in the same rounds as its batches
     t1_short, short_rel, after_short = measure_at(backend, ts, min(SHORT_PREFIX, prefixes[0]), reps, rng, tick,
@@ -331,7 +374,7 @@ def measure_cost_curve(backend, ts=DEFAULT_TS, prefixes=DEFAULT_PREFIXES, reps: 
     p0, t1, rel, after0 = at[0]
     return CostCurve(ts, rel, t1, {"prefix": p0, "reps": reps, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")},
                      t1_short, [{"n_kv": p, "t1_s": t, "rel": r, "after_s": a} for p, t, r, a in at[1:]], short_rel,
-                     after0, after_short)
+                     after0, after_short, steady)
 
 
 def cached_curve(key: str, needed: int = 0, warn: bool = True) -> CostCurve | None:

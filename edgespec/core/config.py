@@ -42,6 +42,11 @@ class EngineConfig:
         step as measured (a moving average, in plain-step units); a number fixes
         it, so that two runs of the same drafter on the same outputs (a real
         one and an offline replay) take the same gate decisions.
+    learn_costs: correct the calibrated cost curve online from the timed
+        decodes the engine runs (core/stepcost.py); False keeps the curve as
+        measured.
+    guard: stop drafting for the rest of a request when it has cost more
+        than it gained, by the learned plain step (core/guard.py).
     """
     max_nodes: int = 48
     cost_gate: bool = True
@@ -53,6 +58,8 @@ class EngineConfig:
     forced_prob: float = 0.9
     copy_prob: float = 0.7
     history_cap: float | None = None
+    learn_costs: bool = True
+    guard: bool = True
 
     def __post_init__(self):
         if not (1 <= self.max_nodes <= 256):

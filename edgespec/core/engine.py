@@ -17,6 +17,10 @@ token-identical to `--drafter none` and sampling keeps the exact distribution.
 
 Cost gate.  Every step the drafter proposes a tree and the gate (gate.py)
 chooses the subtree worth verifying, or nothing (a plain one-token step).
+Every decode is timed with its width and the width before it; the gate's
+costs learn from those timings (stepcost.py), and the speed guard (guard.py)
+stops drafting for the rest of a request that drafting has made slower than
+plain decoding would have been.
 
 Here: the request's start (prefix reuse, prefill, first token), the step
 loop, the verification walk and the commit.  A request's state and what it
@@ -34,6 +38,7 @@ from edgespec.calibration.curve import CostCurve
 from edgespec.core.config import EngineConfig
 from edgespec.core.feedback import DrafterFeedback
 from edgespec.core.gate import AcceptanceModel, Gate
+from edgespec.core.guard import SpeedGuard
 from edgespec.core.logprobs import check_top, token_logprobs
 from edgespec.core.request import RunState, chunks, finish
 from edgespec.core.result import GenerationResult
@@ -98,6 +103,10 @@ class Engine:
         self.eog = backend.vocab.eog_mask()
         self._feedback = DrafterFeedback(drafter, backend, self.config.max_nodes + 1)
         self._plain = drafter.name == "none"     # plain decoding drafts nothing, forced text included
+        self.guard = SpeedGuard()
+        self._clock = backend.clock
+        self._prev_width = 0                    # the last decode's width (0: a prefill came between)
+        self._plain_other = 0.0                 # EMA: seconds of a plain step outside decode and drafting
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -217,6 +226,8 @@ class Engine:
             return st
         self.kv_tokens = prompt.copy()
         self.drafter.begin(prompt)
+        self.guard.begin()
+        self._prev_width = 0
         self._feedback.prefilled(st.n_common, pre, hid)
         self._first_token(st)
         return st
@@ -310,10 +321,17 @@ class Engine:
         """One step: propose, gate, verify the batch, keep the accepted cells,
         learn, commit.  Returns how many committed tokens were drafts."""
         be, g = self.backend, self.gate
-        t_step = time.perf_counter()
+        t_step = self._clock()
         budget = min(self.config.max_nodes, be.n_ctx - be.n_past)
-        tree = self._propose(st, budget)
-        k, nl = g.choose(tree, budget, be.n_past)
+        n_past = be.n_past
+        drafting = self._may_draft()
+        probe = not drafting and self.guard.probing(st.n - 1)
+        tree = self._propose(st, budget) if (drafting or probe) else self._no_drafts(st)
+        t_prop = self._clock()
+        k, nl = g.choose(tree, budget, n_past, self._prev_width)
+        if probe and k:         # blocked by the guard: judged, not verified
+            self.guard.start_probe(st.n - 1, tree.tokens[g.sel[:k]], g.spar[:k], g.chosen_cost(k))
+            k, nl = g.plain()
         if self.config.shadow and len(tree) and budget > 1:
             g.record_shadow(st.shadow, st.n - 1, tree, k)
         nb = k + 1
@@ -321,10 +339,12 @@ class Engine:
         btok[0] = st.pending
         if k:
             btok[1:] = tree.tokens[g.sel[:k][g.o[1:nb]]]
-        t0 = time.perf_counter()
+        t0 = self._clock()
         be.decode_tree(btok, g.d[:nb], g.lf[:nb], g.lc[:nb], nl)
         logits = be.logits()
-        t1 = time.perf_counter()
+        t1 = self._clock()
+        g.observe_decode(nb, self._prev_width, t1 - t0, n_past)
+        self._prev_width = nb
         st.t_decode_calls += t1 - t0
         st.n_steps += 1
         slot, accepted, carried = self._verify(st, logits, tree, btok, k)
@@ -351,11 +371,35 @@ class Engine:
         st.pending = accepted[-1]
         if st.shadow:
             st.shadow = g.learn_shadow(st.shadow, st.ctx, st.n)
+        self.guard.judge(st.ctx, st.n)
         if self._feedback.observes:
             self._feedback.observe(st.ctx[:st.n], accepted, logits, tree, btok, k, slot, g, st.topk_walk,
                                    g.t1(st.n) if g.timed else 0.0, t1 - t0)
-        g.note_step_time((time.perf_counter() - t_step) - (t1 - t0), st.n)
+        self._account(st, k, n_past, na, self._clock() - t_step, t1 - t0, t_prop - t_step)
         return slot
+
+    def _may_draft(self) -> bool:
+        """Whether the guard lets this step draft (always, where it is off
+        or the costs are not measured)."""
+        return not (self.config.guard and self.gate.steps is not None) or self.guard.allows()
+
+    @staticmethod
+    def _no_drafts(st: RunState) -> DraftTree:
+        st.carry = np.zeros(0, np.int32)       # a carried chain is a draft too
+        return DraftTree.empty()
+
+    def _account(self, st: RunState, k: int, n_past: int, n_committed: int, step_s: float, decode_s: float,
+                 propose_s: float) -> None:
+        """Book a step's time: the gate's overhead term, the plain step's
+        own work outside its decode (what plain decoding spends there) and
+        the guard's balance against a plain step."""
+        other = step_s - decode_s
+        self.gate.note_step_time(other, st.n)
+        if k == 0:
+            self._plain_other += 0.1 * (max(0.0, other - propose_s) - self._plain_other)
+        plain = self.gate.plain_s(n_past)
+        if plain > 0:
+            self.guard.account(step_s, n_committed, plain + self._plain_other)
 
     def _propose(self, st: RunState, budget: int) -> DraftTree:
         """The drafter's tree for this step, with the chain carried over from

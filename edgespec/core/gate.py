@@ -6,8 +6,10 @@ plain one-token step) when no subtree beats plain decoding, and lays it out
 as a batch.  After the step the model learns from what the verified nodes
 did, and from the unverified ones once the committed tokens decide them.
 
-The Gate owns what those decisions read and write: the cost tables, the
-acceptance counts, the engine's own time per step and the batch layout.
+The Gate owns what those decisions read and write: the cost tables (the
+calibrated curve as the prior, corrected by the timed decodes the engine
+runs: core/stepcost.py), the acceptance counts, the engine's own time per
+step and the batch layout.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import numpy as np
 
 from edgespec.calibration.curve import CostCurve
 from edgespec.core.config import SPLIT_KV_FREE_CELLS, EngineConfig
+from edgespec.core.stepcost import Prior, StepCosts
 from edgespec.core.tree import N_SOURCES, DraftTree, source_name
 from edgespec.kernels.tree import N_SCORE_BUCKETS, SCORE_EDGES, learn_step, plan_step, shadow_learn
 
@@ -51,6 +54,21 @@ def cost_table_at(n_past: int, short: np.ndarray, buckets: CostBuckets) -> tuple
     if n_past + 1 <= SPLIT_KV_FREE_CELLS:
         return short, buckets.cost.t1_s
     return buckets.at(n_past)
+
+
+def prior_at(cost: CostCurve, n_past: int, max_t: int, cache: dict) -> Prior:
+    """The calibrated costs (stepcost.Prior, T = 0..max_t) of a decode laid
+    after n_past cells, by the rule of cost_table_at: the short regime's up
+    to SPLIT_KV_FREE_CELLS, else n_past's 128-cell bucket; kept in `cache`."""
+    short = n_past + 1 <= SPLIT_KV_FREE_CELLS
+    key = -1 if short else n_past // COST_BUCKET
+    p = cache.get(key)
+    if p is None:
+        n_kv = None if short else key * COST_BUCKET + COST_BUCKET // 2
+        alt = cost.table(max_t, short=short, n_kv=n_kv, after=False)
+        t1 = cost.t1_s if short else cost.t1_at(n_kv)
+        p = cache[key] = Prior(alt, alt * cost.steady_factor(max_t), cost.after_rel(short, n_kv), t1)
+    return p
 
 
 N_DEPTH_BUCKETS = 4
@@ -116,6 +134,7 @@ class Gate:
         self.config = config
         self.set_cost(cost)
         self.acceptance = AcceptanceModel()
+        self.shape_sensitive = False             # the last table's (StepCosts.table)
         self.overhead_rel = 0.02                 # EMA of engine time per step / t1
         n = config.max_nodes + 1
         self.o = np.zeros(n, np.int64)
@@ -147,13 +166,39 @@ class Gate:
         self._buckets = None if cost is None else CostBuckets(cost, n)
         # no measurement: assume verification costs like plain decoding, everywhere
         self.cost_table_short = np.arange(n + 1, dtype=np.float64) if cost is None else cost.table(n, short=True)
+        # the learned costs start afresh with a new curve (their ratios are to it)
+        self.steps = StepCosts(cost.ts if cost is not None else [1], n) if self.timed and self.config.learn_costs else None
+        self._priors: dict = {}
 
-    def cost_at(self, n_past: int) -> np.ndarray:
-        """The cost table for a batch laid after n_past committed cells: the
-        short regime's (one-token steps with every thread) up to 256 cells,
-        then interpolated between the calibrated contexts in 128-cell buckets."""
+    def prior(self, n_past: int) -> Prior:
+        """The calibrated costs of a decode laid after n_past cells (needs a
+        curve): the short regime's up to SPLIT_KV_FREE_CELLS, else n_past's
+        128-cell bucket, as cost_table_at picks them."""
+        assert self.cost is not None
+        return prior_at(self.cost, n_past, self.config.max_nodes + 1, self._priors)
+
+    def observe_decode(self, width: int, prev: int, seconds: float, n_past: int) -> None:
+        """A decode of `width` tokens after one of `prev` took `seconds`
+        (learned where the curve is measured)."""
+        if self.steps is not None:
+            self.steps.observe(width, prev, seconds, self.prior(n_past))
+
+    def plain_s(self, n_past: int) -> float:
+        """Seconds of a plain one-token decode here, as learned (0 unknown)."""
+        return self.steps.plain_s(self.prior(n_past)) if self.steps is not None else 0.0
+
+    def cost_at(self, n_past: int, prev: int = 0) -> np.ndarray:
+        """The cost table for a batch laid after n_past committed cells, the
+        decode before it `prev` tokens wide: the short regime's (one-token
+        steps with every thread) up to 256 cells, then interpolated between
+        the calibrated contexts in 128-cell buckets; corrected by the learned
+        step costs where they are learned, in units of the learned plain step."""
         if self.cost is None:
             return self.cost_table_short
+        if self.steps is not None:
+            prior = self.prior(n_past)
+            table, self.shape_sensitive = self.steps.table(prior, prev)
+            return table / self.steps.ratios()[2]
         assert self._buckets is not None        # set_cost makes them with the curve
         return cost_table_at(n_past, self.cost_table_short, self._buckets)[0]
 
@@ -163,10 +208,10 @@ class Gate:
         assert self._buckets is not None
         return self._buckets.at(n_past)[1]
 
-    def choose(self, tree: DraftTree, budget: int, n_past: int) -> tuple[int, int]:
-        """Gate and lay out this step's tree: returns (k draft nodes, n_leaves);
-        k = 0 means a plain one-token step.  The layout sits in the scratch
-        arrays."""
+    def choose(self, tree: DraftTree, budget: int, n_past: int, prev: int = 0) -> tuple[int, int]:
+        """Gate and lay out this step's tree (the decode before it `prev`
+        tokens wide): returns (k draft nodes, n_leaves); k = 0 means a plain
+        one-token step.  The layout sits in the scratch arrays."""
         m = len(tree)
         if m == 0 or budget < 2:
             k, nl = 0, 1
@@ -174,20 +219,32 @@ class Gate:
             self._alloc(m)
             acc = self.acceptance
             cfg = self.config
+            lim = min(budget, cfg.max_nodes)
+            if self.steps is not None and cfg.cost_gate:
+                lim = min(lim, self.steps.widest_allowed(self.prior(n_past)))
+            self._table = self.cost_at(n_past, prev)
+            self._overhead = self.overhead_rel if cfg.gate_overhead is None else cfg.gate_overhead
             k, nl = plan_step(tree.parents, tree.probs, tree.source, (acc.n_c, acc.a_c, acc.n_f, acc.a_f),
-                              acc.K0, acc.K1, self.cost_at(n_past),
-                              self.overhead_rel if cfg.gate_overhead is None else cfg.gate_overhead,
-                              min(budget, cfg.max_nodes), cfg.cost_gate, self._plan)
-        if k == 0:
-            self.bp[0] = -1
-            self.d[0] = 0; self.lf[0] = 0; self.lc[0] = 1
-        return k, nl
+                              acc.K0, acc.K1, self._table, self._overhead, lim, cfg.cost_gate, self._plan)
+        return (k, nl) if k else self.plain()
+
+    def plain(self) -> tuple[int, int]:
+        """Lay out a plain one-token step (whatever was chosen): (0, 1)."""
+        self.bp[0] = -1
+        self.d[0] = 0; self.lf[0] = 0; self.lc[0] = 1
+        return 0, 1
+
+    def chosen_cost(self, k: int) -> float:
+        """What the last choice of k draft nodes would cost, in plain steps
+        (its decode and the engine's work, over a plain step's)."""
+        return (float(self._table[k + 1]) + self._overhead) / (float(self._table[1]) + self._overhead)
 
     def note_step_time(self, other_s: float, n_past: int) -> None:
         """Fold a step's engine time outside llama_decode into the overhead
         the gate counts (in plain steps), where the curve's t1 is measured."""
         if self.timed:
-            self.overhead_rel = 0.9 * self.overhead_rel + 0.1 * (other_s / self.t1(n_past))
+            unit = self.plain_s(n_past) or self.t1(n_past)
+            self.overhead_rel = 0.9 * self.overhead_rel + 0.1 * (other_s / unit)
 
     def learn(self, tree: DraftTree, k: int, slot: int, carried) -> None:
         """Credit the acceptance model with what this step's k verified draft

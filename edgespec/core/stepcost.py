@@ -1,0 +1,176 @@
+"""Learned step costs: what the decodes the engine runs actually cost.
+
+The calibrated curve c(T) (calibration/curve.py) is measured apart from the
+work: chains, each after one-token decodes, on a quiet machine.  The steps
+the engine runs are trees, follow whatever step came before, and share the
+machine with whatever else runs.  StepCosts times every decode with its
+shape and corrects the gate's cost table from those timings; the calibrated
+curve is only the prior.
+
+What it learns, each as a ratio of the measured seconds to the prior's
+seconds for the same decode (so a context length not seen yet is costed from
+what was seen at others):
+  alternating  a batch of T tokens after a decode of another width
+  steady       a batch of T tokens right after one of the same width
+  plain        a one-token decode after a one-token decode
+  after        a one-token decode after a batch: its extra time over a plain
+               one is charged to the batch that caused it
+Batch widths share a cell per bucket of the curve's measured sizes.  A cell
+backs off to the ratio pooled over all widths of its kind while it has few
+observations of its own, and forgets at rate 1/WINDOW, so a change of the
+machine's load shows within tens of steps.
+
+On a CPU steady and alternating widths cost the same, within noise.  On
+CUDA llama.cpp replays a captured graph only while consecutive decodes keep
+their shape, so a steady width costs much less than a changing one
+(BENCHMARKS.md, GPU).  Where the learned steady cost is markedly lower
+(`shape_sensitive`), a batch that keeps the previous step's width is
+charged its steady cost; elsewhere steady and alternating are one cost.
+Each run of batches pays once for the return to plain decoding: the batch
+that starts a run from a plain step is charged its alternating cost over
+the steady one plus the return, spread over the run length seen so far; a
+batch inside a run, nothing for the return.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+PRIOR_WEIGHT = 2.0     # pseudo-observations of the prior (pooled) in each cell
+WINDOW = 32.0          # a cell's memory, in observations
+SENSITIVE = 0.10       # steady this much cheaper than alternating (T = 2..16): keep widths steady
+RUN_PRIOR = 2.0        # batch steps per run of batches before any run is seen
+FIRST_COST = 4.0       # the dearest batch (prior plain steps) before any was timed; then twice the dearest timed
+ALT, STEADY = 0, 1
+
+
+@dataclass
+class Prior:
+    """The calibrated costs at one context, in units of one plain step's
+    prior seconds t1_s: alt[T] and steady[T] the decode of T tokens without
+    the after-batch charge (alt[1] the plain step), after the extra of the
+    one-token decode after a batch."""
+    alt: np.ndarray
+    steady: np.ndarray
+    after: float
+    t1_s: float
+
+
+class _Mean:
+    """A forgetting mean over at most WINDOW observations."""
+    __slots__ = ("n", "m")
+
+    def __init__(self):
+        self.n, self.m = 0.0, 1.0
+
+    def add(self, x: float) -> None:
+        self.n = min(self.n + 1.0, WINDOW)
+        self.m += (x - self.m) / self.n
+
+    def backed(self, prior: float, k: float = PRIOR_WEIGHT) -> float:
+        return (self.n * self.m + k * prior) / (self.n + k)
+
+
+class StepCosts:
+    """One engine's learned step costs over the widths 1..max_t (see the module doc)."""
+
+    def __init__(self, ts, max_t: int):
+        ts = [t for t in sorted(set(int(t) for t in ts)) if t >= 1] or [1]
+        # the cell of width T: the smallest measured size >= T (the tables step there too)
+        self.bucket = np.minimum(np.searchsorted(np.asarray(ts), np.arange(max_t + 1)), len(ts) - 1)
+        self.cells = [[_Mean() for _ in ts] for _ in (ALT, STEADY)]
+        self.pooled = [_Mean(), _Mean()]
+        self.plain, self.after = _Mean(), _Mean()
+        self.run, self.n_runs, self.cur_run = RUN_PRIOR, 0.0, 0
+        self.widest = 0
+        self.max_t = max_t
+        self._ratios: tuple | None = None
+
+    # ------------------------------------------------------------ learning
+    def observe(self, width: int, prev: int, seconds: float, prior: Prior) -> None:
+        """A decode of `width` tokens after one of `prev` (0: none yet this
+        request) took `seconds`; prior: the calibrated costs at its context."""
+        if seconds <= 0 or width < 1 or width > self.max_t:
+            return
+        if width == 1:
+            if prev >= 2:
+                self.after.add(seconds / ((prior.alt[1] + prior.after) * prior.t1_s))
+                self._end_run()
+            else:
+                self.plain.add(seconds / (prior.alt[1] * prior.t1_s))
+        else:
+            kind = STEADY if width == prev else ALT
+            base = prior.steady[width] if kind == STEADY else prior.alt[width]
+            x = seconds / (base * prior.t1_s)
+            self.cells[kind][self.bucket[width]].add(x)
+            self.pooled[kind].add(x)
+            self.cur_run += 1
+            self.widest = max(self.widest, width)
+        self._ratios = None
+
+    def _end_run(self) -> None:
+        if self.cur_run:
+            self.n_runs = min(self.n_runs + 1.0, WINDOW)
+            self.run += (self.cur_run - self.run) / (self.n_runs + 1.0)
+            self.cur_run = 0
+
+    def ratios(self) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """(alternating[T], steady[T], plain, after): measured over prior."""
+        if self._ratios is None:
+            pa = self.pooled[ALT].backed(1.0)
+            ps = self.pooled[STEADY].backed(pa)
+            alt = np.array([c.backed(pa) for c in self.cells[ALT]])[self.bucket]
+            steady = np.array([c.backed(ps) for c in self.cells[STEADY]])[self.bucket]
+            self._ratios = (alt, steady, self.plain.backed(1.0), self.after.backed(self.plain.backed(1.0)))
+        return self._ratios
+
+    # -------------------------------------------------------------- costing
+    def widest_allowed(self, prior: Prior) -> int:
+        """The widest batch the gate may lay now: the widest whose prior cost
+        is at most twice that of the widest timed so far (at first
+        FIRST_COST plain steps), so a batch far dearer than calibrated is
+        found out on a small one."""
+        limit = max(FIRST_COST, 2.0 * prior.alt[min(self.widest, len(prior.alt) - 1)]) if self.widest else FIRST_COST
+        return max(2, int(np.searchsorted(prior.alt[1:], limit, side="right")))
+
+    def plain_s(self, prior: Prior) -> float:
+        """Seconds of a plain one-token step at this context, as learned."""
+        return prior.alt[1] * prior.t1_s * self.ratios()[2]
+
+    def table(self, prior: Prior, prev: int) -> tuple[np.ndarray, bool]:
+        """The gate's cost table (T = 0..max_t, in units of the prior's t1)
+        for a step after a decode of `prev` tokens, and whether the costs are
+        shape-sensitive (the module doc).  Each run of batches pays once for
+        the return to plain decoding: a batch after a plain step is charged
+        its share of it (spread over the run length seen), a batch after a
+        batch nothing more."""
+        ra, rs, r1, raf = self.ratios()
+        n = len(prior.alt)
+        alt = prior.alt * ra[:n]
+        sens = self.shape_sensitive(alt, prior.steady * rs[:n])
+        steady = prior.steady * rs[:n] if sens else alt       # within noise of each other: one cost
+        one = prior.alt[1] * r1
+        back = max(0.0, (prior.alt[1] + prior.after) * raf - one)     # the return to plain decoding
+        if prev >= 2:
+            out = alt.copy()
+            if prev < n:
+                out[prev] = steady[prev]
+        else:
+            out = steady + (alt - steady + back) / max(1.0, self.run)
+        out[0], out[1] = 0.0, one
+        return out, sens
+
+    @staticmethod
+    def shape_sensitive(alt: np.ndarray, steady: np.ndarray) -> bool:
+        """Steady widths markedly cheaper than changing ones (over T = 2..16)."""
+        hi = min(len(alt), 17)
+        if hi <= 2:
+            return False
+        return float(np.mean((alt[2:hi] - steady[2:hi]) / alt[2:hi])) > SENSITIVE
+
+    def report(self) -> dict:
+        """The learned ratios, for --stats and the bench."""
+        ra, rs, r1, raf = self.ratios()
+        return {"plain": round(r1, 3), "after": round(raf, 3), "alternating": round(float(np.median(ra[2:])), 3),
+                "steady": round(float(np.median(rs[2:])), 3), "run": round(self.run, 2)}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Device call 2: join the model, wait for the build, then measure (each step bounded; skipped past the deadline).
+set -u
+G=$PWD/.gpu; W=${W:-/tmp/w}; T0=$(date +%s); DEADLINE=${DEADLINE:-560}; NGL=${NGL--ngl -1}; OUT=${OUT:-$W/out}; L=$W/logs; mkdir -p $OUT $L
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+[ -s $W/smol.gguf ] || cat $W/smol.00 $PWD/.gpu2/smol.01 > $W/smol.gguf; sha256sum $W/smol.gguf | cut -c1-16
+while [ ! -f $W/build.rc ] && [ $(left) -gt 60 ]; do sleep 5; done
+echo "build rc=$(cat $W/build.rc 2>/dev/null) in $(cat $W/build.s 2>/dev/null) s (waited $(( $(date +%s) - T0 )) s)"; tail -3 $W/build.log
+[ "$(cat $W/build.rc 2>/dev/null)" = 0 ] || { tail -30 $W/configure.log $W/build.log > $OUT/build-failed.log; exit 1; }
+ln -sfn $W/build/bin $W/site/llama_cpp/lib
+export PYTHONPATH=$W/site:$W/edgespec LLAMA_CPP_LIB_PATH=$W/build/bin EDGESPEC_LLAMA_SERVER=$W/build/bin/llama-server
+export EDGESPEC_CACHE_DIR=$W/cache PYTHONUNBUFFERED=1
+[ -f /usr/lib/x86_64-linux-gnu/libstdc++.so.6 ] && export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
+PY=${PY:-python3}; ES="$PY -m edgespec"
+$ES --version 2>&1 | tail -3
+step() { local name=$1 lim=$2; shift 2; local l=$(left); [ $l -lt 25 ] && { echo "SKIP $name (deadline)"; return; }
+  [ $lim -gt $l ] && lim=$l; echo "== $name (limit $lim s, at $(( $(date +%s) - T0 )) s)"
+  timeout $lim "$@" > $L/$name.out 2> $L/$name.err; echo "rc=$? ($(( $(date +%s) - T0 )) s)"; tail -n ${TAILN:-22} $L/$name.out; grep -v '^\s*$' $L/$name.err | tail -n 2; }
+SH="$PY $G/shapes.py"
+M="none,default,suffix,llama-server,llama-server-ngram-simple,llama-server-ngram-mod"
+step shapes-smol ${SHAPES_S:-40} $SH $W/smol.gguf 99
+step code-smol 170 $ES bench $W/smol.gguf $NGL --prompts $W/code.jsonl ${LIMIT:-} --methods $M --max-tokens 128 --out $OUT/code-smol.jsonl
+while [ ! -f $W/gen.done ] && [ $(left) -gt 60 ]; do sleep 3; done; ls -la $W/*.gguf; cat $W/gen-*.log
+TAILN=8 step shapes-8b 60 $SH $W/rand-8b.gguf 99
+step chat-smol 130 $ES bench $W/smol.gguf $NGL --prompts $W/chat.jsonl ${LIMIT:-} --methods $M --max-tokens 128 --out $OUT/chat-smol.jsonl
+TAILN=8 step shapes-1.5b 45 $SH $W/rand-1.5b.gguf 99
+TAILN=8 step shapes-14b 60 $SH $W/rand-14b.gguf 99
+step json-smol 90 $ES bench $W/smol.gguf $NGL --prompts $W/json.jsonl ${LIMIT:-} --methods none,default,llama-server,llama-server-ngram-mod --max-tokens 256 --out $OUT/json-smol.jsonl
+TAILN=40 step cal-smol 30 $ES calibrate $W/smol.gguf $NGL --json
+# at most 8 files come back: the three results files, the shapes, the calibration and one log of every step
+cat $L/shapes-*.out > $OUT/shapes.jsonl 2>/dev/null; c=$(ls $W/cache/calibration/*[0-9a-f].json 2>/dev/null | head -1); [ -n "$c" ] && cp "$c" $OUT/calibration.json
+for f in $L/*.out $L/*.err; do echo "=== $f"; cat $f; done > $OUT/steps.log 2>/dev/null
+echo "total $(( $(date +%s) - T0 )) s"; ls $OUT
