@@ -17,8 +17,9 @@ what was seen at others):
                one is charged to the batch that caused it
 Batch widths share a cell per bucket of the curve's measured sizes.  A cell
 backs off to the ratio pooled over all widths of its kind while it has few
-observations of its own, and forgets at rate 1/WINDOW, so a change of the
-machine's load shows within tens of steps.
+observations of its own, and the pooled ratio to the plain step's (what
+slows every decode slows batches too); every cell forgets at rate 1/WINDOW,
+so a change of the machine's load shows within tens of steps.
 
 On a CPU steady and alternating widths cost the same, within noise.  On
 CUDA llama.cpp replays a captured graph only while consecutive decodes keep
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 PRIOR_WEIGHT = 2.0     # pseudo-observations of the prior (pooled) in each cell
+PLAIN_PRIOR = 0.1      # the plain step's: timed every plain step, it is the scale of everything else
 WINDOW = 32.0          # a cell's memory, in observations
 SENSITIVE = 0.10       # steady this much cheaper than alternating (T = 2..16): keep widths steady
 RUN_PRIOR = 2.0        # batch steps per run of batches before any run is seen
@@ -118,11 +120,14 @@ class StepCosts:
     def ratios(self) -> tuple[np.ndarray, np.ndarray, float, float]:
         """(alternating[T], steady[T], plain, after): measured over prior."""
         if self._ratios is None:
-            pa = self.pooled[ALT].backed(1.0)
+            # what slows every decode (another program on the cores) slows batches too:
+            # widths not timed yet take the plain step's ratio
+            r1 = self.plain.backed(1.0, PLAIN_PRIOR)
+            pa = self.pooled[ALT].backed(r1)
             ps = self.pooled[STEADY].backed(pa)
             alt = np.array([c.backed(pa) for c in self.cells[ALT]])[self.bucket]
             steady = np.array([c.backed(ps) for c in self.cells[STEADY]])[self.bucket]
-            self._ratios = (alt, steady, self.plain.backed(1.0), self.after.backed(self.plain.backed(1.0)))
+            self._ratios = (alt, steady, r1, self.after.backed(r1))
         return self._ratios
 
     # -------------------------------------------------------------- costing
