@@ -34,9 +34,8 @@ import ctypes
 import os
 import time
 
-import numpy as np
-
 import llama_cpp as L
+import numpy as np
 
 from edgespec.core.config import SPLIT_KV_FREE_CELLS
 from edgespec.errors import BackendError, ConfigError, ModelLoadError  # re-exported
@@ -111,9 +110,7 @@ def free_model(model_ptr) -> None:
 def model_metadata(model_ptr, key: str) -> str | None:
     buf = ctypes.create_string_buffer(1 << 16)
     n = L.llama_model_meta_val_str(model_ptr, key.encode(), buf, len(buf))
-    if n < 0:
-        return None
-    return buf.value.decode("utf-8", errors="replace")
+    return None if n < 0 else buf.value.decode("utf-8", errors="replace")
 
 
 def _check_request(n_ctx: int, n_gpu_layers: int, max_nodes: int, max_leaves: int | None, rpc) -> int:
@@ -479,9 +476,7 @@ class LlamaBackend:
             self._hidden_addr = addr
         return self._hidden_view[self._out_off:self._out_off + self.n_outputs]
 
-    @staticmethod
-    def clock() -> float:
-        return time.perf_counter()
+    clock = staticmethod(time.perf_counter)     # the engine times its steps with it
 
     def keep(self, k: int) -> None:
         """After decode_tree: commit the first k slots (a seq-0 chain from the root)

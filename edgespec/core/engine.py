@@ -44,7 +44,7 @@ from edgespec.core.request import RunState, chunks, finish
 from edgespec.core.result import GenerationResult
 from edgespec.core.stream import TextStream
 from edgespec.core.grammar_drafts import SOURCE_LABEL, SOURCE_VALUE, GrammarDrafts
-from edgespec.core.tree import SOURCE_CARRY, SOURCE_GRAMMAR, DraftTree
+from edgespec.core.tree import SOURCE_GRAMMAR, DraftTree, merge_chain
 from edgespec.core.relaxed import relaxed_path
 from edgespec.core.verify import SamplingConfig, sample_token
 from edgespec.drafters.base import Drafter
@@ -59,32 +59,6 @@ def _child(bparent: list, btok: list, slot: int, tok: int) -> int:
         if bparent[t] == slot and btok[t] == tok:
             return t
     return -1
-
-
-def _merge_chain(tree: DraftTree, chain: np.ndarray, prob: float, source: int = SOURCE_CARRY,
-                 start: int = 0) -> DraftTree:
-    """Insert a chain below the root into a proposal, sharing existing nodes
-    (which then count as `source`, with at least `prob`, from the chain's
-    `start`-th token on: the nodes before it are left as they are)."""
-    toks, pars = list(tree.tokens), list(tree.parents)
-    probs, src = list(tree.probs), list(tree.source)
-    cur = -1
-    for j, t in enumerate(chain.tolist()):
-        nxt = -1
-        for i in range(len(toks)):
-            if pars[i] == cur and toks[i] == t:
-                nxt = i
-                break
-        if nxt >= 0:
-            if j >= start:
-                probs[nxt] = max(probs[nxt], prob)
-                src[nxt] = source
-        else:
-            toks.append(t); pars.append(cur); probs.append(prob); src.append(source)
-            nxt = len(toks) - 1
-        cur = nxt
-    return DraftTree(np.array(toks, np.int32), np.array(pars, np.int32),
-                     np.array(probs, np.float32), np.array(src, np.int8))
 
 
 class Engine:
@@ -406,7 +380,7 @@ class Engine:
         the last step and the text the grammar forces merged in."""
         tree = self.drafter.propose(st.ctx[:st.n], budget - 1) if budget > 1 else DraftTree.empty()
         if len(st.carry):
-            tree = _merge_chain(tree, st.carry, self.config.carry_prob)
+            tree = merge_chain(tree, st.carry, self.config.carry_prob)
             st.carry = np.zeros(0, np.int32)
         if st.gdrafts is not None and budget > 1:
             tree = self._grammar_drafts(st, tree, budget - 1)
@@ -461,14 +435,14 @@ class Engine:
         if len(forced):
             st.n_forced += 1
             forced = forced[:room]
-            tree = _merge_chain(tree, forced, self.config.forced_prob, SOURCE_GRAMMAR)
+            tree = merge_chain(tree, forced, self.config.forced_prob, SOURCE_GRAMMAR)
             label = gd.labelled(text + ftext, forced, room - len(forced))
             if len(label):
-                tree = _merge_chain(tree, np.concatenate([forced, label]), self.config.copy_prob, SOURCE_LABEL,
+                tree = merge_chain(tree, np.concatenate([forced, label]), self.config.copy_prob, SOURCE_LABEL,
                                     start=len(forced))
             return tree
         for chain in gd.copied(text, room):
-            tree = _merge_chain(tree, chain, self.config.copy_prob, SOURCE_VALUE)
+            tree = merge_chain(tree, chain, self.config.copy_prob, SOURCE_VALUE)
         return tree
 
     def _pick(self, st: RunState, logits, slot: int) -> int:

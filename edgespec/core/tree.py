@@ -138,3 +138,29 @@ class DraftTree:
 
 
 _EMPTY = DraftTree(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.int8))
+
+
+def merge_chain(tree: DraftTree, chain: np.ndarray, prob: float, source: int = SOURCE_CARRY,
+                 start: int = 0) -> DraftTree:
+    """Insert a chain below the root into a proposal, sharing existing nodes
+    (which then count as `source`, with at least `prob`, from the chain's
+    `start`-th token on: the nodes before it are left as they are)."""
+    toks, pars = list(tree.tokens), list(tree.parents)
+    probs, src = list(tree.probs), list(tree.source)
+    cur = -1
+    for j, t in enumerate(chain.tolist()):
+        nxt = -1
+        for i in range(len(toks)):
+            if pars[i] == cur and toks[i] == t:
+                nxt = i
+                break
+        if nxt >= 0:
+            if j >= start:
+                probs[nxt] = max(probs[nxt], prob)
+                src[nxt] = source
+        else:
+            toks.append(t); pars.append(cur); probs.append(prob); src.append(source)
+            nxt = len(toks) - 1
+        cur = nxt
+    return DraftTree(np.array(toks, np.int32), np.array(pars, np.int32),
+                     np.array(probs, np.float32), np.array(src, np.int8))
