@@ -98,6 +98,8 @@ class Engine:
         self.eog = backend.vocab.eog_mask()
         self._feedback = DrafterFeedback(drafter, backend, self.config.max_nodes + 1)
         self._plain = drafter.name == "none"     # plain decoding drafts nothing, forced text included
+        self.memory = None
+        """A store every request's answer is added to when it ends (edgespec.memory.MemoryStore)."""
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -172,6 +174,8 @@ class Engine:
             raise
         finally:
             self.kv_tokens = st.ctx[:be.n_past].copy()
+            if self.memory is not None and st.generated:
+                self.memory.add(st.generated, st.prompt)
         return (yield from finish(st, self.drafter.name, self.config.verify.mode))
 
     def check_request(self, n_prompt: int, max_tokens: int, sampling: SamplingConfig,
@@ -340,6 +344,8 @@ class Engine:
             st.n_draft_steps += 1
             st.n_draft_nodes += k
             st.n_draft_accepted += slot
+            if slot:
+                _count_sources(st.by_source, tree.source[g.sel[:k][g.o[1:slot + 1]]])
             g.learn(tree, k, slot, carried)
         if st.lp is not None:       # accepted[i] was chosen from row i
             st.lp.extend(token_logprobs(logits, accepted, st.n_logprobs))
@@ -443,6 +449,12 @@ class Engine:
         if st.rng is None:
             return int(logits[slot].argmax())   # = sample_token(..., greedy), without the call
         return sample_token(logits[slot], st.sampling, st.rng.random())
+
+
+def _count_sources(counts: dict, sources) -> None:
+    """Add the sources of a step's committed drafts to a request's counts."""
+    for s in sources.tolist():
+        counts[s] = counts.get(s, 0) + 1
 
 
 def cancel_check(cancel):
