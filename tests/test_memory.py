@@ -381,3 +381,25 @@ def test_memory_stats_and_clear_commands(tmp_path):
 def test_memory_options_contradict():
     r = _invoke(["generate", "--memory", "x.mem", "--no-memory", "hi"])
     assert r.exit_code != 0 and "contradict" in r.stderr
+
+
+def test_bench_memory_methods_keep_a_store_across_the_prompts(model):
+    """NAME+memory drafts from the run's earlier answers (and stays identical
+    to none); the other methods draft from no memory; the model's own store
+    is back after the run."""
+    from edgespec.bench.prompts import BenchPrompt
+    from edgespec.bench.report import format_report
+    from edgespec.bench.runner import run_bench
+
+    own = model.memory
+    turn = "Write the word 'alpha' then count from one to twelve in words, separated by commas."
+    prompts = [BenchPrompt(i, "stream", turn) for i in range(3)]
+    head, rows = run_bench(model, prompts, ["none", "suffix", "suffix+memory"], max_tokens=40)
+    res = [r for r in rows if r["kind"] == "result"]
+    assert all(r["identical_to_none"] for r in res if r["method"] != "none")
+    mem = [r for r in res if r["method"] == "suffix+memory"]
+    assert "memory" not in mem[0]["accepted_by_source"]          # an empty store at the first prompt
+    assert mem[-1]["accepted_by_source"].get("memory", 0) > 10    # the same answer, drafted from the store
+    assert not any("memory" in r["accepted_by_source"] for r in res if r["method"] in ("none", "suffix"))
+    assert "suffix+memory: " in format_report(rows, head) and "from the memory" in format_report(rows, head)
+    assert model.memory is own

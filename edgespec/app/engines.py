@@ -25,7 +25,7 @@ from edgespec.core.engine import Engine
 from edgespec.core.verify import VerifyConfig
 from edgespec.drafters import drafter_from_spec
 from edgespec.errors import ConfigError
-from edgespec.memory import open_memory
+from edgespec.memory import close_memory, open_memory
 
 
 class ModelEngines:
@@ -136,6 +136,17 @@ class ModelEngines:
         task = self._calibration
         if task is not None:
             task.stop()
+
+    def use_memory(self, memory) -> None:
+        """Switch the memory of earlier requests (SpecModel's memory=: True,
+        False, a path or a MemoryStore); a file store in use is written first.
+        The engines are built anew (their acceptance statistics start over),
+        the KV cache is kept."""
+        with self._request():
+            close_memory(self.memory)
+            self.memory = open_memory(memory, self.vocab)
+            self._engines = {}
+            self.engine = self._engine_for(self._drafter)
 
     def _engine_for(self, drafter, prediction: bool = False) -> Engine:
         """The engine of a drafter: a Drafter, or a name such as "auto",
