@@ -256,6 +256,13 @@ def test_open_memory_settings(tmp_path):
     s = MemoryStore(100)
     assert open_memory(s) is s
     assert open_memory(True, budget=1000).budget == 1000
+
+    class Vocab:
+        n_vocab = 50
+    assert open_memory(s, Vocab()) is s and s.n_vocab == 50
+    Vocab.n_vocab = 60
+    with pytest.raises(ValueError, match="one tokenizer"):
+        open_memory(s, Vocab())
     with pytest.raises(ValueError):
         open_memory(3)
 

@@ -153,6 +153,8 @@ def find_matches(tokens, n_store, heads_s, prev_s, heads_l, prev_l, ctx, n, min_
                       max_matches, max_chain, out_end, out_len, count)
         if count < 0:
             return -count - 1
+        if count == max_matches and out_len[count - 1] >= K_LONG:
+            return count        # the short index only has shorter matches to add
     count = _walk(tokens, n_store, heads_s, prev_s, K_SHORT, ctx, n, min_len, max_len,
                   max_matches, max_chain, out_end, out_len, count)
     return count if count >= 0 else -count - 1

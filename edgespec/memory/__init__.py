@@ -33,12 +33,20 @@ def open_memory(spec, vocab=None, budget: int | None = None) -> MemoryStore | No
         return None
     args = {} if budget is None else {"budget": budget}
     if spec is True:
-        return MemoryStore(**args)
+        store = MemoryStore(**args)
+        store.n_vocab = None if vocab is None else int(vocab.n_vocab)
+        return store
     if isinstance(spec, MemoryStore):
+        n_vocab = None if vocab is None else int(vocab.n_vocab)
+        if n_vocab is not None and spec.n_vocab not in (None, n_vocab):
+            raise ConfigError(f"this MemoryStore holds the tokens of a vocabulary of {spec.n_vocab}, not "
+                              f"{n_vocab}: a store is shared only between models of one tokenizer")
+        spec.n_vocab = spec.n_vocab or n_vocab
         return spec
     if isinstance(spec, (str, os.PathLike)):
         from edgespec.corpus.format import tokenizer_fingerprint
         store = open_store(spec, tokenizer_fingerprint(vocab) if vocab is not None else None, **args)
+        store.n_vocab = None if vocab is None else int(vocab.n_vocab)
         if store.path is not None:
             store.on_add = _save_soon
             store.saved_at = time.monotonic()

@@ -69,6 +69,7 @@ class MemoryStore:
         self.max_chain = int(max_chain)
         self.path: str | None = None          # the file it is kept in (memory/file.py), if any
         self.fingerprint: dict | None = None  # the tokenizer's (a file store's)
+        self.n_vocab: int | None = None       # the vocabulary size of the models sharing it (open_memory)
         self._lock = threading.Lock()
         self._entries: collections.deque = collections.deque()   # slots of each entry, oldest first
         self.n_added = 0                      # entries ever added (this process)
