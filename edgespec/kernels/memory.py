@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from edgespec.kernels.suffix import build_continuation_tree
 from edgespec.kernels.topk import push_sorted
 
 K_SHORT = 3
@@ -161,6 +162,24 @@ def find_matches(tokens, n_store, heads_s, prev_s, heads_l, prev_l, ctx, n, min_
 
 
 @njit(cache=True)
+def propose_tree(tokens, n_store, heads_s, prev_s, heads_l, prev_l, ctx, n, min_len, max_len, max_matches,
+                 max_chain, max_depth, max_nodes, ends, lens, out_tokens, out_parents, out_probs, out_source,
+                 out_mlen, source):
+    """find_matches, then the continuation tree of what followed them
+    (kernels/suffix.build_continuation_tree) with every node's source set to
+    `source`, in one call; ends / lens are scratch.  Returns the node count."""
+    k = find_matches(tokens, n_store, heads_s, prev_s, heads_l, prev_l, ctx, n, min_len, max_len,
+                     max_matches, max_chain, ends, lens)
+    if k == 0:
+        return 0
+    m = build_continuation_tree(tokens, n_store, ends, lens, k, max_depth, max_nodes,
+                                out_tokens, out_parents, out_probs, out_mlen)
+    for i in range(m):
+        out_source[i] = source
+    return m
+
+
+@njit(cache=True)
 def compact(tokens, n, start):
     """Move tokens[start:n] to the front (dropping the oldest entries);
     returns the new length."""
@@ -182,4 +201,7 @@ def warmup() -> None:
     ctx = np.array([7, 1, 2, 3], np.int32)
     ends, lens = np.zeros(4, np.int32), np.zeros(4, np.int32)
     find_matches(tokens, 10, heads, prev, heads_l, prev_l, ctx, 4, 3, 32, 4, 64, ends, lens)
+    out = (np.zeros(8, np.int32), np.zeros(8, np.int32), np.zeros(8, np.float32), np.zeros(8, np.int8),
+           np.zeros(8, np.int32))
+    propose_tree(tokens, 10, heads, prev, heads_l, prev_l, ctx, 4, 3, 32, 4, 64, 4, 8, ends, lens, *out, 11)
     compact(tokens.copy(), 10, 5)

@@ -29,7 +29,6 @@ import numpy as np
 
 from edgespec.core.tree import register_source
 from edgespec.kernels import memory as _k
-from edgespec.kernels.suffix import build_continuation_tree
 
 SOURCE_MEMORY = register_source("memory", retrieved=True)
 """Draft nodes copied from the memory of earlier requests."""
@@ -165,14 +164,9 @@ class MemoryStore:
         with self._lock:
             if self._n < 2:
                 return 0
-            k = _k.find_matches(self._tokens, self._n, self._heads_s, self._prev_s, self._heads_l, self._prev_l,
-                                ctx, n, min_len, max_len, max_matches, self.max_chain, ends, lens)
-            if k == 0:
-                return 0
-            m = build_continuation_tree(self._tokens, self._n, ends, lens, k, max_depth, max_nodes,
-                                        out[0], out[1], out[2], mlen)
-        out[3][:m] = SOURCE_MEMORY
-        return m
+            return _k.propose_tree(self._tokens, self._n, self._heads_s, self._prev_s, self._heads_l,
+                                   self._prev_l, ctx, n, min_len, max_len, max_matches, self.max_chain, max_depth,
+                                   max_nodes, ends, lens, out[0], out[1], out[2], out[3], mlen, SOURCE_MEMORY)
 
     def clear(self) -> None:
         """Forget every entry (a file store's file is rewritten empty at its next save)."""
