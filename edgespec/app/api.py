@@ -38,6 +38,7 @@ from edgespec.core.result import GenerationResult
 from edgespec.core.logprobs import check_top
 from edgespec.core.verify import SamplingConfig
 from edgespec.errors import ConfigError, ModelBusyError, ModelClosedError
+from edgespec.memory import close_memory
 from edgespec.models.resolve import resolve_model
 
 Messages = Sequence[dict]
@@ -106,6 +107,14 @@ class SpecModel(ModelEngines):
         bytes per vocabulary entry, come back over the link).
     load_progress: load_progress(fraction) while llama.cpp loads the weights
         (over RPC: while it sends them to the workers; the CLI draws a bar).
+    memory: the memory of earlier requests (docs/memory.md): every answer
+        (with the last prompt tokens before it) is kept in a bounded store,
+        and the suffix and auto drafters draft from it in later requests.
+        True (default): in this process; a path: kept in that file too
+        (keyed to this model's tokenizer; written at close(), at exit and
+        in the background after requests); False: off; a MemoryStore:
+        that store (shared between models of one tokenizer).  `memory` is
+        the store (None when off).
 
 
     Threads: one request runs at a time.  generate(), chat(), stream() and the
@@ -123,7 +132,8 @@ class SpecModel(ModelEngines):
                  cost_gate: bool = True, calibrate: bool | str = "background", verbose: bool = False,
                  progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None,
                  kernels: str | None = None, rpc: Sequence[str] | str | None = None,
-                 tensor_split: Sequence[float] | None = None, load_progress=None, rpc_output: str = "local"):
+                 tensor_split: Sequence[float] | None = None, load_progress=None, rpc_output: str = "local",
+                 memory=True):
         self._gate = Gate()
         self._closing = threading.Event()
         self._engines: dict = {}
@@ -145,7 +155,7 @@ class SpecModel(ModelEngines):
                                     rpc_output=rpc_output,
                                     **kernel_options(fast))
         try:
-            self._setup(drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify)
+            self._setup(drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify, memory)
         except BaseException:      # a bad corpus, drafter or setting, a failed calibration, Ctrl-C
             self._gate.closed = True
             self.backend.close()
@@ -219,7 +229,8 @@ class SpecModel(ModelEngines):
         memory of earlier requests, the KV cache.  The next request runs as on a
         freshly loaded model (same backend, corpora and cost curve, no reload).
         Drafters given as objects rather than names are built anew only by name,
-        so their own memory stays."""
+        so their own memory stays.  The memory store (`memory`) is kept:
+        memory.clear() empties it."""
         with self._request():
             self.backend.reset()
             self._engines = {}
@@ -267,6 +278,7 @@ class SpecModel(ModelEngines):
             self._freed = True
         self._stop_calibration()
         self.backend.close()
+        close_memory(getattr(self, "memory", None))
 
     @property
     def closed(self) -> bool:

@@ -25,19 +25,22 @@ from edgespec.core.engine import Engine
 from edgespec.core.verify import VerifyConfig
 from edgespec.drafters import drafter_from_spec
 from edgespec.errors import ConfigError
+from edgespec.memory import close_memory, open_memory
 
 
 class ModelEngines:
     """SpecModel's engines and their calibration (see the module doc)."""
 
-    def _setup(self, drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify) -> None:
-        """Everything after the backend has loaded: the corpora, c(T) and the
-        exactness verdict (by `calibrate`), the EngineConfig and the default engine."""
+    def _setup(self, drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify, memory=False) -> None:
+        """Everything after the backend has loaded: the corpora, the memory
+        store, c(T) and the exactness verdict (by `calibrate`), the
+        EngineConfig and the default engine."""
         self.vocab = self.backend.vocab
         self.corpora = []
         if corpora:
             from edgespec.corpus.format import Corpus
             self.corpora = [Corpus.load(p, vocab=self.vocab) for p in corpora]
+        self.memory = open_memory(memory, self.vocab)
         if self.backend.exact and max_nodes > EXACT_MAX_BATCH:
             raise ConfigError(f"max_nodes must be <= {EXACT_MAX_BATCH} on CPU: larger batches take a llama.cpp "
                               "kernel whose numerics differ from one-token decoding")
@@ -134,6 +137,17 @@ class ModelEngines:
         if task is not None:
             task.stop()
 
+    def use_memory(self, memory) -> None:
+        """Switch the memory of earlier requests (SpecModel's memory=: True,
+        False, a path or a MemoryStore); a file store in use is written first.
+        The engines are built anew (their acceptance statistics start over),
+        the KV cache is kept."""
+        with self._request():
+            close_memory(self.memory)
+            self.memory = open_memory(memory, self.vocab)
+            self._engines = {}
+            self.engine = self._engine_for(self._drafter)
+
     def _engine_for(self, drafter, prediction: bool = False) -> Engine:
         """The engine of a drafter: a Drafter, or a name such as "auto",
         "suffix-nocorpus" (without the loaded corpora) or "auto@relaxed" (with a
@@ -147,17 +161,19 @@ class ModelEngines:
                 d = PredictionDrafter(base.drafter)
                 d.warmup()
                 self._engines[("prediction", key)] = Engine(self.backend, d, self.cost, base.config)
+                self._engines[("prediction", key)].memory = self.memory
             return self._engines[("prediction", key)]
         if key not in self._engines:
             config = self.config
             if isinstance(drafter, str):
                 d, mode = drafter_from_spec(drafter, n_vocab=self.vocab.n_vocab, model_path=self.model_path,
-                                            corpora=self.corpora)
+                                            corpora=self.corpora, memory_store=self.memory)
                 if mode:
                     config = dataclasses.replace(self.config, verify=VerifyConfig(mode))
             else:
                 d = drafter
             d.warmup()
             self._engines[key] = Engine(self.backend, d, self.cost, config)
+            self._engines[key].memory = self.memory
         return self._engines[key]
 

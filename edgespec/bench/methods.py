@@ -21,7 +21,13 @@
   default                  what `edgespec generate MODEL PROMPT` runs with no
                            options (its drafter; the bench's model must be loaded
                            with generate's default settings; the header says
-                           what it resolved to)
+                           what it resolved to), without a memory of earlier requests
+  NAME+memory              (suffix+memory, auto+memory, default+memory) the method
+                           with a memory store of its own (edgespec.memory) that
+                           starts empty (or as bench --memory FILE holds it) at
+                           the first prompt and keeps every answer of the run,
+                           prompts in file order; every other edgespec method
+                           runs without one
 A peer method ending in @tN (llama-server@t1, llama-cpp-python-pld@t2) runs
 with N threads for single tokens and batches instead of its own default.
 The llama-cpp-python methods run in a child process (see edgespec.bench.llama_peer).
@@ -37,6 +43,18 @@ LLAMA_METHODS = ("llama-cpp-python", "llama-cpp-python-expert", "llama-cpp-pytho
 SERVER_METHODS = tuple(_SERVER_ARGS)
 PEER_METHODS = LLAMA_METHODS + SERVER_METHODS
 DEFAULT_METHODS = ("none", "suffix") + LLAMA_METHODS[:3]
+DEFAULT_MEMORY = "default+memory"
+
+
+def with_memory(method: str) -> bool:
+    """Whether an edgespec method runs with a memory store of its own
+    (NAME+memory: its drafter's `memory` switch set by name)."""
+    if method == DEFAULT_MEMORY:
+        return True
+    if method == "default" or is_peer(method):
+        return False
+    from edgespec.drafters import parse_drafter_name, split_verify
+    return parse_drafter_name(split_verify(method)[0])[2].get("memory") is True
 
 
 def split_peer(method: str) -> tuple[str, int | None] | None:
@@ -67,7 +85,7 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
     for m in (x.strip() for x in items):
         if not m or m in methods:
             continue
-        if split_peer(m) is None and m != "default":
+        if split_peer(m) is None and m not in ("default", DEFAULT_MEMORY):
             try:
                 check_drafter_name(m)
             except ValueError as e:
@@ -117,15 +135,16 @@ def resolve_default(model) -> dict:
     return dict(want, **placement, drafter=drafter, generate_drafter=d["drafter"])
 
 
-def fresh_drafter(model, spec: str):
-    """A new drafter object for `spec`, built as SpecModel builds a named one.
-    Method `default` runs its own (so its own engine, drafter memory and
-    acceptance statistics): it never learns from the answers of a method that
-    runs the same drafter in this bench."""
+def fresh_drafter(model, spec: str, memory_store=None):
+    """A new drafter object for `spec`, built as SpecModel builds a named one
+    (drafting from `memory_store` when it uses one).  Method `default` runs
+    its own (so its own engine, drafter memory and acceptance statistics): it
+    never learns from the answers of a method that runs the same drafter in
+    this bench; a NAME+memory method likewise."""
     from edgespec.drafters import drafter_from_spec
 
     return drafter_from_spec(spec, n_vocab=model.vocab.n_vocab, model_path=model.model_path,
-                             corpora=model.corpora)[0]
+                             corpora=model.corpora, memory_store=memory_store)[0]
 
 
 def server_binary(methods: Sequence[str]):

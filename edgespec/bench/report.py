@@ -74,6 +74,8 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
     engine ms/step: edgespec's own time per step outside llama_decode
         (drafting, gate, verification, bookkeeping), averaged over prompts;
     decode ms/step: time inside llama_decode per step, averaged over prompts.
+    Below the tables, for each method that drafted from a memory of earlier
+    requests (NAME+memory): how much of its answers came from it.
     """
     results = list(results)
     calib = [r for r in results if r.get("kind") == "calibration"]
@@ -86,9 +88,31 @@ def format_report(results: Iterable[dict], head: dict | None = None) -> str:
     out += _table("all", results, methods)
     out += _few_prompts_note(results, methods, cats)
     out += divergence_lines(results, head)
+    out += memory_lines(results, methods)
     if calib:
         out += _calibration_lines(calib)
     return "\n".join(out)
+
+
+def memory_lines(results: list[dict], methods: list[str]) -> list[str]:
+    """For each method with memory drafts: the share of its generated tokens
+    that were accepted drafts from the memory, over all prompts and by
+    quarter of the run (prompts in file order, so the store fills as it goes)."""
+    out = []
+    for m in methods:
+        rows = sorted((r for r in results if r["method"] == m), key=lambda r: (r.get("repeat", 0),
+                                                                                r.get("prompt_index", 0)))
+        if not any("memory" in (r.get("accepted_by_source") or {}) for r in rows):
+            continue
+        share = lambda rs: (sum((r.get("accepted_by_source") or {}).get("memory", 0) for r in rs),  # noqa: E731
+                            sum(r.get("n_generated", 0) for r in rs))
+        got, total = share(rows)
+        q = max(1, -(-len(rows) // 4))
+        parts = [share(rows[i:i + q]) for i in range(0, len(rows), q)]
+        by_q = ", ".join(f"{a / b:.0%}" if b else "-" for a, b in parts)
+        out.append(f"{m}: {got:,} of {total:,} generated tokens ({got / max(total, 1):.1%}) were accepted drafts "
+                   f"from the memory of earlier answers; by quarter of the run: {by_q}")
+    return ([""] if out else []) + out
 
 
 def _header_lines(head: dict) -> list[str]:

@@ -35,8 +35,8 @@ from typing import Callable, Sequence
 
 from edgespec.bench.divergence import divergence
 from edgespec.bench.llama_peer import LlamaRunner, llama_peer_settings
-from edgespec.bench.methods import (LLAMA_METHODS, SERVER_METHODS, fresh_drafter, is_peer, parse_methods, resolve_default,
-                                    server_binary, split_peer)
+from edgespec.bench.methods import (DEFAULT_MEMORY, LLAMA_METHODS, SERVER_METHODS, fresh_drafter, is_peer, parse_methods,
+                                    resolve_default, server_binary, split_peer, with_memory)
 from edgespec.bench.peer_server import SERVER_METHODS as _SERVER_ARGS
 from edgespec.bench.prompts import BenchPrompt, Constraint, constraint_summary, prompt_constraint
 from edgespec.core.verify import rouge_l
@@ -116,8 +116,11 @@ class _Methods:
     the end).  `default` runs a drafter of its own, new in every pass."""
 
     def __init__(self, model, methods: Sequence[str], llama_threads: int | None, raw: bool,
-                 peer_rpc: Sequence[str] = ()):
+                 peer_rpc: Sequence[str] = (), memory_file: str | None = None):
         self.model, self.llama_threads, self.raw = model, llama_threads, raw
+        self.memory_file = memory_file
+        self.methods = list(methods)
+        self.own: dict = {}         # method -> (its drafter, its memory store or None): default, NAME+memory
         self.peer_rpc = list(peer_rpc)
         self.peers: dict = {}
         servers = [m for m in methods if is_peer(m) and split_peer(m)[0] in SERVER_METHODS]
@@ -134,16 +137,47 @@ class _Methods:
         if self.peer_rpc and len(servers) > 1:
             raise BenchError(f"over --rpc one llama-server method per run ({', '.join(servers)} given): each "
                              "would hold the --peer-rpc workers for the whole run")
-        self.default = resolve_default(model) if "default" in methods else None
-        self.default_drafter = None
+        self.default = resolve_default(model) if {"default", DEFAULT_MEMORY} & set(methods) else None
+        self.with_memory = [m for m in methods if with_memory(m)]
         self.server = server_binary(methods)
 
     def new_pass(self) -> None:
-        if self.default is not None:
-            self.default_drafter = fresh_drafter(self.model, self.default["drafter"])
+        """Fresh drafters for default and the NAME+memory methods, the latter
+        with fresh stores."""
+        if self.default is not None and "default" in self.methods:
+            self.own["default"] = (fresh_drafter(self.model, self.default["drafter"]), None)
+        for m in self.with_memory:
+            store = self._store()
+            spec = self.default["drafter"] if m == DEFAULT_MEMORY else m
+            self.own[m] = (fresh_drafter(self.model, spec, store), store)
+
+    def _store(self):
+        """A memory store as the run starts: empty, or what --memory FILE holds
+        (read, never written)."""
+        from edgespec.memory import MemoryStore
+        if self.memory_file is None:
+            return MemoryStore()
+        from edgespec.corpus.format import tokenizer_fingerprint
+        from edgespec.memory.file import open_store
+        store = open_store(self.memory_file, tokenizer_fingerprint(self.model.vocab))
+        store.path = None
+        return store
+
+    def start_prompts(self) -> None:
+        """After the warm-up: the memory methods' stores as the run starts (the
+        warm-up's answers forgotten)."""
+        for m in self.with_memory:
+            self.own[m][1].load(*self._store().snapshot())
+
+    def drafter(self, m: str):
+        """What model.generate runs for method m: its name, or its own drafter."""
+        return self.own[m][0] if m in self.own else m
 
     def engine(self, m: str):
-        return self.model._engine_for(self.default_drafter if m == "default" else m)
+        e = self.model._engine_for(self.drafter(m))
+        if m in self.own:
+            e.memory = self.own[m][1]
+        return e
 
     def server_settings(self, methods: Sequence[str]) -> dict | None:
         """The header's record of the llama-server methods: binary, version, arguments, threads."""
@@ -167,7 +201,8 @@ class _Methods:
         if peer is None:
             # the plain run also records the model's top-8 at each position, so
             # that tools/replay.py can replay drafters that read the model's ranking
-            drafter = self.default_drafter if m == "default" else m
+            drafter = self.drafter(m)
+            self.engine(m)
             kw = {} if c is None else {"json_schema": c.json_schema, "grammar": c.grammar}
             r = self.model.generate(tokens, max_tokens=n_tok, drafter=drafter,
                                     record_topk=8 if m == "none" else 0, **kw).to_dict()
@@ -290,6 +325,7 @@ class _Bench:
         self.runner.new_pass()
         self.say(f"{tag}warming up: {', '.join(self.methods)}")
         _warm_up(self.model, self.runner, self.methods, self.warm_tokens, constrained=any(self.constraints))
+        self.runner.start_prompts()
         for i in range(1, len(self.prompts) + 1):
             self.run_prompt(i, rep, tag)
         # the acceptance model of each drafter after the pass: predicted
@@ -336,7 +372,7 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
               out_path: str | None = None, prompts_file: str | None = None,
               progress: Callable[[str], None] | None = None,
               llama_threads: int | None = None, repeat: int = 1, raw: bool = False,
-              peer_rpc: Sequence[str] = ()) -> tuple[dict, list[dict]]:
+              peer_rpc: Sequence[str] = (), memory_file: str | None = None) -> tuple[dict, list[dict]]:
     """Run every method on every prompt with `model` (a SpecModel); return the
     header and the result dicts, writing them as JSON lines to `out_path` as
     they come (a run stopped half-way keeps what it finished).  llama_threads:
@@ -353,7 +389,11 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
     recording whether the answer follows it ("valid"); the header's
     "constrained" counts such prompts.  peer_rpc: the RPC workers the
     llama-server methods use when the model runs over RPC (workers like the
-    model's, on the same machines: one worker serves one client)."""
+    model's, on the same machines: one worker serves one client).
+    The model's own memory store (SpecModel.memory) is switched off for the
+    run (and back on after it): only the NAME+memory methods draft from a
+    memory, each from its own, which starts empty or as memory_file holds
+    it (read, never written) after the warm-up of every pass."""
     if max_tokens < 1:
         raise BenchError("max_tokens must be >= 1")
     if repeat < 1:
@@ -365,12 +405,16 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
     # anything is written
     warm_tokens, prompt_tokens = _tokenize_prompts(model, prompts, raw)
     constraints = [prompt_constraint(model.vocab, p) for p in prompts]
-    runner = _Methods(model, methods, llama_threads, raw, peer_rpc)
+    runner = _Methods(model, methods, llama_threads, raw, peer_rpc, memory_file)
     head = header(model, methods, max_tokens, prompts_file, len(prompts), llama_threads, raw=raw)
     head["peer_rpc"] = list(peer_rpc)
     head.update(repeat=repeat, default=runner.default, llama_server=runner.server_settings(methods),
                 constrained=constraint_summary(prompts))
+    head["memory_file"] = memory_file
     sink = None
+    own_memory = getattr(model, "memory", None)
+    if own_memory is not None:
+        model.use_memory(False)
     try:
         sink = _Sink(out_path, head)
         bench = _Bench(model, runner, methods, prompts, prompt_tokens, constraints, warm_tokens, max_tokens, repeat,
@@ -382,6 +426,8 @@ def run_bench(model, prompts: Sequence[BenchPrompt], methods: Sequence[str], *, 
         if sink is not None:
             sink.close()
         runner.close()
+        if own_memory is not None:
+            model.use_memory(own_memory)
 
 
 def stderr_progress(line: str) -> None:

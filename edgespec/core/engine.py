@@ -40,7 +40,7 @@ from edgespec.core.feedback import DrafterFeedback
 from edgespec.core.gate import AcceptanceModel, Gate
 from edgespec.core.guard import SpeedGuard
 from edgespec.core.logprobs import check_top, token_logprobs
-from edgespec.core.request import RunState, chunks, finish
+from edgespec.core.request import RunState, chunks, count_sources, finish
 from edgespec.core.result import GenerationResult
 from edgespec.core.stream import TextStream
 from edgespec.core.grammar_drafts import SOURCE_LABEL, SOURCE_VALUE, GrammarDrafts
@@ -81,6 +81,8 @@ class Engine:
         self._clock = backend.clock
         self._prev_width = 0                    # the last decode's width (0: a prefill came between)
         self._plain_other = 0.0                 # EMA: seconds of a plain step outside decode and drafting
+        self.memory = None
+        """A store every request's answer is added to when it ends (edgespec.memory.MemoryStore)."""
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -155,6 +157,8 @@ class Engine:
             raise
         finally:
             self.kv_tokens = st.ctx[:be.n_past].copy()
+            if self.memory is not None and st.generated:
+                self.memory.add(st.generated, st.prompt)
         return (yield from finish(st, self.drafter.name, self.config.verify.mode))
 
     def check_request(self, n_prompt: int, max_tokens: int, sampling: SamplingConfig,
@@ -328,13 +332,7 @@ class Engine:
             assert st.rec_buf is not None       # _first_token made it
             topk_rows(logits, st.rec_rows, slot + 1, st.record_topk, st.rec_buf)
             st.topk_log.append(st.rec_buf[:slot + 1].copy())
-        if carried is not None:
-            st.n_carried += 1
-        if k:
-            st.n_draft_steps += 1
-            st.n_draft_nodes += k
-            st.n_draft_accepted += slot
-            g.learn(tree, k, slot, carried)
+        self._count(st, tree, k, slot, carried)
         if st.lp is not None:       # accepted[i] was chosen from row i
             st.lp.extend(token_logprobs(logits, accepted, st.n_logprobs))
         # every accepted token enters the context (its KV cell may already be kept)
@@ -351,6 +349,19 @@ class Engine:
                                    g.t1(st.n) if g.timed else 0.0, t1 - t0)
         self._account(st, k, n_past, na, self._clock() - t_step, t1 - t0, t_prop - t_step)
         return slot
+
+    def _count(self, st: RunState, tree: DraftTree, k: int, slot: int, carried) -> None:
+        """A verified step's counts, and what the acceptance model learns from it."""
+        if carried is not None:
+            st.n_carried += 1
+        if k:
+            g = self.gate
+            st.n_draft_steps += 1
+            st.n_draft_nodes += k
+            st.n_draft_accepted += slot
+            if slot:
+                count_sources(st.by_source, tree.source[g.sel[:k][g.o[1:slot + 1]]])
+            g.learn(tree, k, slot, carried)
 
     def _may_draft(self) -> bool:
         """Whether the guard lets this step draft (always, where it is off

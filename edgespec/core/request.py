@@ -12,6 +12,7 @@ import numpy as np
 
 from edgespec.core.result import GenerationResult, sum_accepted
 from edgespec.core.stream import Chunk, TextStream
+from edgespec.core.tree import source_name
 from edgespec.core.verify import SamplingConfig
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class RunState:
     n_carried: int = 0
     n_relaxed: int = 0
     n_forced: int = 0                 # steps that drafted grammar-forced text
+    by_source: dict = field(default_factory=dict)   # committed draft tokens per node source id
     topk_log: list = field(default_factory=list)
     shadow: list = field(default_factory=list)   # proposals still being judged (Gate.record_shadow)
     rec_rows: np.ndarray | None = None   # with record_topk: the batch rows ranked, and their top-k
@@ -58,6 +60,12 @@ class RunState:
     gdrafts: GrammarDrafts | None = None   # its drafts, when the engine drafts under it
     n_logprobs: int = 0               # alternatives per token when logprobs are asked for (lp then)
     lp: list | None = None            # a TokenLogprob per token of `generated` (then)
+
+
+def count_sources(counts: dict, sources) -> None:
+    """Add the sources of a step's committed drafts to a request's counts."""
+    for s in sources.tolist():
+        counts[s] = counts.get(s, 0) + 1
 
 
 def chunks(st: RunState, n_drafted: int):
@@ -96,5 +104,6 @@ def finish(st: RunState, drafter_name: str, verify_mode: str):
         n_carried=st.n_carried, decode_call_s=st.t_decode_calls, engine_s=decode_s - st.t_decode_calls,
         drafter=drafter_name, verify=verify_mode, n_relaxed=st.n_relaxed,
         constrained=st.grammar is not None, n_forced=st.n_forced,
+        accepted_by_source={source_name(s): n for s, n in sorted(st.by_source.items())},
         topk=np.concatenate(st.topk_log)[:n_gen + 1].tolist() if st.topk_log else None,
         logprobs=st.lp[:n_gen] if st.lp is not None else None)

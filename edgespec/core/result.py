@@ -32,6 +32,7 @@ class GenerationResult:
     n_relaxed: int = 0            # tokens accepted by a relaxed rule (not the model's own choice)
     constrained: bool = False     # a grammar or JSON schema constrained the answer
     n_forced: int = 0             # steps that drafted text the grammar forced
+    accepted_by_source: dict = dataclasses.field(default_factory=dict)   # committed draft tokens per source name
     topk: list | None = None      # with record_topk: the model's top-k ids at each generated position
     logprobs: list | None = None  # with logprobs=N: a logprobs.TokenLogprob per token of `tokens`
 

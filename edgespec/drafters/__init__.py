@@ -108,17 +108,18 @@ def check_drafter_name(name: str) -> None:
 
 
 def drafter_from_spec(spec: str, *, n_vocab: int | None = None, model_path: str | None = None,
-                      corpora=()) -> tuple[Drafter, str | None]:
+                      corpora=(), memory_store=None) -> tuple[Drafter, str | None]:
     """The drafter a spec names, built with the loaded corpora unless it says
-    -nocorpus, and the verification mode it asks for (None: the caller's)."""
+    -nocorpus (and the memory store, for the drafters that use one), and the
+    verification mode it asks for (None: the caller's)."""
     base, mode = split_verify(spec)
     name, use_corpora, switches = parse_drafter_name(base)
     return make_drafter(name, n_vocab=n_vocab, model_path=model_path, corpora=corpora if use_corpora else (),
-                        **switches), mode
+                        memory_store=memory_store, **switches), mode
 
 
 def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), model_path: str | None = None,
-                 **kw) -> Drafter:
+                 memory_store=None, **kw) -> Drafter:
     """Build a drafter by name.
 
     "none"       the base Drafter, which proposes nothing
@@ -134,6 +135,9 @@ def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), model_pat
     corpora: compiled corpora (edgespec.corpus.format.Corpus) for drafters that use them.
     model_path: the GGUF, for drafters that read the model's token embeddings
         (auto's semantic fallback; without it that part is left out).
+    memory_store: a MemoryStore of earlier requests (edgespec.memory), for
+        the drafters that draft from one (suffix, auto; their `memory`
+        switch, `suffix-nomemory`, leaves it out).
     Other keywords are fields of the drafter's config, e.g.
     make_drafter("suffix", max_nodes=32).
     """
@@ -158,6 +162,8 @@ def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), model_pat
         args["n_vocab"] = int(n_vocab)
     if "model_path" in params:
         args["model_path"] = model_path
+    if "memory" in params:
+        args["memory"] = memory_store
     return cls(**args)
 
 

@@ -92,6 +92,7 @@ class HybridConfig:
     feedback: bool = False          # ReSpec feedback-driven candidate selection
     graft: bool = False             # Graft prune-then-graft under a fixed budget
     aded: bool = False              # ADED as published: the trigram part's TrigramConfig.aded
+    memory: bool = True             # the suffix part drafts from the memory of earlier requests too
     copy_len: int = 32              # tokens copied after a lexical anchor (AdaPLD: 30)
     branch_k: int = 8               # AdaPLD: the model's top 8 after the anchor
     successor_len: int = 1          # AdaPLD: one successor token per branch (0: none; more: edgespec's)
@@ -137,9 +138,10 @@ class HybridDrafter(Drafter):
     """suffix, semantic, branch, trigram, adjacency: merged in that priority order.
 
     ``HybridDrafter(n_vocab, corpora=(), config=None, model_path=None,
-    embeddings=None)``: the semantic fallbacks compare tokens by the model's
-    own embeddings, read from ``model_path`` (a GGUF) or given as a
-    TokenEmbeddings; with neither they are left out.
+    embeddings=None, memory=None)``: the semantic fallbacks compare tokens by
+    the model's own embeddings, read from ``model_path`` (a GGUF) or given as
+    a TokenEmbeddings; with neither they are left out.  ``memory``: the
+    MemoryStore the suffix part also drafts from.
 
     The mechanisms: ``schedule`` (PartSchedule), ``entropy`` (EntropyScaler),
     ``trigger`` (RetrievalTrigger), ``rerank`` (HiddenStates), ``graft``
@@ -149,10 +151,10 @@ class HybridDrafter(Drafter):
     name = "auto"
 
     def __init__(self, n_vocab: int, corpora=(), config: HybridConfig | None = None,
-                 model_path: str | None = None, embeddings=None):
+                 model_path: str | None = None, embeddings=None, memory=None):
         self.config = c = config if config is not None else HybridConfig()
         self.rerank = HiddenStates()
-        self.parts = self._make_parts(c, n_vocab, corpora, model_path, embeddings)
+        self.parts = self._make_parts(c, n_vocab, corpora, model_path, embeddings, memory)
         if not self.parts:
             raise ValueError("HybridConfig: no component can run (the semantic fallbacks need the model's "
                              "embeddings: a model path)")
@@ -176,7 +178,7 @@ class HybridDrafter(Drafter):
         # the lifecycle hooks run on these, in this order
         self.mechanisms = [m for m in (self.entropy, self.trigger, self.rerank, self.graft, self.schedule) if m.enabled]
 
-    def _make_parts(self, c: HybridConfig, n_vocab: int, corpora, model_path, embeddings) -> list[Drafter]:
+    def _make_parts(self, c: HybridConfig, n_vocab: int, corpora, model_path, embeddings, memory) -> list[Drafter]:
         """The component drafters in merge priority order; sets _suffix, _adapld, _adjacency."""
         parts: list[Drafter] = []
         self._suffix = self._adapld = self._adjacency = None
@@ -184,8 +186,8 @@ class HybridDrafter(Drafter):
             self._suffix = SuffixDrafter(SuffixConfig(
                 position_ema=c.ema, max_depth=c.copy_len, feedback=c.feedback, feedback_top=c.feedback_top,
                 feedback_init=c.feedback_init, feedback_rate=c.feedback_rate, feedback_min=c.feedback_min,
-                prompt_source=c.aasd,
-                max_nodes=max(64, c.max_nodes)), corpora=corpora)
+                prompt_source=c.aasd, memory=c.memory,
+                max_nodes=max(64, c.max_nodes)), corpora=corpora, memory=memory)
             parts.append(self._suffix)
         if (c.semantic_pair or c.semantic) and embeddings is None and model_path is not None:
             from edgespec.drafters.embeddings import TokenEmbeddings

@@ -22,6 +22,7 @@ from edgespec.kernels import edits as _e
 from edgespec.core.tree import SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_EDIT, SOURCE_PROMPT, DraftTree
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.mechanisms.feedback import PositionFeedback
+from edgespec.memory.store import SOURCE_MEMORY
 
 
 @dataclass
@@ -109,6 +110,15 @@ class SuffixConfig:
     edit_anchor: int = 3
     """Tokens on which answer and prompt must agree again after an edit."""
 
+    memory: bool = True
+    """Also draft from the memory of earlier requests (edgespec/memory/: the
+    SpecModel's MemoryStore, when it has one), as SOURCE_MEMORY nodes merged
+    after the context's and before the corpora's."""
+
+    memory_min_match: int = 3
+    """Shortest match in the memory whose continuation is proposed (at least
+    the memory index's window, 3)."""
+
     edit_trust: float = 0.6
     """An edit is applied ahead only while (made + 1) / (made + left out + 2)
     is at least this: once made and never left out (2/3) it is; an edit
@@ -125,7 +135,7 @@ class SuffixConfig:
             raise ValueError("SuffixConfig: feedback_init and feedback_min must be in [0, 1] and feedback_rate "
                              "in (0, 1]")
         for name in ("min_match", "max_match", "max_matches", "max_depth", "max_nodes",
-                     "corpus_min_match", "feedback_top", "edit_gap", "edit_anchor"):
+                     "corpus_min_match", "feedback_top", "edit_gap", "edit_anchor", "memory_min_match"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise ValueError(f"SuffixConfig.{name} must be an integer, got {v!r}")
@@ -145,9 +155,12 @@ class SuffixConfig:
 class SuffixDrafter(Drafter):
     """Proposes the continuations of earlier occurrences of the context's suffix.
 
-    ``SuffixDrafter(config=None, corpora=())``: ``corpora`` is a sequence of
-    compiled corpora (objects with ``tokens``, ``sa`` and ``sa_depth`` as in
-    edgespec.corpus.format.Corpus); none are needed.
+    ``SuffixDrafter(config=None, corpora=(), memory=None)``: ``corpora`` is a
+    sequence of compiled corpora (objects with ``tokens``, ``sa`` and
+    ``sa_depth`` as in edgespec.corpus.format.Corpus); none are needed.
+    ``memory``: a MemoryStore (edgespec/memory/) of earlier requests, looked
+    up after the context and before the corpora (``config.memory`` switches
+    it off).
 
     Each step:
 
@@ -182,12 +195,13 @@ class SuffixDrafter(Drafter):
     """
 
     name = "suffix"
-    sources = (SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT, SOURCE_EDIT)
+    sources = (SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT, SOURCE_EDIT, SOURCE_MEMORY)
     retrieves = True
 
-    def __init__(self, config: SuffixConfig | None = None, corpora=()):
+    def __init__(self, config: SuffixConfig | None = None, corpora=(), memory=None):
         self.config = config if config is not None else SuffixConfig()
         c = self.config
+        self.memory = memory if c.memory else None
         # (tokens, sa, sa_depth) per corpus, as plain contiguous int32 arrays
         # (np.asarray turns a memmap into an ndarray view without copying).
         self._corpora = [
@@ -230,6 +244,8 @@ class SuffixDrafter(Drafter):
     def warmup(self) -> None:
         _k.warmup()
         _e.warmup()
+        if self.memory is not None:
+            self.memory.warmup()
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         # Cost: microseconds a step, mostly the backward scan over the context,
@@ -243,6 +259,10 @@ class SuffixDrafter(Drafter):
         n = ctx.shape[0]
         cur, spare, tmp = self._bufs
         m = self._context_tree(ctx, n, max_nodes, cur)
+        if self.memory is not None:
+            mc = self.memory.propose(ctx, n, c.memory_min_match, c.max_match, c.max_matches, c.max_depth,
+                                     max_nodes, spare, self._ends, self._lens, self._mlen)
+            m, cur, spare, tmp = self._merge_in(m, mc, spare[3], max_nodes, cur, spare, tmp)
         m, cur, tmp = self._add_corpora(ctx, n, max_nodes, m, cur, spare, tmp)
         if c.edits and 0 < self._n_prompt < n:
             m, cur, tmp = self._edited(ctx, n, max_nodes, m, cur, tmp)
@@ -291,18 +311,23 @@ class SuffixDrafter(Drafter):
             mc = _k.build_continuation_tree(tokens, tokens.shape[0], self._ends, self._lens,
                                             k, c.max_depth, max_nodes, spare[0], spare[1],
                                             spare[2], self._mlen)
-            if mc == 0:
-                continue
-            if m == 0:
-                cur, spare = spare, cur
-                cur[3][:mc] = SOURCE_CORPUS
-                m = mc
-                continue
-            m = _k.merge_trees(cur[0], cur[1], cur[2], cur[3], m,
-                               spare[0], spare[1], spare[2], self._src_corpus, mc,
-                               max_nodes, tmp[0], tmp[1], tmp[2], tmp[3])
-            cur, tmp = tmp, cur
+            if mc:
+                spare[3][:mc] = SOURCE_CORPUS
+            m, cur, spare, tmp = self._merge_in(m, mc, self._src_corpus, max_nodes, cur, spare, tmp)
         return m, cur, tmp
+
+    @staticmethod
+    def _merge_in(m, mc, src, max_nodes, cur, spare, tmp):
+        """Merge the mc-node tree in `spare` (its sources `src`) into the
+        m-node tree in `cur`; returns (m, cur, spare, tmp) after the buffers swap."""
+        if mc == 0:
+            return m, cur, spare, tmp
+        if m == 0:
+            return mc, spare, cur, tmp
+        m = _k.merge_trees(cur[0], cur[1], cur[2], cur[3], m,
+                           spare[0], spare[1], spare[2], src, mc,
+                           max_nodes, tmp[0], tmp[1], tmp[2], tmp[3])
+        return m, tmp, spare, cur
 
     def _edited(self, ctx, n, max_nodes, m, cur, tmp):
         """Merge the aligned, edited copy chain (kernels/edits.py) ahead of the

@@ -1,4 +1,4 @@
-"""The `edgespec` command line: generate, chat, serve, calibrate, bench, bench-report, build-peers.
+"""The `edgespec` command line: generate, chat, serve, calibrate, bench, bench-report, build-peers, memory.
 
 Each command resolves its inputs, calls the library and prints.  Mistakes a
 user can make (a missing or broken model file, a prompt longer than the
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import click
 
-from edgespec.app.cli import bench, calibrate, chat, corpus, generate, models, rpc_worker, serve
+from edgespec.app.cli import bench, calibrate, chat, corpus, generate, memory, models, rpc_worker, serve
 from edgespec.app.cli.options import log_options
 
 
@@ -59,3 +59,4 @@ main.add_command(bench.bench_report)
 main.add_command(rpc_worker.rpc_worker)
 main.add_command(bench.build_peers_cmd)
 main.add_command(corpus.build_corpus_cmd)
+main.add_command(memory.memory_cmd)

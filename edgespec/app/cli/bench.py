@@ -26,6 +26,8 @@ from edgespec.app.cli.options import backend_options, complete_model, corpus_opt
                                       "numeric setting, e.g. auto+copy_len=30; NAME@relaxed, NAME@entropy or "
                                       "NAME@entropy_inv with a lossy verification mode) and "
                                       "default (what `edgespec generate` runs with no options), "
+                                      "NAME+memory (suffix+memory, default+memory: with a memory of the run's "
+                                      "earlier answers, prompts in file order), "
                                       "llama-cpp-python (its defaults), llama-cpp-python-expert (a thread per "
                                       "physical core, flash attention, edgespec's K cache), llama-cpp-python-pld "
                                       "(prompt lookup, 10 tokens), llama-cpp-python-pld-cpu (2 tokens), "
@@ -49,8 +51,11 @@ from edgespec.app.cli.options import backend_options, complete_model, corpus_opt
                    "time, so they need their own, on the same machines as the model's).")
 @corpus_option
 @backend_options
+@click.option("--memory", "memory_file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The memory store the NAME+memory methods start from (each its own copy; the file is read, "
+                   "never written).  Without it they start empty.")
 def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out_path, raw, plot_path, peer_rpc,
-          ctx, n_gpu_layers, threads, cache_type_k, kernels, corpora):
+          ctx, n_gpu_layers, threads, cache_type_k, kernels, corpora, memory_file):
     """Compare decoding methods on a prompts file (greedy), prompt by prompt.
 
     Prints a table per category and overall: decode tok/s, tokens per step,
@@ -69,7 +74,7 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out
     if not raw:
         model = with_chat_template(model, "use --raw to send the prompts as plain text")
     m = load_model(model, drafter="none", ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads, corpora=corpora,
-                   cache_type_k=cache_type_k, kernels=kernels)
+                   cache_type_k=cache_type_k, kernels=kernels, memory=False)
     try:
         click.echo(f"bench: {len(prompts)} prompts x {len(method_list)} methods"
                    f"{f' x {repeat} passes' if repeat > 1 else ''}, max_tokens {max_tokens}, "
@@ -78,7 +83,8 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out
             head, results = run_bench(m, prompts, method_list, max_tokens=max_tokens, out_path=out_path,
                                       llama_threads=threads, repeat=repeat, raw=raw,
                                       prompts_file=prompts_file, progress=stderr_progress,
-                                      peer_rpc=parse_endpoints(peer_rpc) if peer_rpc else ())
+                                      peer_rpc=parse_endpoints(peer_rpc) if peer_rpc else (),
+                                      memory_file=memory_file)
     finally:
         m.close()
     click.echo(format_report(results, head))

@@ -13,7 +13,8 @@ import sys
 import click
 
 from edgespec.app.cli.loading import load_model, with_chat_template
-from edgespec.app.cli.options import complete_model, generation_options, make_sampling, model_options, user_errors
+from edgespec.app.cli.options import (complete_model, generation_options, make_sampling, memory_setting, model_options,
+                                      user_errors)
 from edgespec.app.cli.output import echo_stream, exactness_notice, json_default, stats_lines
 
 
@@ -30,7 +31,7 @@ from edgespec.app.cli.output import echo_stream, exactness_notice, json_default,
               help="A JSON schema file the answer must follow (a JSON value); '{}' in the file: any JSON object.")
 def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate,
              stop, verify, ctx, n_gpu_layers, threads, cache_type_k, kernels, corpora, raw, stats, as_json,
-             grammar_file, schema_file):
+             grammar_file, schema_file, memory_file, no_memory):
     """Generate an answer to PROMPT (`-` reads it from stdin).
 
     The prompt is wrapped as one user message in the model's chat template
@@ -57,7 +58,8 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
         model_path = with_chat_template(model_path, "use --raw to send the prompt as plain text")
     model = load_model(model_path, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
                        cache_type_k=cache_type_k, kernels=kernels,
-                       max_nodes=max_nodes, gate=not no_gate, corpora=corpora, verify=verify)
+                       max_nodes=max_nodes, gate=not no_gate, corpora=corpora, verify=verify,
+                       memory=memory_setting(memory_file, no_memory))
     notice = exactness_notice(model)
     if notice and not as_json:
         click.echo(click.style(notice, fg="bright_black"), err=True)

@@ -9,6 +9,7 @@ chat, serve, calibrate and bench load it the same way.
 from __future__ import annotations
 
 import sys
+import warnings
 
 import click
 
@@ -16,10 +17,12 @@ from edgespec.app.cli.options import log_settings, rpc_settings, user_errors
 
 
 def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=None, max_nodes=48,
-               gate=True, calibrate=True, corpora=(), verify="exact", cache_type_k="auto", kernels=None):
+               gate=True, calibrate=True, corpora=(), verify="exact", cache_type_k="auto", kernels=None,
+               memory=True):
     """calibrate: True (one-shot commands: generate, bench) measures a missing
     calibration before the first answer, with a note on stderr; "background"
-    (chat, serve) answers at once and measures between requests, silently."""
+    (chat, serve) answers at once and measures between requests, silently.
+    memory: SpecModel's memory= (a memory file not used says why in one line)."""
     from edgespec.app.api import SpecModel
     from edgespec.backend.process import log_to_file
 
@@ -37,12 +40,31 @@ def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=Non
         from edgespec.calibration.kernelchoice import setting
         if setting(kernels) == "auto" and calibrate is True and not n_gpu_layers and not rpc["rpc"]:
             measure_kernel_price(model, threads, remeasure=False)
+        one_line_warnings()
         return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
                          rpc=rpc["rpc"], tensor_split=rpc["tensor_split"], rpc_output=rpc["rpc_output"],
                          load_progress=_upload_bar(rpc["rpc"]) if rpc["rpc"] else None,
                          max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
-                         progress=calibration_note() if calibrate is True else None, corpora=corpora, verify=verify,
-                         cache_type_k=cache_type_k, kernels=kernels, verbose=log["verbose"])
+                         progress=calibration_note() if calibrate is True else None, corpora=corpora,
+                         verify=verify, cache_type_k=cache_type_k, kernels=kernels, verbose=log["verbose"],
+                         memory=memory)
+
+
+def one_line_warnings() -> None:
+    """Print the memory file's warnings (edgespec.memory.MemoryFileWarning)
+    as one line each, without Python's source line (for this process)."""
+    from edgespec.memory import MemoryFileWarning
+
+    orig = warnings.formatwarning
+    if getattr(orig, "edgespec_memory", False):
+        return
+
+    def fmt(message, category, filename, lineno, line=None):
+        if issubclass(category, MemoryFileWarning):
+            return f"warning: {message}\n"
+        return orig(message, category, filename, lineno, line)
+    fmt.edgespec_memory = True
+    warnings.formatwarning = fmt
 
 
 def calibration_note(intro: str | None = "measuring the verify cost c(T) and checking that batched logits equal "

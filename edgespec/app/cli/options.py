@@ -189,6 +189,23 @@ def backend_options(f):
     return f
 
 
+def memory_options(f):
+    """--memory FILE and --no-memory (SpecModel's memory=: docs/memory.md)."""
+    f = click.option("--no-memory", is_flag=True,
+                     help="No memory of earlier requests (by default the answers of this process's earlier "
+                          "requests are drafted from).")(f)
+    return click.option("--memory", "memory_file", type=click.Path(dir_okay=False), default=None,
+                        help="Keep the memory of earlier requests (their answers: the user's text) in FILE "
+                             "too, so later runs draft from it (mode 0600; see docs/memory.md).")(f)
+
+
+def memory_setting(memory_file, no_memory):
+    """SpecModel's memory= for --memory FILE / --no-memory (True: in this process)."""
+    if memory_file and no_memory:
+        raise click.UsageError("--memory FILE and --no-memory contradict each other")
+    return False if no_memory else (memory_file or True)
+
+
 def generation_options(f):
     """Drafter, sampling and engine options shared by generate and chat."""
     opts = [
@@ -216,7 +233,7 @@ def generation_options(f):
                           "(greedy only): they also accept retrieved draft tokens the model ranks close to its own "
                           "choice, which changes the output."),
     ]
-    f = corpus_option(backend_options(f))
+    f = memory_options(corpus_option(backend_options(f)))
     for o in reversed(opts):
         f = o(f)
     return f

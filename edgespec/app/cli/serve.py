@@ -10,7 +10,7 @@ import os
 import click
 
 from edgespec.app.cli.loading import load_model
-from edgespec.app.cli.options import complete_model, generation_options, make_sampling, model_options
+from edgespec.app.cli.options import complete_model, generation_options, make_sampling, memory_setting, model_options
 from edgespec.app.cli.output import calibration_line, exactness_notice
 
 
@@ -72,7 +72,7 @@ def _read_key_file(path: str) -> str:
 @serve_guard_options
 def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate, stop, verify,
           ctx, n_gpu_layers, threads, cache_type_k, kernels, corpora, host, port, api_key, max_queue, model_id,
-          api_key_file, allow_host, cors, **limits):
+          api_key_file, allow_host, cors, memory_file, no_memory, **limits):
     """Serve MODEL over an OpenAI-compatible HTTP API, with a chat page at /.
 
     POST /v1/chat/completions and /v1/completions (streamed or not), GET
@@ -97,7 +97,8 @@ def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, ma
     make_sampling(temperature, top_k, top_p, min_p, seed)      # a bad value fails before the model loads
     m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
                    cache_type_k=cache_type_k, kernels=kernels, max_nodes=max_nodes, gate=not no_gate,
-                   corpora=corpora, verify=verify, calibrate="background")
+                   corpora=corpora, verify=verify, calibrate="background",
+                   memory=memory_setting(memory_file, no_memory))
     notice = exactness_notice(m)
     if notice:
         click.echo(notice, err=True)
