@@ -46,7 +46,8 @@ class EngineConfig:
         decodes the engine runs (core/stepcost.py); False keeps the curve as
         measured.
     guard: stop drafting for the rest of a request when it has cost more
-        than it gained, by the learned plain step (core/guard.py).
+        than it gained, by the learned plain step (core/guard.py); with the
+        cost gate only (cost_gate=False verifies every draft, guard or not).
     """
     max_nodes: int = 48
     cost_gate: bool = True

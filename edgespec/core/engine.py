@@ -364,9 +364,8 @@ class Engine:
             g.learn(tree, k, slot, carried)
 
     def _may_draft(self) -> bool:
-        """Whether the guard lets this step draft (always, where it is off
-        or the costs are not measured)."""
-        return not (self.config.guard and self.gate.steps is not None) or self.guard.allows()
+        """Whether the guard lets this step draft (always where it is off, costs are unmeasured or --no-gate)."""
+        return not (self.config.guard and self.config.cost_gate and self.gate.steps is not None) or self.guard.allows()
 
     @staticmethod
     def _no_drafts(st: RunState) -> DraftTree:
