@@ -385,6 +385,14 @@ def test_memory_stats_and_clear_commands(tmp_path):
     assert r.exit_code != 0 and "no such file" in r.stderr
 
 
+def test_bench_method_names_with_memory():
+    from edgespec.bench.methods import parse_methods, with_memory
+    assert parse_methods("none,suffix+memory,default+memory,auto-nomemory") == [
+        "none", "suffix+memory", "default+memory", "auto-nomemory"]
+    assert [with_memory(m) for m in ("suffix+memory", "auto+memory@relaxed", "default+memory", "default", "suffix",
+                                     "none", "llama-server-ngram-mod")] == [True, True, True] + [False] * 4
+
+
 def test_memory_options_contradict():
     r = _invoke(["generate", "--memory", "x.mem", "--no-memory", "hi"])
     assert r.exit_code != 0 and "contradict" in r.stderr

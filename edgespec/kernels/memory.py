@@ -180,12 +180,24 @@ def propose_tree(tokens, n_store, heads_s, prev_s, heads_l, prev_l, ctx, n, min_
 
 
 @njit(cache=True)
-def compact(tokens, n, start):
-    """Move tokens[start:n] to the front (dropping the oldest entries);
-    returns the new length."""
+def compact(tokens, n, start, heads_s, prev_s, heads_l, prev_l):
+    """Drop tokens[:start] (the oldest entries): move tokens[start:n] and their
+    chain links to the front, every position shifted down by `start`; links
+    to a dropped position end their chain (chains run from the most recent
+    position to the oldest, so nothing after such a link is kept).  The
+    index stays that of the moved tokens, without hashing them again.
+    Returns the new length."""
     m = n - start
     for i in range(m):
         tokens[i] = tokens[start + i]
+    for prev in (prev_s, prev_l):
+        for i in range(m):
+            v = prev[start + i]
+            prev[i] = v - start if v >= start else -1
+    for heads in (heads_s, heads_l):
+        for h in range(heads.shape[0]):
+            v = heads[h]
+            heads[h] = v - start if v >= start else -1
     return m
 
 
@@ -204,4 +216,4 @@ def warmup() -> None:
     out = (np.zeros(8, np.int32), np.zeros(8, np.int32), np.zeros(8, np.float32), np.zeros(8, np.int8),
            np.zeros(8, np.int32))
     propose_tree(tokens, 10, heads, prev, heads_l, prev_l, ctx, 4, 3, 32, 4, 64, 4, 8, ends, lens, *out, 11)
-    compact(tokens.copy(), 10, 5)
+    compact(tokens.copy(), 10, 5, heads.copy(), prev.copy(), heads_l.copy(), prev_l.copy())

@@ -11,9 +11,9 @@ engine's acceptance model calibrates them apart.
 
 Bounded: the store holds at most `budget` token slots (an entry's tokens and
 its separator).  When an entry does not fit, whole oldest entries are
-dropped until the store is at most 3/4 full with it (so the index is rebuilt
-once per quarter of the budget, not at every request); an entry longer than
-the budget keeps its last tokens.  The arrays grow by doubling up to the
+dropped until the store is at most 3/4 full with it (so the arrays move once
+per quarter of the budget, not at every request; the index moves with them,
+shifted, not rebuilt); an entry longer than the budget keeps its last tokens.  The arrays grow by doubling up to the
 budget, so a store that holds little takes little.
 
 Threads: one lock guards the arrays; `add()` extends them under it, and
@@ -102,11 +102,6 @@ class MemoryStore:
         _k.index_range(self._tokens, start, end, _k.K_SHORT, self._heads_s, self._prev_s)
         _k.index_range(self._tokens, start, end, _k.K_LONG, self._heads_l, self._prev_l)
 
-    def _reindex(self) -> None:
-        self._heads_s.fill(-1)
-        self._heads_l.fill(-1)
-        self._index(0, self._n)
-
     def _make_room(self, need: int) -> None:
         """Drop the oldest entries until `need` more slots fit in 3/4 of the
         budget (all of it for an entry that large), then grow the arrays."""
@@ -116,8 +111,8 @@ class MemoryStore:
             while self._entries and self._n - drop + need > target:
                 drop += self._entries.popleft()
                 self.n_evicted += 1
-            self._n = _k.compact(self._tokens, self._n, drop)
-            self._reindex()
+            self._n = _k.compact(self._tokens, self._n, drop, self._heads_s, self._prev_s, self._heads_l,
+                                 self._prev_l)
         if self._n + need > len(self._tokens):
             cap = len(self._tokens)
             while cap < self._n + need:
