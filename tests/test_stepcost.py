@@ -109,15 +109,23 @@ def test_shape_sensitive_costs_favour_keeping_the_width():
 
 def test_the_widest_batch_ramps_up_with_what_was_timed():
     """At first a batch may cost FIRST_COST plain steps (by the prior: c(T) =
-    1 + 0.5 (T - 1) here, so 7 tokens), then twice the dearest timed."""
+    1 + 0.5 (T - 1) here, so 7 tokens); while batches run dearer than
+    calibrated, twice the dearest timed; once they confirm the calibration,
+    any."""
     p = prior()
     sc = StepCosts(TS, MAX_T)
     assert p.alt[7] <= FIRST_COST < p.alt[8]
     assert sc.widest_allowed(p) == 7
-    feed(sc, p, [1, 6], lambda w, prev: T1 * p.alt[w])
+
+    def dear(w, prev):
+        return T1 * (3.0 * p.alt[w] if w > 1 else 1.0)
+    feed(sc, p, [1, 6], dear)
     assert sc.widest_allowed(p) == 13          # c(13) = 7 = 2 c(6)
-    feed(sc, p, [13], lambda w, prev: T1 * p.alt[w])
+    feed(sc, p, [13], dear)
     assert sc.widest_allowed(p) == 27
+    calibrated = StepCosts(TS, MAX_T)
+    feed(calibrated, p, [1, 6], lambda w, prev: T1 * p.alt[w])
+    assert calibrated.widest_allowed(p) == MAX_T
 
 
 def test_guard_stops_drafting_after_a_loss_and_lets_it_try_again_later():

@@ -43,6 +43,7 @@ PLAIN_PRIOR = 0.1      # the plain step's: timed every plain step, it is the sca
 WINDOW = 32.0          # a cell's memory, in observations
 SENSITIVE = 0.10       # steady this much cheaper than alternating (T = 2..16): keep widths steady
 RUN_PRIOR = 2.0        # batch steps per run of batches before any run is seen
+TRUSTED = 1.5          # batches timed within this factor of the calibration: no ramp
 FIRST_COST = 4.0       # the dearest batch (prior plain steps) before any was timed; then twice the dearest timed
 ALT, STEADY = 0, 1
 
@@ -132,10 +133,14 @@ class StepCosts:
 
     # -------------------------------------------------------------- costing
     def widest_allowed(self, prior: Prior) -> int:
-        """The widest batch the gate may lay now: the widest whose prior cost
-        is at most twice that of the widest timed so far (at first
-        FIRST_COST plain steps), so a batch far dearer than calibrated is
-        found out on a small one."""
+        """The widest batch the gate may lay now: any, once timed batches
+        have confirmed the calibration (within TRUSTED of it, relative to the
+        plain step); else the widest whose prior cost is at most twice that
+        of the widest timed so far (at first FIRST_COST plain steps), so a
+        batch far dearer than calibrated is found out on a small one."""
+        ra, _, r1, _ = self.ratios()
+        if self.widest and self.pooled[ALT].n and self.pooled[ALT].m <= TRUSTED * r1:
+            return len(prior.alt) - 1
         limit = max(FIRST_COST, 2.0 * prior.alt[min(self.widest, len(prior.alt) - 1)]) if self.widest else FIRST_COST
         return max(2, int(np.searchsorted(prior.alt[1:], limit, side="right")))
 
