@@ -45,8 +45,9 @@ class EngineConfig:
     learn_costs: correct the calibrated cost curve online from the timed
         decodes the engine runs (core/stepcost.py); False keeps the curve as
         measured.
-    guard: stop drafting for the rest of a request when it has cost more
-        than it gained, by the learned plain step (core/guard.py); with the
+    guard: stop drafting in a request when it has cost more than it
+        gained, by the learned plain step, until probes show it would pay
+        again (core/guard.py); with the
         cost gate only (cost_gate=False verifies every draft, guard or not).
     """
     max_nodes: int = 48

@@ -19,8 +19,8 @@ Cost gate.  Every step the drafter proposes a tree and the gate (gate.py)
 chooses the subtree worth verifying, or nothing (a plain one-token step).
 Every decode is timed with its width and the width before it; the gate's
 costs learn from those timings (stepcost.py), and the speed guard (guard.py)
-stops drafting for the rest of a request that drafting has made slower than
-plain decoding would have been.
+stops drafting in a request that drafting has made slower than plain
+decoding would have been, until probes show it would pay again.
 
 Here: the request's start (prefix reuse, prefill, first token), the step
 loop, the verification walk and the commit.  A request's state and what it

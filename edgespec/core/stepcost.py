@@ -82,7 +82,9 @@ class StepCosts:
         ts = [t for t in sorted(set(int(t) for t in ts)) if t >= 1] or [1]
         # the cell of width T: the smallest measured size >= T (the tables step there too)
         self.bucket = np.minimum(np.searchsorted(np.asarray(ts), np.arange(max_t + 1)), len(ts) - 1)
-        self.cells = [[_Mean() for _ in ts] for _ in (ALT, STEADY)]
+        # per kind (ALT, STEADY) and bucket: observations (at most WINDOW) and their forgetting mean
+        self.cell_n = np.zeros((2, len(ts)))
+        self.cell_m = np.ones((2, len(ts)))
         self.pooled = [_Mean(), _Mean()]
         self.plain, self.after = _Mean(), _Mean()
         self.run, self.n_runs, self.cur_run = RUN_PRIOR, 0.0, 0
@@ -106,7 +108,9 @@ class StepCosts:
             kind = STEADY if width == prev else ALT
             base = prior.steady[width] if kind == STEADY else prior.alt[width]
             x = seconds / (base * prior.t1_s)
-            self.cells[kind][self.bucket[width]].add(x)
+            b = self.bucket[width]
+            self.cell_n[kind, b] = n = min(self.cell_n[kind, b] + 1.0, WINDOW)
+            self.cell_m[kind, b] += (x - self.cell_m[kind, b]) / n     # as _Mean.add, kept in arrays
             self.pooled[kind].add(x)
             self.cur_run += 1
             self.widest = max(self.widest, width)
@@ -126,8 +130,9 @@ class StepCosts:
             r1 = self.plain.backed(1.0, PLAIN_PRIOR)
             pa = self.pooled[ALT].backed(r1)
             ps = self.pooled[STEADY].backed(pa)
-            alt = np.array([c.backed(pa) for c in self.cells[ALT]])[self.bucket]
-            steady = np.array([c.backed(ps) for c in self.cells[STEADY]])[self.bucket]
+            n, m = self.cell_n, self.cell_m
+            alt = ((n[ALT] * m[ALT] + PRIOR_WEIGHT * pa) / (n[ALT] + PRIOR_WEIGHT))[self.bucket]
+            steady = ((n[STEADY] * m[STEADY] + PRIOR_WEIGHT * ps) / (n[STEADY] + PRIOR_WEIGHT))[self.bucket]
             self._ratios = (alt, steady, r1, self.after.backed(r1))
         return self._ratios
 
