@@ -147,6 +147,31 @@ def test_grammar_object_admits_what_the_grammar_says(model):
         g.close()
 
 
+def test_constrained_argmax_is_the_masked_rows_argmax(model):
+    """Grammar.argmax asks the likeliest tokens one by one before masking the
+    whole row: at every state along a JSON answer, for rows with distinct
+    logits, with many ties, and with every likeliest token rejected, it picks
+    what the masked row's argmax picks."""
+    vocab = model.vocab
+    g = Grammar(vocab, gbnf_for(json_schema=PERSON))
+    rng = np.random.default_rng(7)
+    text = '{"name": "Maria Lopez", "age": 34, "city": "Valencia"}'
+    try:
+        for tok in vocab.tokenize(text, add_special=False)[:12]:
+            rejected = np.flatnonzero(~np.isfinite(g.mask(np.zeros(vocab.n_vocab, np.float32))))
+            rows = [rng.normal(size=vocab.n_vocab).astype(np.float32),
+                    np.round(rng.normal(size=vocab.n_vocab)).astype(np.float32)]    # thousands of ties
+            shut = rng.normal(size=vocab.n_vocab).astype(np.float32)
+            shut[rng.choice(rejected, 64, replace=False)] = 50.0     # the 64 likeliest all rejected
+            rows.append(shut)
+            for row in rows:
+                assert g.argmax(row) == int(g.mask(row).argmax())
+            assert g.allows(int(tok))
+            g.accept(int(tok))
+    finally:
+        g.close()
+
+
 def test_bad_grammar_is_a_clear_error(model):
     with pytest.raises(ConfigError, match="grammar cannot be used"):
         model.generate("hi", max_tokens=4, grammar='root ::= "a" | (')

@@ -93,6 +93,15 @@ def test_only_app_and_bench_import_app():
     assert not up, f"modules below app/ that import it: {sorted(up)}"
 
 
+def test_sources_are_registered_in_one_place():
+    """Every built-in draft source is registered in core/tree.py, in one
+    order, so its id (stored in results files, indexing the gate's counts)
+    does not depend on which module a program imports first."""
+    callers = {m for m, tree in TREES.items() for node in ast.walk(tree)
+               if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "register_source"}
+    assert callers == {"edgespec.core.tree"}, callers
+
+
 def test_modules_and_functions_are_short():
     long_modules, long_functions = [], []
     for m, p in MODULES.items():

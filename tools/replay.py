@@ -224,7 +224,9 @@ def main(argv=None) -> int:
                 f = 1.0 if cost.steady_rel else f
                 r["time_s"] = r["model_s"] * f + r["n_steps"] * oh
             results[meth] = out
-            print(f"replayed {meth} under {cname}: {len(out)} prompts", file=sys.stderr)
+            wc, nd = sum(r["n_width_changes"] for r in out), sum(r["n_decodes"] for r in out)
+            print(f"replayed {meth} under {cname}: {len(out)} prompts; {wc} of {nd} decodes changed width",
+                  file=sys.stderr)
         _report(cname, cats, methods, lossy, results, reqs, qids, bench_rows)
     m.close()
     return 0

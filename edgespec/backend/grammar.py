@@ -36,6 +36,7 @@ from edgespec.errors import ConfigError
 # handed to llama.cpp without a Python loop
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 MAX_GRAMMAR_BYTES = 1 << 20
+SCAN_TOP = 32         # the likeliest tokens a rejected argmax is replaced from, before masking the row
 
 _init_lock = threading.Lock()     # fd 2 is redirected around a parse (process-wide)
 
@@ -141,10 +142,27 @@ class Grammar:
         return np.flatnonzero(np.isfinite(self._all["logit"])).astype(np.int32)
 
     def argmax(self, row: np.ndarray) -> int:
-        """The greedy choice under the grammar."""
+        """The greedy choice under the grammar: the argmax of the masked row
+        (the first of equal logits, as numpy's argmax).  The likeliest
+        tokens are asked one by one first: the first the grammar admits, in
+        order of logit then id, is that argmax unless its logit ties the
+        smallest one asked (a token not asked may tie it); only then, or when
+        none of them is admitted, is the whole row masked (about 5 ms over
+        49k tokens, where one token's check takes microseconds)."""
         tok = int(row.argmax())
         if self.allows(tok):
             return tok
+        n = self.n_vocab
+        k = min(SCAN_TOP, n)
+        top = np.argpartition(row[:n], n - k)[n - k:]
+        vals = row[top]
+        floor = vals.min()
+        for t in top[np.lexsort((top, -vals))]:
+            t = int(t)
+            if self.allows(t):
+                if row[t] > floor or k == n:
+                    return t
+                break
         masked = self.mask(row)
         if not np.isfinite(masked).any():
             raise ConfigError("the grammar admits no token here")

@@ -473,6 +473,7 @@ def replay(engine, backend: ReplayBackend, requests, max_tokens: int, check: boo
         truth = np.concatenate([r.prompt, r.output])
         backend.set_truth(truth, r.topk, len(r.prompt), r.teacher)
         backend.model_s = 0.0
+        w0, d0 = backend.n_width_changes, backend.n_decodes
         t0 = time.perf_counter()
         res = drain(engine.run(r.prompt, max_tokens=max_tokens))
         wall = time.perf_counter() - t0
@@ -481,5 +482,6 @@ def replay(engine, backend: ReplayBackend, requests, max_tokens: int, check: boo
         rows.append({"key": r.key, "category": r.category, "n_generated": res.n_generated,
                      "n_steps": res.n_steps, "n_draft_steps": res.n_draft_steps,
                      "n_draft_nodes": res.n_draft_nodes, "n_draft_accepted": res.n_draft_accepted,
-                     "model_s": backend.model_s, "engine_s": wall})
+                     "model_s": backend.model_s, "engine_s": wall,
+                     "n_width_changes": backend.n_width_changes - w0, "n_decodes": backend.n_decodes - d0})
     return rows

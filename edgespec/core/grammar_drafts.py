@@ -27,12 +27,7 @@ import re
 
 import numpy as np
 
-from edgespec.core.tree import register_source
-
-SOURCE_VALUE = register_source("value", retrieved=True)
-"""Prompt text the answer is copying, found by characters under a grammar."""
-SOURCE_LABEL = register_source("label", retrieved=True)
-"""Prompt text after a label that names the key whose value the grammar opens."""
+from edgespec.core.tree import SOURCE_LABEL, SOURCE_VALUE   # noqa: F401  (the sources of this module's drafts)
 
 MIN_CHARS = 2       # a shorter tail matches anywhere
 MAX_KEY_CHARS = 32  # longer tails rank equal (the latest occurrence wins)

@@ -75,8 +75,9 @@ def source_name(i: int) -> str:
     return SOURCES[i].name if 0 <= i < len(SOURCES) else f"source{i}"
 
 
-# the engine's and the built-in drafters' sources (their ids are stored in
-# results files and compared in tests: keep this order)
+# every built-in source, registered here in one fixed order whatever module is
+# imported first (their ids are stored in results files and compared in tests:
+# append, never reorder)
 SOURCE_CONTEXT = register_source("context", retrieved=True)     # a match in the prompt / generation so far
 SOURCE_CORPUS = register_source("corpus", retrieved=True)       # a match in a compiled corpus
 SOURCE_TRIGRAM = register_source("trigram", guess=True)
@@ -88,6 +89,9 @@ SOURCE_PROMPT = register_source("prompt", retrieved=True, aligned=True)   # a co
 SOURCE_ALIGN = register_source("align", aligned=True, guess=True)   # AASD: the model's choice where the prompt disagreed
 SOURCE_GRAMMAR = register_source("grammar")     # text a request's grammar forces next (the engine adds it)
 SOURCE_EDIT = register_source("edit", retrieved=True)   # a prompt copy with the answer's edits applied ahead
+SOURCE_VALUE = register_source("value", retrieved=True)   # prompt text the answer copies, found by characters (grammar)
+SOURCE_LABEL = register_source("label", retrieved=True)   # prompt text after a label naming the key the grammar opens
+SOURCE_MEMORY = register_source("memory", retrieved=True)   # copied from the memory of earlier requests
 N_SOURCES = MAX_SOURCES
 
 @dataclass

@@ -27,11 +27,8 @@ import threading
 
 import numpy as np
 
-from edgespec.core.tree import register_source
+from edgespec.core.tree import SOURCE_MEMORY   # noqa: F401  (the source of this module's drafts)
 from edgespec.kernels import memory as _k
-
-SOURCE_MEMORY = register_source("memory", retrieved=True)
-"""Draft nodes copied from the memory of earlier requests."""
 
 BYTES_PER_SLOT = 16
 """Memory per token slot at the budget: the token, its two chain links (4
