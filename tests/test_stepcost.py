@@ -154,3 +154,60 @@ def test_guard_carries_part_of_a_request_into_the_next():
     g.balance = 20.0                                           # a request that gained a lot
     g.begin()
     assert g.balance == G.SLACK
+
+
+class _CudaLike:
+    """A backend with llama.cpp's CUDA graph rule (ggml-cuda.cu,
+    ggml_backend_cuda_graph_compute): a decode whose shape differs from the
+    last one runs uncaptured (EAGER), the second of a shape captures the graph
+    (CAPTURE), the third on replays it (cost(T)); a clock, no model."""
+    EAGER, CAPTURE = 2.5e-3, 3.5e-3
+    n_vocab, n_ctx = 30000, 4096
+
+    def __init__(self):
+        self.now, self.n_past, self.last, self.seen = 0.0, 0, None, 0
+
+    @staticmethod
+    def cost(t: int) -> float:
+        return 1e-3 * (1.0 + 0.1 * (t - 1))
+
+    def clock(self) -> float:
+        return self.now
+
+    def reset(self) -> None:
+        self.n_past, self.last = 0, None
+
+    def prefill(self, toks, want_last_logits=True) -> None:
+        self.n_past += len(toks)
+        self.last = None
+
+    def decode_tree(self, toks, depth, leaf_first, leaf_count, n_leaves) -> None:
+        t = len(toks)
+        self.seen = self.seen + 1 if t == self.last else 1
+        self.last = t
+        self.now += self.cost(t) + (self.EAGER if self.seen == 1 else self.CAPTURE if self.seen == 2 else 0.0)
+
+    def logits(self):
+        return None
+
+    def keep(self, k: int) -> None:
+        self.n_past += k
+
+
+def test_calibration_times_plain_steps_as_plain_decoding_runs_them():
+    """Under CUDA's graph rule a one-token decode right after a batch runs
+    uncaptured and the next captures: t1 is the replayed plain step, the
+    after-batch cost both extra decodes, and the steady widths the replayed
+    batches (the alternating ones pay the uncaptured run)."""
+    from edgespec.calibration.curve import measure_at
+
+    be = _CudaLike()
+    ts = [1, 2, 4, 8]
+    steady: list = []
+    t1, rel, after_s = measure_at(be, ts, 300, 3, np.random.default_rng(0), lambda: None, steady=steady)
+    c1 = be.cost(1)
+    assert t1 == pytest.approx(c1)
+    assert after_s == pytest.approx(be.EAGER + be.CAPTURE)
+    assert rel[1:] == pytest.approx([(be.cost(t) + be.EAGER) / c1 for t in ts[1:]])
+    assert steady == pytest.approx([1.0] + [be.cost(t) / c1 for t in ts[1:]])
+

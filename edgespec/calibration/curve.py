@@ -24,6 +24,7 @@ DEFAULT_TS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 48, 64)
 DEFAULT_PREFIXES = (300, 1000, 2000)
 SHORT_PREFIX = 100      # the short regime (<= 256 cells) is measured after 100 cells
 PACED_CHUNK = 64        # prompt tokens per slice when a measurement runs between requests
+STEADY_RUN, STEADY_KEEP = 4, 2   # one-token decodes in a row per round; the last ones time t1
 
 
 @dataclass
@@ -264,10 +265,10 @@ def timed_chain(backend, toks: np.ndarray) -> float:
     """Seconds of one decode of the chain `toks` (logits at every token),
     its cells dropped after."""
     t = len(toks)
-    t0 = time.perf_counter()
+    t0 = backend.clock()
     backend.decode_tree(toks, np.arange(t, dtype=np.int32), np.zeros(t, np.int32), np.ones(t, np.int32), 1)
     backend.logits()
-    dt = time.perf_counter() - t0
+    dt = backend.clock() - t0
     backend.keep(0)
     return dt
 
@@ -277,10 +278,14 @@ def measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None, stead
     of `reps` decodes of T-token chains per T, interleaved so that machine noise
     spreads over all sizes, and after_s, what a one-token decode right after a
     batch costs more than one after another one-token decode (median of paired
-    differences).  With `steady` (a list), it also times a T-token decode
+    differences; the two one-token decodes after a batch, over two plain
+    ones).  With `steady` (a list), it also times a T-token decode
     that follows two of the same width (a backend that replays a captured
     graph for an unchanged shape has done so by then) and appends the
-    medians over t1 to it.
+    medians over t1 to it.  t1 is timed the same way: the last STEADY_KEEP
+    of STEADY_RUN one-token decodes in a row, every round (on CUDA the first
+    one-token decodes after a batch re-capture the graph; on a CPU they cost
+    what the others do).
 
     pause: None, or a callable called before every timed decode (and every
     prefill chunk) that returns True when a request used the backend since
@@ -292,7 +297,7 @@ def measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None, stead
     prefill(backend, pre, pause, chunk)
     times = {t: [] for t in ts}
     same: dict = {t: [] for t in ts}
-    singles, after = [], []
+    singles, after, firsts = [], [], []
     one = np.ones(max(ts), np.int32)
 
     def decode(toks) -> float:
@@ -316,13 +321,20 @@ def measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None, stead
                 same[t].append(decode(one[:t] * 501))
             if r:
                 times[t].append(dt)
-                singles.append(b)
                 if prev_batch:
-                    after.append(a - b)
+                    firsts.append(a + b)
             prev_batch = t > 1
+        run = [decode(one[:1] * 500) for _ in range(STEADY_RUN)]
+        if r:
+            singles.extend(run[-STEADY_KEEP:])
+            # the two one-token decodes after each of this round's batches (on CUDA the first
+            # runs uncaptured, the second captures the graph) over two of this round's plain ones
+            after.extend(x - 2.0 * float(np.median(run[-STEADY_KEEP:])) for x in firsts)
+        firsts.clear()
+        prev_batch = False
         tick()
     med = {t: float(np.median(v)) for t, v in times.items()}
-    t1 = float(np.median(singles + times[1]))
+    t1 = float(np.median(singles))
     rel = [max(med[t] / t1, 1e-3) for t in ts]
     # a cost curve must not fall with T (noise can make it): enforce monotone
     for i in range(1, len(rel)):
