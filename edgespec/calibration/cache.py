@@ -18,7 +18,7 @@ import tempfile
 import time
 import warnings
 
-CALIBRATION_VERSION = 5
+CALIBRATION_VERSION = 6
 log = logging.getLogger("edgespec.calibration")
 
 
