@@ -15,7 +15,7 @@ from edgespec.drafters import make_drafter, parse_drafter_name
 from edgespec.drafters.base import StepResult
 from edgespec.drafters.hybrid import HybridConfig, HybridDrafter
 from edgespec.drafters.trigram import TrigramConfig, TrigramDrafter
-from edgespec.kernels.trigram import exploration, puct_score
+from edgespec.kernels.trigram import exploration, puct_child, puct_score
 from edgespec.core.tree import SOURCE_TRIGRAM, DraftTree
 
 V = 32
@@ -81,6 +81,34 @@ def test_puct_score_eqs_2_and_3():
     e = 32.0 + math.log((10 + 8.0 + 1) / 8.0)
     assert exploration(10.0, 32.0, 8.0) == pytest.approx(e)
     assert puct_score(2.5, 0.25, 3, 10.0, 32.0, 8.0) == pytest.approx(2.5 + e * 0.25 * math.sqrt(10) / 4)
+
+
+def test_selection_takes_the_child_of_highest_puct():
+    """Both searches descend by puct_child: the child of highest Eq. 2 score
+    under Eq. 3's E, Q the mean backed-up value (0 unvisited), ties to the
+    earlier child.  Hand-made children of node 0 (nodes 1-4) where the
+    highest prior, the highest mean value and the least visited each point
+    elsewhere than PUCT does."""
+    first = arr([1, 0, 0, 0, 0]); nch = arr([4, -1, -1, -1, -1])
+    prior = np.array([0.0, 0.50, 0.20, 0.25, 0.05])
+    visits = arr([0, 40, 2, 5, 0])
+    value = np.array([0.0, 44.0, 3.0, 9.0, 0.0])      # Q: 1.1, 1.5, 1.8, 0
+    c1, c2 = 1.0, 8.0                                   # a small C1, so that Q and the prior trade off
+    sum_n = float(visits[1:].sum())
+    scores = [puct_score(value[c] / visits[c] if visits[c] else 0.0, prior[c], visits[c], sum_n, c1, c2)
+              for c in range(1, 5)]
+    want = 1 + int(np.argmax(scores))
+    assert want == 2
+    assert want != 1 + int(np.argmax(prior[1:]))        # not the likeliest child
+    assert want != 1 + int(np.argmin(visits[1:]))       # not the least visited
+    assert want != 1 + int(np.argmax(value[1:] / np.maximum(visits[1:], 1)))    # not the best mean value
+    assert puct_child(0, first, nch, prior, visits, value, c1, c2) == want
+    # the paper's C1 = 32: the same rule
+    assert puct_child(0, first, nch, prior, visits, value, 32.0, 8.0) == 1 + int(np.argmax(
+        [puct_score(value[c] / visits[c] if visits[c] else 0.0, prior[c], visits[c], sum_n, 32.0, 8.0)
+         for c in range(1, 5)]))
+    # no visits yet: every score is Q = 0, the earlier child wins the tie
+    assert puct_child(0, first, nch, prior, arr([0] * 5), np.zeros(5), c1, c2) == 1
 
 
 def test_eq_1_without_the_trigrams_seen_fewer_than_t_times():

@@ -109,5 +109,6 @@ class DrafterFeedback:
         if self.want_hidden:
             hid = self.backend.hidden()[:slot + 1].copy()
         self.drafter.observe(StepResult(
-            ctx, np.array(accepted, np.int32), proposed, nacc, ntest, tk_in, tk_tok, tk_val,
-            t1_s, decode_s, {}, ent, hid))
+            context=ctx, accepted=np.array(accepted, np.int32), proposed=proposed, node_accepted=nacc,
+            node_tested=ntest, topk_input=tk_in, topk_tokens=tk_tok, topk_logits=tk_val, plain_step_s=t1_s,
+            step_decode_s=decode_s, entropy=ent, hidden=hid))

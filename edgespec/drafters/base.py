@@ -53,7 +53,6 @@ class StepResult:
     topk_logits: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     plain_step_s: float = 0.0
     step_decode_s: float = 0.0
-    extra: dict = field(default_factory=dict)
     entropy: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     hidden: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
 
