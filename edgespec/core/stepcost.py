@@ -150,8 +150,10 @@ class StepCosts:
         return max(2, int(np.searchsorted(prior.alt[1:], limit, side="right")))
 
     def plain_s(self, prior: Prior) -> float:
-        """Seconds of a plain one-token step at this context, as learned."""
-        return prior.alt[1] * prior.t1_s * self.ratios()[2]
+        """Seconds of a plain one-token step at this context, as learned
+        (ratios()[2], without computing the batch widths' ratios: the engine
+        asks every step)."""
+        return prior.alt[1] * prior.t1_s * self.plain.backed(1.0, PLAIN_PRIOR)
 
     def table(self, prior: Prior, prev: int) -> tuple[np.ndarray, bool]:
         """The gate's cost table (T = 0..max_t, in units of the prior's t1)
