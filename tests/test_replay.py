@@ -91,12 +91,15 @@ def test_oracle_keeps_only_what_the_model_accepts(model, recorded):
     """OracleDrafter (tools/replay.py's oracle-NAME) passes on only the path of
     the inner drafter's proposal that the record follows: every node it lets
     through is accepted, and with perfect estimates the gate's modelled time
-    is no worse than with the learned ones."""
+    is within 2% of the learned ones' or better (the gate chooses step by
+    step, under the learned costs' ramp: perfect estimates do not make it
+    optimal; on the calibration of 2026-11-27 the oracle took 0.6% longer)."""
     from edgespec.backend.replay import OracleDrafter
     eog = int(np.nonzero(model.vocab.eog_mask())[0][0])
     out = {}
     for oracle in (False, True):
-        be = ReplayBackend(model.vocab, model.backend.n_ctx, model.backend.max_nodes, model.cost, eog)
+        # a fixed clock: the learned costs and the guard decide from the modelled time alone
+        be = ReplayBackend(model.vocab, model.backend.n_ctx, model.backend.max_nodes, model.cost, eog, overhead_s=0.0)
         d = make_drafter("suffix", n_vocab=model.vocab.n_vocab)
         if oracle:
             d = OracleDrafter(d, be)
@@ -106,7 +109,7 @@ def test_oracle_keeps_only_what_the_model_accepts(model, recorded):
     assert sum(r["n_draft_accepted"] for r in o) > 0
     assert all(r["n_draft_nodes"] == r["n_draft_accepted"] for r in o)
     assert any(r["n_draft_nodes"] > r["n_draft_accepted"] for r in s)   # the learned gate does miss
-    assert sum(r["model_s"] for r in o) <= sum(r["model_s"] for r in s)
+    assert sum(r["model_s"] for r in o) <= 1.02 * sum(r["model_s"] for r in s)
 
 
 def _copy_chains():

@@ -87,11 +87,14 @@ def test_shape_sensitive_costs_favour_keeping_the_width():
     the runs seen."""
     p = prior()
     sc = StepCosts(TS, MAX_T)
+    seen = [0, 0]               # llama.cpp's CUDA rule: the third decode of a width on replays its graph
 
     def seconds(w, prev):
+        seen[0] = seen[0] + 1 if w == seen[1] else 1
+        seen[1] = w
         if w == 1:
             return T1 * (2.5 if prev >= 2 else 1.0)
-        return T1 * p.alt[w] * (0.35 if w == prev else 1.0)
+        return T1 * p.alt[w] * (0.35 if seen[0] >= 3 else 1.0)
 
     feed(sc, p, ([1] * 3 + [8] * 6) * 40, seconds)
     table, sens = sc.table(p, 8)
@@ -105,6 +108,34 @@ def test_shape_sensitive_costs_favour_keeping_the_width():
     cpu = StepCosts(TS, MAX_T)
     feed(cpu, p, ([1] * 3 + [8] * 6) * 40, lambda w, prev: T1 * (p.alt[w] if w > 1 else 1.0))
     assert not cpu.table(p, 8)[1]
+
+
+def test_cuda_graph_captures_are_charged_to_the_batch_not_to_plain_steps():
+    """Under llama.cpp's CUDA rule every change of width costs an uncaptured
+    decode and then a capture, one-token decodes included: the plain step is
+    learned as the replayed one, the return to plain decoding as both extra
+    decodes, and a width as steady only from its third decode."""
+    p = prior(after=0.0)
+    sc = StepCosts(TS, MAX_T)
+    seen = [0, 0]
+    eager, capture = 1.5, 2.5             # plain steps
+
+    def seconds(w, prev):
+        seen[0] = seen[0] + 1 if w == seen[1] else 1
+        seen[1] = w
+        extra = eager if seen[0] == 1 else capture if seen[0] == 2 else 0.0
+        return T1 * (0.4 * p.alt[w] + extra)
+
+    feed(sc, p, ([1] * 6 + [8] * 5) * 60, seconds)
+    alt, steady, plain, after = sc.ratios()
+    assert plain == pytest.approx(0.4, rel=0.02)
+    assert sc.plain_s(p) == pytest.approx(0.4 * T1, rel=0.02)
+    table, sens = sc.table(p, 8)
+    assert sens
+    assert table[8] == pytest.approx(0.4 * p.alt[8], rel=0.02)          # the replayed batch
+    back = (2.0 * p.alt[1] + p.after) * after - 2.0 * p.alt[1] * plain
+    # within the pull of the prior's two pseudo-observations (of no extra) on a window of 32
+    assert 0.92 * (eager + capture) < back <= eager + capture
 
 
 def test_the_widest_batch_ramps_up_with_what_was_timed():

@@ -13,10 +13,12 @@ Time is modelled, not measured: a decode of T tokens at a KV position p costs
 c(T) of the calibrated curve (the short-context entry for single tokens within
 the first 256 cells, as the engine's gate assumes), plus the engine's own
 measured work per step.  A curve with steady widths (CostCurve.steady_rel,
-as measured on a GPU) is charged by shape: a batch of the previous decode's
-width its steady cost, another width its alternating cost, and a one-token
-decode after a batch its after-batch cost, as llama.cpp's CUDA graphs make
-them.  The backend's clock() is that modelled time plus the engine's own
+as measured on a GPU) is charged by shape: a batch after two of its width
+its steady cost (llama.cpp's CUDA backend replays its captured graph from
+the third decode of a shape on), any other batch its alternating cost, and
+a one-token decode right after a batch its after-batch cost (the second,
+which captures the graph again, is charged as a plain one: tools/gpu's
+shapes did not time it apart).  The backend's clock() is that modelled time plus the engine's own
 time (real, or a fixed figure per step), so the engine learns its step
 costs and keeps its guard's account as it would on that machine.
 `tools/replay.py` is the command-line front end.
@@ -227,6 +229,7 @@ class ReplayBackend:
         self._clock_s = 0.0
         self._real_in_decode = 0.0
         self._prev_n = 0
+        self._same_n = 0                    # decodes of width _prev_n in a row
         self._priors: dict = {}
         self.shapes = bool(cost.steady_rel)
         self.n_width_changes = 0            # decodes whose width differs from the decode before
@@ -353,7 +356,8 @@ class ReplayBackend:
         p = prior_at(self.cost, base, self.max_nodes + 1, self._priors)
         if n == 1:
             return float((p.alt[1] + (p.after if self._prev_n >= 2 else 0.0)) * p.t1_s)
-        return float((p.steady[n] if n == self._prev_n else p.alt[n]) * p.t1_s)
+        # llama.cpp's CUDA graphs: the third decode of a shape on replays the captured graph
+        return float((p.steady[n] if n == self._prev_n and self._same_n >= 2 else p.alt[n]) * p.t1_s)
 
     def decode_tree(self, tokens, depth, leaf_first, leaf_count, n_leaves) -> None:
         r0 = time.perf_counter()
@@ -377,6 +381,7 @@ class ReplayBackend:
         self._set_rows(hot, pos)
         dt = self.modelled_s(n, base)
         self.n_width_changes += n != self._prev_n
+        self._same_n = self._same_n + 1 if n == self._prev_n else 1
         self._prev_n = n
         self.model_s += dt
         self._clock_s += dt

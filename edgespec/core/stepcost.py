@@ -10,11 +10,14 @@ curve is only the prior.
 What it learns, each as a ratio of the measured seconds to the prior's
 seconds for the same decode (so a context length not seen yet is costed from
 what was seen at others):
-  alternating  a batch of T tokens after a decode of another width
-  steady       a batch of T tokens right after one of the same width
-  plain        a one-token decode after a one-token decode
-  after        a one-token decode after a batch: its extra time over a plain
-               one is charged to the batch that caused it
+  alternating  a batch of T tokens after a decode of another width, or the
+               second of a width (llama.cpp's CUDA backend runs the first
+               decode of a new shape without its graph and captures the
+               graph on the second: ggml_backend_cuda_graph_compute)
+  steady       a batch of T tokens after two of the same width
+  plain        a one-token decode after one-token decodes
+  after        the two one-token decodes after a batch: their extra time
+               over two plain ones is charged to the batch that caused it
 Batch widths share a cell per bucket of the curve's measured sizes.  A cell
 backs off to the ratio pooled over all widths of its kind while it has few
 observations of its own, and the pooled ratio to the plain step's (what
@@ -53,7 +56,7 @@ class Prior:
     """The calibrated costs at one context, in units of one plain step's
     prior seconds t1_s: alt[T] and steady[T] the decode of T tokens without
     the after-batch charge (alt[1] the plain step), after the extra of the
-    one-token decode after a batch."""
+    two one-token decodes after a batch."""
     alt: np.ndarray
     steady: np.ndarray
     after: float
@@ -87,6 +90,8 @@ class StepCosts:
         self.cell_m = np.ones((2, len(ts)))
         self.pooled = [_Mean(), _Mean()]
         self.plain, self.after = _Mean(), _Mean()
+        self._first: tuple | None = None     # (seconds, prior) of the one-token decode right after a batch
+        self._same = 0                       # decodes of the current width in a row
         self.run, self.n_runs, self.cur_run = RUN_PRIOR, 0.0, 0
         self.widest = 0
         self.max_t = max_t
@@ -98,14 +103,22 @@ class StepCosts:
         request) took `seconds`; prior: the calibrated costs at its context."""
         if seconds <= 0 or width < 1 or width > self.max_t:
             return
+        self._same = self._same + 1 if width == prev else 1
+        first, self._first = self._first, None
         if width == 1:
             if prev >= 2:
-                self.after.add(seconds / ((prior.alt[1] + prior.after) * prior.t1_s))
+                self._first = (seconds, prior)
                 self._end_run()
+            elif first is not None:     # the pair after a batch, against two plain decodes and the return
+                s1, p1 = first
+                self.after.add((s1 + seconds) / ((2.0 * p1.alt[1] + p1.after) * p1.t1_s))
             else:
                 self.plain.add(seconds / (prior.alt[1] * prior.t1_s))
         else:
-            kind = STEADY if width == prev else ALT
+            if first is not None:       # a batch right after: the one decode, a plain one for the second
+                s1, p1 = first
+                self.after.add((s1 + p1.alt[1] * p1.t1_s) / ((2.0 * p1.alt[1] + p1.after) * p1.t1_s))
+            kind = STEADY if width == prev and self._same >= 3 else ALT
             base = prior.steady[width] if kind == STEADY else prior.alt[width]
             x = seconds / (base * prior.t1_s)
             b = self.bucket[width]
@@ -168,7 +181,7 @@ class StepCosts:
         sens = self.shape_sensitive(alt, prior.steady * rs[:n])
         steady = prior.steady * rs[:n] if sens else alt       # within noise of each other: one cost
         one = prior.alt[1] * r1
-        back = max(0.0, (prior.alt[1] + prior.after) * raf - one)     # the return to plain decoding
+        back = max(0.0, (2.0 * prior.alt[1] + prior.after) * raf - 2.0 * one)     # the return to plain decoding
         if prev >= 2:
             out = alt.copy()
             if prev < n:
