@@ -276,16 +276,12 @@ def timed_chain(backend, toks: np.ndarray) -> float:
 def measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None, steady: list | None = None) -> tuple[float, list, float]:
     """(t1_s, rel, after_s) after a random prefix of `prefix` tokens: the median
     of `reps` decodes of T-token chains per T, interleaved so that machine noise
-    spreads over all sizes, and after_s, what a one-token decode right after a
-    batch costs more than one after another one-token decode (median of paired
-    differences; the two one-token decodes after a batch, over two plain
-    ones).  With `steady` (a list), it also times a T-token decode
-    that follows two of the same width (a backend that replays a captured
-    graph for an unchanged shape has done so by then) and appends the
-    medians over t1 to it.  t1 is timed the same way: the last STEADY_KEEP
-    of STEADY_RUN one-token decodes in a row, every round (on CUDA the first
-    one-token decodes after a batch re-capture the graph; on a CPU they cost
-    what the others do).
+    spreads over all sizes; t1 the last STEADY_KEEP of STEADY_RUN one-token
+    decodes in a row each round (on CUDA the first decodes of a new shape
+    run uncaptured, then capture the graph); after_s what the two one-token
+    decodes right after a batch cost over two plain ones (median).  With
+    `steady` (a list), it also times a T-token decode that follows two of
+    the same width (a replayed graph by then) and appends their medians over t1.
 
     pause: None, or a callable called before every timed decode (and every
     prefill chunk) that returns True when a request used the backend since
@@ -333,6 +329,12 @@ def measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None, stead
         firsts.clear()
         prev_batch = False
         tick()
+    return _medians(ts, times, singles, after, same, steady)
+
+
+def _medians(ts, times: dict, singles: list, after: list, same: dict, steady: list | None):
+    """measure_at's (t1_s, rel, after_s) from its timings, and the steady
+    widths' medians over t1 appended to `steady` (when it is a list)."""
     med = {t: float(np.median(v)) for t, v in times.items()}
     t1 = float(np.median(singles))
     rel = [max(med[t] / t1, 1e-3) for t in ts]
