@@ -18,9 +18,10 @@ its steady cost (llama.cpp's CUDA backend replays its captured graph from
 the third decode of a shape on), any other batch its alternating cost, and
 a one-token decode right after a batch its after-batch cost (the second,
 which captures the graph again, is charged as a plain one: tools/gpu's
-shapes did not time it apart).  The backend's clock() is that modelled time plus the engine's own
-time (real, or a fixed figure per step), so the engine learns its step
-costs and keeps its guard's account as it would on that machine.
+shapes did not time it apart).  The backend's clock() is that modelled
+time plus the engine's own time (real, or a fixed figure per step), so the
+engine learns its step costs and keeps its guard's account as it would on
+that machine.
 `tools/replay.py` is the command-line front end.
 
 The model's own numbers beyond its greedy tokens -- its top-k and their

@@ -105,19 +105,19 @@ class StepCosts:
             return
         self._same = self._same + 1 if width == prev else 1
         first, self._first = self._first, None
+        if first is not None:
+            # the pair of one-token decodes after a batch, against two plain decodes and the
+            # return; a batch right after it stands in a plain decode for the second
+            s1, p1 = first
+            s2 = seconds if width == 1 else p1.alt[1] * p1.t1_s
+            self.after.add((s1 + s2) / ((2.0 * p1.alt[1] + p1.after) * p1.t1_s))
         if width == 1:
             if prev >= 2:
                 self._first = (seconds, prior)
                 self._end_run()
-            elif first is not None:     # the pair after a batch, against two plain decodes and the return
-                s1, p1 = first
-                self.after.add((s1 + seconds) / ((2.0 * p1.alt[1] + p1.after) * p1.t1_s))
-            else:
+            elif first is None:
                 self.plain.add(seconds / (prior.alt[1] * prior.t1_s))
         else:
-            if first is not None:       # a batch right after: the one decode, a plain one for the second
-                s1, p1 = first
-                self.after.add((s1 + p1.alt[1] * p1.t1_s) / ((2.0 * p1.alt[1] + p1.after) * p1.t1_s))
             kind = STEADY if width == prev and self._same >= 3 else ALT
             base = prior.steady[width] if kind == STEADY else prior.alt[width]
             x = seconds / (base * prior.t1_s)
@@ -140,7 +140,7 @@ class StepCosts:
         if self._ratios is None:
             # what slows every decode (another program on the cores) slows batches too:
             # widths not timed yet take the plain step's ratio
-            r1 = self.plain.backed(1.0, PLAIN_PRIOR)
+            r1 = self._plain_ratio()
             pa = self.pooled[ALT].backed(r1)
             ps = self.pooled[STEADY].backed(pa)
             n, m = self.cell_n, self.cell_m
@@ -166,7 +166,11 @@ class StepCosts:
         """Seconds of a plain one-token step at this context, as learned
         (ratios()[2], without computing the batch widths' ratios: the engine
         asks every step)."""
-        return prior.alt[1] * prior.t1_s * self.plain.backed(1.0, PLAIN_PRIOR)
+        return prior.alt[1] * prior.t1_s * self._plain_ratio()
+
+    def _plain_ratio(self) -> float:
+        """The plain step's measured over prior seconds (what slows every decode)."""
+        return self.plain.backed(1.0, PLAIN_PRIOR)
 
     def table(self, prior: Prior, prev: int) -> tuple[np.ndarray, bool]:
         """The gate's cost table (T = 0..max_t, in units of the prior's t1)

