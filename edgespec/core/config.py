@@ -49,6 +49,12 @@ class EngineConfig:
         gained, by the learned plain step, until probes show it would pay
         again (core/guard.py); with the
         cost gate only (cost_gate=False verifies every draft, guard or not).
+    hold_width: an experiment for CUDA builds (issue 40), 0 (off) by default:
+        every step verifies exactly this many tokens (the likeliest drafts,
+        padded with the tokens that followed the pending one last time), so
+        llama.cpp replays one captured graph instead of capturing a new one at
+        each change of width; verification is unchanged (exact).  The gate
+        and the guard do not decide then; plain decoding (`none`) never pads.
     """
     max_nodes: int = 48
     cost_gate: bool = True
@@ -62,11 +68,18 @@ class EngineConfig:
     history_cap: float | None = None
     learn_costs: bool = True
     guard: bool = True
+    hold_width: int = 0
 
     def __post_init__(self):
         if not (1 <= self.max_nodes <= 256):
             raise ConfigError(f"max_nodes must be in 1..256, got {self.max_nodes}")
+        if self.hold_width and not (2 <= self.hold_width <= self.max_nodes):
+            raise ConfigError(f"hold_width must be 0 (off) or in 2..max_nodes ({self.max_nodes}), got {self.hold_width}")
         if not (0.0 < self.carry_prob <= 1.0):
             raise ConfigError("carry_prob must be in (0, 1]")
         if self.gate_overhead is not None and not (0.0 <= self.gate_overhead < 10.0):
             raise ConfigError(f"gate_overhead must be in [0, 10) plain steps, got {self.gate_overhead}")
+
+    def held_width(self, budget: int) -> int:
+        """The batch width a step holds with `budget` slots left (hold_width), or 0."""
+        return self.hold_width if 1 < self.hold_width <= budget else 0

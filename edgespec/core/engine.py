@@ -44,7 +44,7 @@ from edgespec.core.request import RunState, chunks, count_sources, finish
 from edgespec.core.result import GenerationResult
 from edgespec.core.stream import TextStream
 from edgespec.core.grammar_drafts import SOURCE_LABEL, SOURCE_VALUE, GrammarDrafts
-from edgespec.core.tree import SOURCE_GRAMMAR, DraftTree, merge_chain
+from edgespec.core.tree import SOURCE_GRAMMAR, DraftTree, merge_chain, pad_tree
 from edgespec.core.relaxed import relaxed_path
 from edgespec.core.verify import SamplingConfig, sample_token
 from edgespec.drafters.base import Drafter
@@ -302,19 +302,20 @@ class Engine:
         t_step = self._clock()
         budget = min(self.config.max_nodes, be.n_ctx - be.n_past)
         n_past = be.n_past
-        drafting = self._may_draft()
+        hold = 0 if self._plain else self.config.held_width(budget)
+        drafting = bool(hold) or self._may_draft()
         probe = not drafting and self.guard.probing(st.n - 1)
         tree = self._propose(st, budget) if (drafting or probe) else self._no_drafts(st)
+        tree = pad_tree(tree, st.ctx[:st.n], hold - 1)      # a held width: at least hold-1 nodes
         t_prop = self._clock()
-        k, nl = g.choose(tree, budget, n_past, self._prev_width)
+        k, nl = g.choose(tree, hold or budget, n_past, self._prev_width, gated=not hold)
         if probe and k:         # blocked by the guard: judged, not verified
             self.guard.start_probe(st.n - 1, tree.tokens[g.sel[:k]], g.spar[:k], g.chosen_cost(k))
             k, nl = g.plain()
         if self.config.shadow and len(tree) and budget > 1:
             g.record_shadow(st.shadow, st.n - 1, tree, k)
         nb = k + 1
-        btok = np.empty(nb, np.int32)
-        btok[0] = st.pending
+        btok = np.full(nb, st.pending, np.int32)
         if k:
             btok[1:] = tree.tokens[g.sel[:k][g.o[1:nb]]]
         t0 = self._clock()

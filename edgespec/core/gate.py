@@ -208,10 +208,12 @@ class Gate:
         assert self._buckets is not None
         return self._buckets.at(n_past)[1]
 
-    def choose(self, tree: DraftTree, budget: int, n_past: int, prev: int = 0) -> tuple[int, int]:
+    def choose(self, tree: DraftTree, budget: int, n_past: int, prev: int = 0,
+               gated: bool = True) -> tuple[int, int]:
         """Gate and lay out this step's tree (the decode before it `prev`
         tokens wide): returns (k draft nodes, n_leaves); k = 0 means a plain
-        one-token step.  The layout sits in the scratch arrays."""
+        one-token step.  gated=False takes the budget-1 likeliest nodes (a
+        held width).  The layout sits in the scratch arrays."""
         m = len(tree)
         if m == 0 or budget < 2:
             k, nl = 0, 1
@@ -220,12 +222,13 @@ class Gate:
             acc = self.acceptance
             cfg = self.config
             lim = min(budget, cfg.max_nodes)
-            if self.steps is not None and cfg.cost_gate:
+            gated = gated and cfg.cost_gate
+            if self.steps is not None and gated:
                 lim = min(lim, self.steps.widest_allowed(self.prior(n_past)))
             self._table = self.cost_at(n_past, prev)
             self._overhead = self.overhead_rel if cfg.gate_overhead is None else cfg.gate_overhead
             k, nl = plan_step(tree.parents, tree.probs, tree.source, (acc.n_c, acc.a_c, acc.n_f, acc.a_f),
-                              acc.K0, acc.K1, self._table, self._overhead, lim, cfg.cost_gate, self._plan)
+                              acc.K0, acc.K1, self._table, self._overhead, lim, gated, self._plan)
         return (k, nl) if k else self.plain()
 
     def plain(self) -> tuple[int, int]:

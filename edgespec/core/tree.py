@@ -92,6 +92,7 @@ SOURCE_EDIT = register_source("edit", retrieved=True)   # a prompt copy with the
 SOURCE_VALUE = register_source("value", retrieved=True)   # prompt text the answer copies, found by characters (grammar)
 SOURCE_LABEL = register_source("label", retrieved=True)   # prompt text after a label naming the key the grammar opens
 SOURCE_MEMORY = register_source("memory", retrieved=True)   # copied from the memory of earlier requests
+SOURCE_FILLER = register_source("filler")   # pads a held batch width (EngineConfig.hold_width)
 N_SOURCES = MAX_SOURCES
 
 @dataclass
@@ -168,3 +169,22 @@ def merge_chain(tree: DraftTree, chain: np.ndarray, prob: float, source: int = S
         cur = nxt
     return DraftTree(np.array(toks, np.int32), np.array(pars, np.int32),
                      np.array(probs, np.float32), np.array(src, np.int8))
+
+
+FILLER_PROB = 0.05     # the drafter score of padding: the gate's acceptance statistics start from it
+
+
+def pad_tree(tree: DraftTree, ctx: np.ndarray, need: int) -> DraftTree:
+    """A proposal of at least `need` nodes (where it can be made so): the
+    tokens that followed the last token of ctx where it occurred before, then
+    that token repeated, merged in as a chain of filler."""
+    if len(tree) >= need or len(ctx) == 0:
+        return tree
+    last = int(ctx[-1])
+    hits = np.flatnonzero(ctx[:-1] == last)
+    follow = ctx[hits[-1] + 1:hits[-1] + 1 + need] if len(hits) else ctx[:0]
+    chain = np.concatenate([follow, np.full(need - len(follow), last, ctx.dtype)])
+    tree = merge_chain(tree, chain.astype(np.int32), FILLER_PROB, SOURCE_FILLER)
+    if len(tree) < need:        # the chain ran along existing nodes: a second one beside it
+        tree = merge_chain(tree, np.full(need - len(tree), last ^ 1, np.int32), FILLER_PROB, SOURCE_FILLER)
+    return tree

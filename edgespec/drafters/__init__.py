@@ -93,12 +93,21 @@ def parse_drafter_name(name: str) -> tuple[str, bool, dict]:
 
 def split_verify(spec: str) -> tuple[str, str | None]:
     """'auto+aasd@relaxed' -> ('auto+aasd', 'relaxed'): a drafter spec and the
-    verification mode after '@' (None without one); ConfigError for an unknown mode."""
+    verification mode after '@' (None without one), or 'holdN', the
+    experimental held batch width of N tokens (EngineConfig.hold_width);
+    ConfigError for an unknown mode."""
     base, sep, mode = spec.partition("@")
-    if sep:
+    if sep and not hold_width(mode):
         from edgespec.core.verify import VerifyConfig
         VerifyConfig(mode)
     return base, (mode if sep else None)
+
+
+def hold_width(mode: str | None) -> int:
+    """N of an '@holdN' mode (2..256), else 0."""
+    if mode and mode.startswith("hold") and mode[4:].isdigit() and 2 <= int(mode[4:]) <= 256:
+        return int(mode[4:])
+    return 0
 
 
 def check_drafter_name(name: str) -> None:

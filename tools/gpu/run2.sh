@@ -18,20 +18,24 @@ step() { local name=$1 lim=$2; shift 2; local l=$(left); [ $l -lt 25 ] && { echo
   [ $lim -gt $l ] && lim=$l; echo "== $name (limit $lim s, at $(( $(date +%s) - T0 )) s)"
   timeout $lim "$@" > $L/$name.out 2> $L/$name.err; echo "rc=$? ($(( $(date +%s) - T0 )) s)"; tail -n ${TAILN:-22} $L/$name.out; grep -v '^\s*$' $L/$name.err | tail -n 2; }
 SH="$PY $H/shapes.py"
-M="none,default,suffix,llama-server,llama-server-ngram-simple,llama-server-ngram-mod"
+# suffix@holdN / auto@holdN: the held batch width of issue 40 (EngineConfig.hold_width), beside the default's gate
+M="none,default,suffix@hold2,suffix@hold4,auto@hold4,llama-server-ngram-simple,llama-server-ngram-mod"
 step shapes-smol ${SHAPES_S:-40} $SH $W/smol.gguf 99
 R="--repeat ${REPEAT:-2}"
 step code-smol 120 $ES bench $W/smol.gguf $NGL --prompts $W/code.jsonl ${LIMIT:-} --methods $M --max-tokens 128 $R --out $OUT/code-smol.jsonl
 step chat-smol 120 $ES bench $W/smol.gguf $NGL --prompts $W/chat.jsonl ${LIMIT:-} --methods $M --max-tokens 128 $R --out $OUT/chat-smol.jsonl
-step json-smol 90 $ES bench $W/smol.gguf $NGL --prompts $W/json.jsonl ${LIMIT:-} --methods none,default,llama-server,llama-server-ngram-mod --max-tokens 256 $R --out $OUT/json-smol.jsonl
+step json-smol 90 $ES bench $W/smol.gguf $NGL --prompts $W/json.jsonl ${LIMIT:-} --methods none,default,suffix@hold2,llama-server-ngram-mod --max-tokens 256 $R --out $OUT/json-smol.jsonl
 # memory across requests (issue 41): a stream of similar requests, in file order
-step stream-smol 90 $ES bench $W/smol.gguf $NGL --prompts $W/stream.jsonl ${LIMIT:-} --methods none,default,default+memory,llama-server-ngram-mod,llama-server-ngram-cache --max-tokens 128 --out $OUT/stream-smol.jsonl
+SM="none,default,default+memory,llama-server-ngram-mod,llama-server-ngram-cache"
+for s in extraction codebase agent; do
+  step stream-$s-smol 90 $ES bench $W/smol.gguf $NGL --prompts $W/stream_$s.jsonl ${LIMIT:-} --methods $SM --max-tokens 128 --out $OUT/stream-$s-smol.jsonl
+done
 TAILN=40 step cal-smol 30 $ES calibrate $W/smol.gguf $NGL --json
 # the cost curves of real shapes, while time is left
 while [ ! -f $W/gen.done ] && [ $(left) -gt 60 ]; do sleep 3; done; ls -la $W/*.gguf; cat $W/gen-*.log
 TAILN=8 step shapes-8b 60 $SH $W/rand-8b.gguf 99
 TAILN=8 step shapes-1.5b 45 $SH $W/rand-1.5b.gguf 99
-# at most 8 files come back: the four results files, the shapes, the calibration and one log of every step
+# what comes back: the results files, the shapes, the calibration and one log of every step
 cat $L/shapes-*.out > $OUT/shapes.jsonl 2>/dev/null; c=$(ls $W/cache/calibration/*[0-9a-f].json 2>/dev/null | head -1); [ -n "$c" ] && cp "$c" $OUT/calibration.json
 for f in $L/*.out $L/*.err; do echo "=== $f"; cat $f; done > $OUT/steps.log 2>/dev/null
 echo "total $(( $(date +%s) - T0 )) s"; ls $OUT
