@@ -460,3 +460,60 @@ def test_cancel_stops_within_a_step_and_keeps_the_cache_exact(model, kind):
     assert r0.stop_reason == "cancelled" and r0.tokens == ref.tokens[:1]
     with pytest.raises(TypeError):
         drain(eng.run(toks, max_tokens=4, cancel=3))
+
+
+def test_pad_tree_fills_a_held_width_with_the_last_successors():
+    """pad_tree (hand-written context): the tokens that followed the last
+    token where it occurred before, then that token repeated; a proposal
+    already big enough is left as it is; nodes the chain shares are reused."""
+    from edgespec.core.tree import FILLER_PROB, SOURCE_CONTEXT, SOURCE_FILLER, DraftTree, pad_tree
+    ctx = np.array([5, 7, 8, 9, 1, 5], np.int32)
+    t = pad_tree(DraftTree.empty(), ctx, 3)
+    assert t.tokens.tolist() == [7, 8, 9] and t.parents.tolist() == [-1, 0, 1]
+    assert set(t.source.tolist()) == {SOURCE_FILLER} and np.allclose(t.probs, FILLER_PROB)
+    t = pad_tree(DraftTree.empty(), np.array([3, 4, 5], np.int32), 2)      # 5 never occurred before
+    assert t.tokens.tolist() == [5, 5] and t.parents.tolist() == [-1, 0]
+    big = DraftTree(np.array([7, 8], np.int32), np.array([-1, 0], np.int32),
+                    np.array([0.9, 0.8], np.float32), np.array([SOURCE_CONTEXT] * 2, np.int8))
+    assert pad_tree(big, ctx, 2) is big
+    t = pad_tree(big, ctx, 4)          # shares 7, 8 with the chain 7 8 9 (5 5): then a node below 8
+    assert len(t) >= 4 and t.tokens[:2].tolist() == [7, 8] and t.tokens[2] == 9 and t.parents[2] == 1
+    assert t.source[:2].tolist() == [SOURCE_CONTEXT] * 2 and (t.probs[:2] >= 0.8).all()
+
+
+@pytest.mark.parametrize("width", [2, 4])
+def test_held_width_verifies_every_step_at_that_width_and_stays_identical(model, width):
+    """EngineConfig.hold_width (`suffix@holdN`): every decode after the first
+    token is a batch of exactly `width` tokens, padded where the drafter has
+    fewer, and the greedy output equals plain decoding's."""
+    be = model.backend
+    widths: list[int] = []
+    eng = Engine(be, make_drafter("suffix"), model.cost, EngineConfig(max_nodes=32, hold_width=width))
+    orig = be.decode_tree
+
+    def record(tokens, *a):
+        widths.append(len(tokens))
+        return orig(tokens, *a)
+    be.decode_tree = record
+    try:
+        for row in dev_prompts(124, 140):
+            toks = prompt_of(model, row)
+            ref = reference(model, row, 64)[0]
+            widths.clear()
+            res = drain(eng.run(toks, max_tokens=64))
+            assert res.tokens == ref.tokens, f"hold {width}: question {row['question_id']} diverged"
+            assert widths and set(widths) == {width}, sorted(set(widths))
+            assert res.n_draft_nodes == (width - 1) * len(widths)
+    finally:
+        del be.decode_tree
+
+
+def test_hold_width_is_checked_and_named_by_the_spec():
+    from edgespec.drafters import hold_width, split_verify
+    from edgespec.errors import ConfigError
+    assert split_verify("suffix@hold4") == ("suffix", "hold4") and hold_width("hold4") == 4
+    assert hold_width("relaxed") == 0 and hold_width("hold1") == 0 and hold_width(None) == 0
+    with pytest.raises(ConfigError):
+        split_verify("suffix@hold1")
+    with pytest.raises(ConfigError):
+        EngineConfig(max_nodes=8, hold_width=9)

@@ -106,10 +106,11 @@ def test_batched_logits_bit_identical_to_one_token(zoo):
 
 
 @identity
-@pytest.mark.parametrize("drafter", ["suffix", "trigram", "adjacency", "auto"])
+@pytest.mark.parametrize("drafter", ["suffix", "trigram", "adjacency", "auto", "suffix@hold4"])
 def test_every_drafter_identical_to_none(zoo, drafter):
     """Greedy output of every drafter, the gate off (every proposed node up to
-    32 verified), is token-identical to plain decoding; drafts are verified."""
+    32 verified), is token-identical to plain decoding; drafts are verified.
+    suffix@hold4: every step a batch of 4, padded with filler (EngineConfig.hold_width)."""
     name, m = zoo
     drafted = 0
     for toks in prompts_for(name, m):

@@ -184,7 +184,7 @@ def pad_tree(tree: DraftTree, ctx: np.ndarray, need: int) -> DraftTree:
     hits = np.flatnonzero(ctx[:-1] == last)
     follow = ctx[hits[-1] + 1:hits[-1] + 1 + need] if len(hits) else ctx[:0]
     chain = np.concatenate([follow, np.full(need - len(follow), last, ctx.dtype)])
-    tree = merge_chain(tree, chain.astype(np.int32), FILLER_PROB, SOURCE_FILLER)
+    tree = merge_chain(tree, chain.astype(np.int32), FILLER_PROB, SOURCE_FILLER, start=need)   # shared nodes keep theirs
     if len(tree) < need:        # the chain ran along existing nodes: a second one beside it
-        tree = merge_chain(tree, np.full(need - len(tree), last ^ 1, np.int32), FILLER_PROB, SOURCE_FILLER)
+        tree = merge_chain(tree, np.full(need - len(tree), last ^ 1, np.int32), FILLER_PROB, SOURCE_FILLER, start=need)
     return tree

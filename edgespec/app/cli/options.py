@@ -17,7 +17,7 @@ import click
 
 from edgespec.backend.llama import MIN_CTX
 from edgespec.drafters import NAMES as DRAFTERS
-from edgespec.drafters import parse_drafter_name
+from edgespec.drafters import check_drafter_name
 
 
 def log_settings(ctx=None) -> dict:
@@ -102,12 +102,14 @@ def user_errors():
 
 
 class DrafterSpec(click.ParamType):
-    """A drafter name with optional switches (see drafters.parse_drafter_name)."""
+    """A drafter name with optional switches (see drafters.parse_drafter_name)
+    and an optional @mode (drafters.split_verify: a verification mode, or
+    holdN, the held batch width)."""
     name = "NAME"
 
     def convert(self, value, param, ctx):
         try:
-            parse_drafter_name(value)
+            check_drafter_name(value)
         except ValueError as e:
             self.fail(str(e), param, ctx)
         return value
