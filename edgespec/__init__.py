@@ -7,7 +7,7 @@ from edgespec.core.result import GenerationResult
 from edgespec.core.stream import Chunk
 from edgespec.errors import (BackendError, BenchError, ConfigError, CorpusError, EdgespecError, EmbeddingsError,
                      ModelBusyError, ModelClosedError, ModelFileError, ModelLoadError, PromptTooLongError)
-from edgespec.core.tree import DraftTree
+from edgespec.drafters.tree import DraftTree
 from edgespec.core.verify import SamplingConfig
 from edgespec.version import __version__
 

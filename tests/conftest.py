@@ -29,7 +29,7 @@ from edgespec import SpecModel
 # auto itself (it names the setting explicitly).
 os.environ["EDGESPEC_KERNELS"] = "exact"
 from edgespec.drafters.base import Drafter
-from edgespec.core.tree import DraftTree
+from edgespec.drafters.tree import DraftTree
 
 DATA = Path(__file__).resolve().parent / "data"
 DEV_PROMPTS = DATA / "spec_bench_prompts.jsonl"

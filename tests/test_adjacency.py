@@ -19,7 +19,7 @@ from edgespec.drafters.base import StepResult
 from edgespec.kernels import adjacency as K
 from edgespec.kernels.topk import push_entropy, topk_rows, topk_rows_vals
 from edgespec.kernels.topk import warmup as topk_warmup
-from edgespec.core.tree import SOURCE_ADJACENCY, DraftTree
+from edgespec.drafters.tree import SOURCE_ADJACENCY, DraftTree
 
 
 @pytest.fixture(scope="module", autouse=True)

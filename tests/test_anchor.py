@@ -12,7 +12,7 @@ from edgespec.drafters.branch import BranchDrafter
 from edgespec.drafters.semantic import SemanticDrafter
 from edgespec.drafters.embeddings import TokenEmbeddings
 from edgespec.kernels.anchor import build_branch_tree, path_probs, soft_anchors, softmax_rows
-from edgespec.core.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_SEMANTIC, DraftTree
+from edgespec.drafters.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_SEMANTIC, DraftTree
 from conftest import topk_table
 
 I32 = np.int32

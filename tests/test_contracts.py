@@ -1,9 +1,9 @@
 """The contracts between the engine and the drafters: the draft-source
-registry (core/tree.py) and the capabilities a drafter asks for
+registry (drafters/tree.py) and the capabilities a drafter asks for
 (drafters/base.py Needs), read without getattr."""
 import pytest
 
-from edgespec.core import tree
+from edgespec.drafters import tree
 from edgespec.core.grammar_drafts import SOURCE_LABEL, SOURCE_VALUE
 from edgespec.core.verify import VerifyConfig
 from edgespec.drafters import Drafter, make_drafter

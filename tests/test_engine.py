@@ -466,7 +466,7 @@ def test_pad_tree_fills_a_held_width_with_the_last_successors():
     """pad_tree (hand-written context): the tokens that followed the last
     token where it occurred before, then that token repeated; a proposal
     already big enough is left as it is; nodes the chain shares are reused."""
-    from edgespec.core.tree import FILLER_PROB, SOURCE_CONTEXT, SOURCE_FILLER, DraftTree, pad_tree
+    from edgespec.drafters.tree import FILLER_PROB, SOURCE_CONTEXT, SOURCE_FILLER, DraftTree, pad_tree
     ctx = np.array([5, 7, 8, 9, 1, 5], np.int32)
     t = pad_tree(DraftTree.empty(), ctx, 3)
     assert t.tokens.tolist() == [7, 8, 9] and t.parents.tolist() == [-1, 0, 1]
@@ -509,7 +509,7 @@ def test_held_width_verifies_every_step_at_that_width_and_stays_identical(model,
 
 
 def test_hold_width_is_checked_and_named_by_the_spec():
-    from edgespec.drafters import hold_width, split_verify
+    from edgespec.app.specs import hold_width, split_verify
     from edgespec.errors import ConfigError
     assert split_verify("suffix@hold4") == ("suffix", "hold4") and hold_width("hold4") == 4
     assert hold_width("relaxed") == 0 and hold_width("hold1") == 0 and hold_width(None) == 0

@@ -7,7 +7,7 @@ import pytest
 from edgespec.drafters import make_drafter
 from edgespec.drafters.base import StepResult
 from edgespec.drafters.hybrid import HybridConfig, HybridDrafter
-from edgespec.core.tree import SOURCE_ADJACENCY, SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
+from edgespec.drafters.tree import SOURCE_ADJACENCY, SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
 
 V = 100
 
@@ -177,7 +177,7 @@ def test_schedule_idles_a_part_whose_tokens_do_not_pay_for_its_time():
 
 
 def test_graft_continues_retrieval_from_a_confident_drafted_leaf():
-    from edgespec.core.tree import SOURCE_CONTEXT
+    from edgespec.drafters.tree import SOURCE_CONTEXT
     d = HybridDrafter(V, config=HybridConfig(trigram=False, adjacency=False, branch_depth=False, aasd=False))
     d.warmup()
     ctx = np.array([7, 8, 9, 10, 11, 5, 6, 7], np.int32)

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgespec.core.tree import DraftTree, source_name
+from edgespec.drafters.tree import DraftTree, source_name
 from edgespec.drafters import make_drafter
 from edgespec.kernels import memory as mk
 from edgespec.memory import MemoryFileWarning, MemoryStore, open_memory, save_store
 from edgespec.memory.file import open_store
-from edgespec.memory.store import SOURCE_MEMORY
+from edgespec.drafters.tree import SOURCE_MEMORY
 
 FP = {"n_vocab": 100, "sha256": "a" * 64}
 
@@ -108,7 +108,7 @@ def test_propose_builds_a_tree_of_memory_nodes():
     s = store_of([[1, 2, 3, 4, 5], [1, 2, 3, 6, 7]])
     out, ends, lens, mlen = buffers(), np.zeros(8, np.int32), np.zeros(8, np.int32), np.zeros(64, np.int32)
     ctx = np.array([0, 1, 2, 3], np.int32)
-    m = s.propose(ctx, 4, 3, 32, 8, 32, 64, out, ends, lens, mlen)
+    m = s.propose(ctx, 4, 3, 32, 8, 32, 64, out, ends, lens, mlen, SOURCE_MEMORY)
     t = DraftTree(*(a[:m] for a in out))
     t.validate()
     assert sorted(zip(t.parents.tolist(), t.tokens.tolist())) == [(-1, 4), (-1, 6), (0, 7), (1, 5)] or \
@@ -283,7 +283,7 @@ def test_concurrent_extension_and_lookup_see_whole_entries():
         out, ends, lens, mlen = buffers(256), np.zeros(8, np.int32), np.zeros(8, np.int32), np.zeros(256, np.int32)
         ctx = np.array([0, 1, 2, 3], np.int32)
         for _ in range(300):
-            m = s.propose(ctx, 4, 3, 32, 8, 32, 256, out, ends, lens, mlen)
+            m = s.propose(ctx, 4, 3, 32, 8, 32, 256, out, ends, lens, mlen, SOURCE_MEMORY)
             depth = {}
             for i in range(m):
                 p = int(out[1][i])

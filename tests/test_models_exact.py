@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgespec.calibration import exactness as E
-from edgespec.calibration.cache import cache_dir
+from edgespec.paths import cache_dir
 from edgespec.backend.llama import EXACT_MAX_BATCH, LlamaBackend
 from edgespec.app.cli import main
 

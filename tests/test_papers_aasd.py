@@ -15,7 +15,7 @@ from edgespec.drafters.base import Drafter
 from edgespec.drafters.branch import BranchDrafter
 from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
 from edgespec.core.engine import Engine, drain
-from edgespec.core.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_PROMPT, DraftTree
+from edgespec.drafters.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_PROMPT, DraftTree
 from edgespec.core.relaxed import aasd_threshold, relaxed_accepts, relaxed_path
 from edgespec.core.verify import VerifyConfig
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.core.tree import SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_SEMANTIC
+from edgespec.drafters.tree import SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_SEMANTIC
 from edgespec.drafters import make_drafter, parse_drafter_name
 from edgespec.drafters.adapld import AdaPLDDrafter, TokenCosines
 from edgespec.drafters.embeddings import TokenEmbeddings

@@ -16,7 +16,7 @@ from edgespec.drafters.base import StepResult
 from edgespec.drafters.hybrid import HybridConfig, HybridDrafter
 from edgespec.drafters.trigram import TrigramConfig, TrigramDrafter
 from edgespec.kernels.trigram import exploration, puct_child, puct_score
-from edgespec.core.tree import SOURCE_TRIGRAM, DraftTree
+from edgespec.drafters.tree import SOURCE_TRIGRAM, DraftTree
 
 V = 32
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.core.tree import SOURCE_ADJACENCY, SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
+from edgespec.drafters.tree import SOURCE_ADJACENCY, SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
 from edgespec.drafters import make_drafter, parse_drafter_name
 from edgespec.drafters.base import StepResult
 from edgespec.drafters.hybrid import HybridConfig, HybridDrafter

@@ -1,4 +1,4 @@
-"""The replay tooling for the papers' ablation (edgespec/backend/replay.py): the
+"""The replay tooling for the papers' ablation (edgespec/replay/simulator.py): the
 published GPU cost curves and their rule beyond T = 8, the fake rows that
 carry a teacher pass's top-k logits and entropy, and (with the model) that a
 teacher-backed replay of drafters that read rankings and entropies takes the
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edgespec.kernels.topk import row_entropy, topk_rows_vals
-from edgespec.backend.replay import ReplayBackend, Teacher, gpu_curve, tail_for_entropy
+from edgespec.replay.simulator import ReplayBackend, Teacher, gpu_curve, tail_for_entropy
 
 
 def test_gpu_curves_are_the_published_points_extended_linearly():
@@ -94,7 +94,7 @@ def test_teacher_backed_replay_matches_the_real_engine(model):
     from edgespec.drafters import make_drafter, parse_drafter_name
     from edgespec.core.config import EngineConfig
     from edgespec.core.engine import Engine, drain
-    from edgespec.backend.replay import ReplayRequest, replay, teacher_pass
+    from edgespec.replay.simulator import ReplayRequest, replay, teacher_pass
 
     from conftest import dev_prompts
     name = "auto+branch+trigger-notrigram-noadjacency-nobranch_depth-nosemantic_pair"

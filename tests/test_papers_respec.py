@@ -17,7 +17,7 @@ from edgespec.drafters.mechanisms.trigger import select_key
 from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
 from edgespec.core.engine import Engine, drain
 from edgespec.kernels.topk import row_entropy
-from edgespec.core.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
+from edgespec.drafters.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
 from edgespec.core.relaxed import relaxed_path
 from edgespec.core.verify import VerifyConfig
 

@@ -10,7 +10,7 @@ import pytest
 
 from edgespec.drafters.base import Drafter
 from edgespec.core.engine import Engine, drain
-from edgespec.core.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
+from edgespec.drafters.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
 from edgespec.core.relaxed import relaxed_accepts, relaxed_path
 from edgespec.core.verify import SamplingConfig, VerifyConfig, rouge_l
 

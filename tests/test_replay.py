@@ -1,4 +1,4 @@
-"""The offline replay (edgespec/backend/replay.py, tools/replay.py) reproduces the real
+"""The offline replay (edgespec/replay/simulator.py, tools/replay.py) reproduces the real
 engine: the same output tokens, and the same step counts as a real run of the
 same drafter on the same prompts, to within the gate's timing noise."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from edgespec.drafters import make_drafter
 from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine, drain
-from edgespec.backend.replay import ReplayBackend, ReplayRequest, replay
+from edgespec.replay.simulator import ReplayBackend, ReplayRequest, replay
 
 from conftest import dev_prompts
 
@@ -94,7 +94,7 @@ def test_oracle_keeps_only_what_the_model_accepts(model, recorded):
     is within 2% of the learned ones' or better (the gate chooses step by
     step, under the learned costs' ramp: perfect estimates do not make it
     optimal; on the calibration of 2026-11-27 the oracle took 0.6% longer)."""
-    from edgespec.backend.replay import OracleDrafter
+    from edgespec.replay.simulator import OracleDrafter
     eog = int(np.nonzero(model.vocab.eog_mask())[0][0])
     out = {}
     for oracle in (False, True):

@@ -12,7 +12,7 @@ from edgespec.drafters import (
     SuffixDrafter,
     make_drafter,
 )
-from edgespec.core.tree import SOURCE_CONTEXT, SOURCE_CORPUS, DraftTree
+from edgespec.drafters.tree import SOURCE_CONTEXT, SOURCE_CORPUS, DraftTree
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from edgespec.kernels.suffix import (
     sa_find_matches,
     warmup,
 )
-from edgespec.core.tree import SOURCE_CONTEXT as C, SOURCE_CORPUS as K, DraftTree
+from edgespec.drafters.tree import SOURCE_CONTEXT as C, SOURCE_CORPUS as K, DraftTree
 
 
 # --------------------------------------------------------------------------

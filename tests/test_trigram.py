@@ -18,7 +18,7 @@ from edgespec.drafters.base import StepResult
 from edgespec.drafters.aded import ADJUST_SLOTS, drop_rare_trigrams
 from edgespec.drafters.trigram import TrigramConfig, TrigramDrafter, merge_corpora
 from edgespec.kernels import trigram as K
-from edgespec.core.tree import SOURCE_TRIGRAM, DraftTree
+from edgespec.drafters.tree import SOURCE_TRIGRAM, DraftTree
 
 # --------------------------------------------------------------------------
 # helpers

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from edgespec.drafters.tree import SOURCE_MEMORY
 from edgespec.memory.store import MemoryStore
 
 
@@ -72,7 +73,7 @@ def main() -> None:
         if args.cold:
             flush += 1.0
         t0 = time.perf_counter()
-        m = store.propose(ctx, len(ctx), 3, 32, 8, 32, 64, out, ends, lens, mlen)
+        m = store.propose(ctx, len(ctx), 3, 32, 8, 32, 64, out, ends, lens, mlen, SOURCE_MEMORY)
         times[kind].append(time.perf_counter() - t0)
         nodes[kind] += m
     print(f"stored: {stats['tokens']:,} tokens in {stats['entries']:,} entries (budget {stats['budget']:,} slots), "

@@ -8,9 +8,9 @@ RESULTS.jsonl is an `edgespec bench` results file: its `none` rows are the
 model's greedy output for each prompt, its header the calibrated cost curve and
 settings.  A method named ``oracle-NAME`` (e.g. ``oracle-suffix``) keeps from
 each of NAME's proposals only the path the recorded output follows, at
-probability 1 (edgespec.backend.replay.OracleDrafter): the speed that perfect
+probability 1 (edgespec.replay.simulator.OracleDrafter): the speed that perfect
 acceptance estimates would get from NAME's candidates.  Each method runs
-through the real Engine over edgespec.backend.replay.ReplayBackend, prompts in the
+through the real Engine over edgespec.replay.simulator.ReplayBackend, prompts in the
 file's order, so the acceptance statistics evolve as in the bench.
 
 --cost picks the cost curve(s) the engine's gate and the time model use, one
@@ -22,17 +22,17 @@ at every context (``--flat SLOPE`` is the same), a JSON file ({"ts": [...], "rel
 or PREFIX naming a GPU check's PREFIX-steady.json and PREFIX-alternating.json
 (tools/gpu/: batch widths kept steady and alternating with one-token decodes,
 and the one-token decode after a batch, as measured; the replay then charges
-each decode by its shape, edgespec.backend.replay.shape_curve, and times
+each decode by its shape, edgespec.replay.simulator.shape_curve, and times
 steps in that machine's seconds, the engine's work per step counted as the
 --overhead-ms given).  Beyond the
 published T = 8 the GPU curves are extrapolated linearly from c(4)..c(8)
-(edgespec.backend.replay.gpu_curve); the engine's own work per step is counted as
+(edgespec.replay.simulator.gpu_curve); the engine's own work per step is counted as
 measured on this machine, relative to this machine's plain step.
 
 Drafters that read more of the model than its greedy tokens (the prefill's
 rankings for branch drafting and AASD, the entropy for ReSpec's trigger, the
 hidden states for AdaPLD's rerank) get them from one teacher-forced pass of the
-real model over each prompt and its recorded answer (edgespec.backend.replay.teacher_pass),
+real model over each prompt and its recorded answer (edgespec.replay.simulator.teacher_pass),
 cached beside RESULTS (RESULTS.teacher.npz; hidden states, only when a method
 asks for them, in RESULTS.hidden.npz); when it runs, every method of the run
 sees those numbers, so the methods stay comparable.  Methods with a lossy verification mode
@@ -57,10 +57,10 @@ from edgespec.app.api import SpecModel
 from edgespec.bench.prompts import load_prompts
 from edgespec.bench.results import read_results
 from edgespec.calibration.curve import CostCurve
-from edgespec.drafters import drafter_from_spec
+from edgespec.app.specs import drafter_from_spec
 from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine
-from edgespec.backend.replay import (GPU_CURVES, OracleDrafter, ReplayBackend, ReplayRequest, Teacher, curve_from_file,
+from edgespec.replay.simulator import (GPU_CURVES, OracleDrafter, ReplayBackend, ReplayRequest, Teacher, curve_from_file,
                                      gpu_curve, replay, shape_curve, teacher_pass)
 
 

@@ -23,7 +23,7 @@ from edgespec.calibration.exactness import ExactnessReport, load_or_check_exactn
 from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine
 from edgespec.core.verify import VerifyConfig
-from edgespec.drafters import drafter_from_spec, hold_width
+from edgespec.app.specs import drafter_from_spec, hold_width
 from edgespec.errors import ConfigError
 from edgespec.memory import close_memory, open_memory
 

@@ -37,7 +37,7 @@ import time
 import llama_cpp as L
 import numpy as np
 
-from edgespec.core.config import SPLIT_KV_FREE_CELLS
+from edgespec.backend.protocol import SPLIT_KV_FREE_CELLS
 from edgespec.errors import BackendError, ConfigError, ModelLoadError  # re-exported
 from edgespec.backend import ggml
 from edgespec.backend.layer_tap import LayerTap, attach_tap, tap_block

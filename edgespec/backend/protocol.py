@@ -1,8 +1,8 @@
 """What the engine and the calibration need of a backend, as one typing.Protocol.
 
 `LlamaBackend` (backend/llama.py) is the real one; `ReplayBackend`
-(backend/replay.py) stands in for it with recorded output.  Both satisfy
-`Backend` (mypy checks it: backend/conformance.py), so the engine
+(replay/simulator.py) stands in for it with recorded output.  Both satisfy
+`Backend` (mypy checks it: replay/conformance.py), so the engine
 (core/engine.py) and the measurements (calibration/curve.py, exactness.py)
 are written against this and nothing else.  The contract behind the methods
 (KV sequence 0 holds the committed prefix, a tree batch goes after it,
@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     import numpy as np
 
     from edgespec.backend.vocab import Vocab
+
+
+SPLIT_KV_FREE_CELLS = 256   # a one-token decode up to this many cells avoids llama.cpp's split-KV kernel
 
 
 @runtime_checkable

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from edgespec.calibration.cache import cache_dir
+from edgespec.paths import cache_dir
 from edgespec.errors import PeerError
 
 SERVER_ENV = "EDGESPEC_LLAMA_SERVER"

@@ -18,6 +18,8 @@ import tempfile
 import time
 import warnings
 
+from edgespec.paths import cache_dir
+
 CALIBRATION_VERSION = 6
 log = logging.getLogger("edgespec.calibration")
 
@@ -30,14 +32,6 @@ class CalibrationCacheWarning(UserWarning):
 class CalibrationStopped(Exception):
     """A background measurement was stopped (the model is closing, or a
     synchronous calibration takes over)."""
-
-
-def cache_dir() -> str:
-    d = os.environ.get("EDGESPEC_CACHE_DIR")
-    if not d:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        d = os.path.join(base, "edgespec")
-    return d
 
 
 def cpu_name() -> str:

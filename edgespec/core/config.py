@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from edgespec.backend.protocol import SPLIT_KV_FREE_CELLS  # noqa: F401  (the gate's short regime reads it here)
 from edgespec.core.verify import VerifyConfig
 from edgespec.errors import ConfigError
-
-SPLIT_KV_FREE_CELLS = 256   # a one-token decode up to this many cells avoids llama.cpp's split-KV kernel
 
 
 @dataclass

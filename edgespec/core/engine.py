@@ -44,7 +44,7 @@ from edgespec.core.request import RunState, chunks, count_sources, finish
 from edgespec.core.result import GenerationResult
 from edgespec.core.stream import TextStream
 from edgespec.core.grammar_drafts import SOURCE_LABEL, SOURCE_VALUE, GrammarDrafts
-from edgespec.core.tree import SOURCE_GRAMMAR, DraftTree, merge_chain, pad_tree
+from edgespec.drafters.tree import SOURCE_GRAMMAR, DraftTree, merge_chain, pad_tree
 from edgespec.core.relaxed import relaxed_path
 from edgespec.core.verify import SamplingConfig, sample_token
 from edgespec.drafters.base import Drafter

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.core.tree import DraftTree
+from edgespec.drafters.tree import DraftTree
 from edgespec.drafters.base import Drafter, StepResult
 
 

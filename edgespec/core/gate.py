@@ -18,7 +18,7 @@ import numpy as np
 from edgespec.calibration.curve import CostCurve
 from edgespec.core.config import SPLIT_KV_FREE_CELLS, EngineConfig
 from edgespec.core.stepcost import Prior, StepCosts
-from edgespec.core.tree import N_SOURCES, DraftTree, source_name
+from edgespec.drafters.tree import N_SOURCES, DraftTree, source_name
 from edgespec.kernels.tree import N_SCORE_BUCKETS, SCORE_EDGES, learn_step, plan_step, shadow_learn
 
 SHADOW_KEEP = 16      # proposals judged at once: deeper than any draft the engine verifies

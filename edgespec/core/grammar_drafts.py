@@ -27,7 +27,7 @@ import re
 
 import numpy as np
 
-from edgespec.core.tree import SOURCE_LABEL, SOURCE_VALUE   # noqa: F401  (the sources of this module's drafts)
+from edgespec.drafters.tree import SOURCE_LABEL, SOURCE_VALUE   # noqa: F401  (the sources of this module's drafts)
 
 MIN_CHARS = 2       # a shorter tail matches anywhere
 MAX_KEY_CHARS = 32  # longer tails rank equal (the latest occurrence wins)

@@ -12,7 +12,7 @@ import numpy as np
 
 from edgespec.core.result import GenerationResult, sum_accepted
 from edgespec.core.stream import Chunk, TextStream
-from edgespec.core.tree import source_name
+from edgespec.drafters.tree import source_name
 from edgespec.core.verify import SamplingConfig
 
 if TYPE_CHECKING:

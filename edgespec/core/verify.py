@@ -191,7 +191,7 @@ class VerifyConfig:
     @property
     def relax_sources(self) -> tuple:
         """The draft sources a relaxed rule may accept."""
-        from edgespec.core.tree import sources_with
+        from edgespec.drafters.tree import sources_with
         return sources_with("aligned" if self.mode == "entropy" else "retrieved")
 
 

@@ -91,42 +91,6 @@ def parse_drafter_name(name: str) -> tuple[str, bool, dict]:
     return base, use_corpora, switches
 
 
-def split_verify(spec: str) -> tuple[str, str | None]:
-    """'auto+aasd@relaxed' -> ('auto+aasd', 'relaxed'): a drafter spec and the
-    verification mode after '@' (None without one), or 'holdN', the
-    experimental held batch width of N tokens (EngineConfig.hold_width);
-    ConfigError for an unknown mode."""
-    base, sep, mode = spec.partition("@")
-    if sep and not hold_width(mode):
-        from edgespec.core.verify import VerifyConfig
-        VerifyConfig(mode)
-    return base, (mode if sep else None)
-
-
-def hold_width(mode: str | None) -> int:
-    """N of an '@holdN' mode (2..256), else 0."""
-    if mode and mode.startswith("hold") and mode[4:].isdigit() and 2 <= int(mode[4:]) <= 256:
-        return int(mode[4:])
-    return 0
-
-
-def check_drafter_name(name: str) -> None:
-    """Raise ValueError unless `name` is a drafter spec, with an optional
-    '@mode' (see parse_drafter_name, split_verify)."""
-    parse_drafter_name(split_verify(name)[0])
-
-
-def drafter_from_spec(spec: str, *, n_vocab: int | None = None, model_path: str | None = None,
-                      corpora=(), memory_store=None) -> tuple[Drafter, str | None]:
-    """The drafter a spec names, built with the loaded corpora unless it says
-    -nocorpus (and the memory store, for the drafters that use one), and the
-    verification mode it asks for (None: the caller's)."""
-    base, mode = split_verify(spec)
-    name, use_corpora, switches = parse_drafter_name(base)
-    return make_drafter(name, n_vocab=n_vocab, model_path=model_path, corpora=corpora if use_corpora else (),
-                        memory_store=memory_store, **switches), mode
-
-
 def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), model_path: str | None = None,
                  memory_store=None, **kw) -> Drafter:
     """Build a drafter by name.
@@ -176,5 +140,4 @@ def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), model_pat
     return cls(**args)
 
 
-__all__ = ["Drafter", "NAMES", "check_drafter_name", "drafter_from_spec", "parse_drafter_name", "split_verify",
-           "StepResult", "SuffixConfig", "SuffixDrafter", "make_drafter"]
+__all__ = ["Drafter", "NAMES", "parse_drafter_name", "StepResult", "SuffixConfig", "SuffixDrafter", "make_drafter"]

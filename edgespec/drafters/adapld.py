@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgespec.kernels import anchor as _a
-from edgespec.core.tree import SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_SEMANTIC, DraftTree
+from edgespec.drafters.tree import SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_SEMANTIC, DraftTree
 from edgespec.drafters.branch import BranchDrafter
 from edgespec.drafters.embeddings import SeenTokens
 from edgespec.drafters.mechanisms.rerank import HiddenStates

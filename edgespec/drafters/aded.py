@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.core.tree import SOURCE_TRIGRAM, DraftTree
+from edgespec.drafters.tree import SOURCE_TRIGRAM, DraftTree
 from edgespec.kernels import aded as _k
 
 ADJUST_SLOTS = 16

@@ -23,7 +23,7 @@ import numpy as np
 
 from edgespec.kernels import adjacency as _k
 from edgespec.kernels import topk as _topk
-from edgespec.core.tree import SOURCE_ADJACENCY, DraftTree
+from edgespec.drafters.tree import SOURCE_ADJACENCY, DraftTree
 from edgespec.drafters.base import Drafter
 
 

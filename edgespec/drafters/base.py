@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.core.tree import DraftTree
+from edgespec.drafters.tree import DraftTree
 
 
 @dataclass
@@ -120,7 +120,7 @@ class Drafter:
     """With wants_hidden: which block's hidden state (see Needs)."""
 
     sources: tuple = ()
-    """The node sources (core/tree.py's registry) this drafter's proposals
+    """The node sources (drafters/tree.py's registry) this drafter's proposals
     carry: what `auto`'s schedule credits to it."""
 
     retrieves = False

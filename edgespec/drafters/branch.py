@@ -35,7 +35,7 @@ import numpy as np
 
 from edgespec.kernels import anchor as _a
 from edgespec.kernels import suffix as _k
-from edgespec.core.tree import SOURCE_ALIGN, SOURCE_BRANCH, DraftTree
+from edgespec.drafters.tree import SOURCE_ALIGN, SOURCE_BRANCH, DraftTree
 from edgespec.drafters.base import Drafter
 
 BRANCH_K = 4          # rankings kept per position

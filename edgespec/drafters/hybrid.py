@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.kernels.suffix import merge_trees
-from edgespec.core.tree import DraftTree
+from edgespec.drafters.tree import DraftTree
 from edgespec.drafters.adapld import AdaPLDDrafter
 from edgespec.drafters.adjacency import AdjacencyDrafter
 from edgespec.drafters.base import Drafter

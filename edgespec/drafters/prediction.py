@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgespec.kernels import suffix as _k
-from edgespec.core.tree import SOURCE_CONTEXT, DraftTree
+from edgespec.drafters.tree import SOURCE_CONTEXT, DraftTree
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.suffix import SuffixConfig
 

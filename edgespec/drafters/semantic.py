@@ -23,7 +23,7 @@ import numpy as np
 
 from edgespec.kernels import anchor as _a
 from edgespec.kernels import suffix as _k
-from edgespec.core.tree import SOURCE_SEMANTIC, DraftTree
+from edgespec.drafters.tree import SOURCE_SEMANTIC, DraftTree
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.embeddings import SeenTokens
 

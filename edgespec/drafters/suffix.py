@@ -19,10 +19,9 @@ import numpy as np
 from edgespec.kernels import suffix as _k
 from edgespec.kernels import anchor as _a
 from edgespec.kernels import edits as _e
-from edgespec.core.tree import SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_EDIT, SOURCE_PROMPT, DraftTree
+from edgespec.drafters.tree import SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_EDIT, SOURCE_MEMORY, SOURCE_PROMPT, DraftTree
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.mechanisms.feedback import PositionFeedback
-from edgespec.memory.store import SOURCE_MEMORY
 
 
 @dataclass
@@ -261,7 +260,7 @@ class SuffixDrafter(Drafter):
         m = self._context_tree(ctx, n, max_nodes, cur)
         if self.memory is not None:
             mc = self.memory.propose(ctx, n, c.memory_min_match, c.max_match, c.max_matches, c.max_depth,
-                                     max_nodes, spare, self._ends, self._lens, self._mlen)
+                                     max_nodes, spare, self._ends, self._lens, self._mlen, SOURCE_MEMORY)
             m, cur, spare, tmp = self._merge_in(m, mc, spare[3], max_nodes, cur, spare, tmp)
         m, cur, tmp = self._add_corpora(ctx, n, max_nodes, m, cur, spare, tmp)
         if c.edits and 0 < self._n_prompt < n:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.kernels import trigram as _k
-from edgespec.core.tree import SOURCE_TRIGRAM, DraftTree
+from edgespec.drafters.tree import SOURCE_TRIGRAM, DraftTree
 from edgespec.drafters.aded import AdedSearch, drop_rare_trigrams
 from edgespec.drafters.base import Drafter
 

@@ -15,7 +15,7 @@ import weakref
 
 from edgespec.errors import ConfigError
 from edgespec.memory.file import MemoryFileWarning, open_store, save_store
-from edgespec.memory.store import DEFAULT_BUDGET, SOURCE_MEMORY, MemoryStore
+from edgespec.memory.store import DEFAULT_BUDGET, MemoryStore
 
 SAVE_EVERY_S = 60.0
 """A file store is written in the background at most this often after
@@ -83,5 +83,5 @@ def _save_all() -> None:
         close_memory(store)
 
 
-__all__ = ["DEFAULT_BUDGET", "MemoryFileWarning", "MemoryStore", "SOURCE_MEMORY", "close_memory", "open_memory",
+__all__ = ["DEFAULT_BUDGET", "MemoryFileWarning", "MemoryStore", "close_memory", "open_memory",
            "save_store"]

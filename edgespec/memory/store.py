@@ -27,7 +27,6 @@ import threading
 
 import numpy as np
 
-from edgespec.core.tree import SOURCE_MEMORY   # noqa: F401  (the source of this module's drafts)
 from edgespec.kernels import memory as _k
 
 BYTES_PER_SLOT = 16
@@ -148,17 +147,19 @@ class MemoryStore:
         if self.on_add is not None:
             self.on_add(self)
 
-    def propose(self, ctx, n, min_len, max_len, max_matches, max_depth, max_nodes, out, ends, lens, mlen) -> int:
+    def propose(self, ctx, n, min_len, max_len, max_matches, max_depth, max_nodes, out, ends, lens, mlen,
+                source: int) -> int:
         """The continuation tree of the context's matches in the store, written
         into out = (tokens, parents, probs, source) as
-        kernels/suffix.build_continuation_tree writes it (source: SOURCE_MEMORY);
+        kernels/suffix.build_continuation_tree writes it, every node of `source`
+        (the drafter's SOURCE_MEMORY);
         ends / lens / mlen are the caller's scratch.  Returns the node count."""
         with self._lock:
             if self._n < 2:
                 return 0
             return _k.propose_tree(self._tokens, self._n, self._heads_s, self._prev_s, self._heads_l,
                                    self._prev_l, ctx, n, min_len, max_len, max_matches, self.max_chain, max_depth,
-                                   max_nodes, ends, lens, out[0], out[1], out[2], out[3], mlen, SOURCE_MEMORY)
+                                   max_nodes, ends, lens, out[0], out[1], out[2], out[3], mlen, source)
 
     def clear(self) -> None:
         """Forget every entry (a file store's file is rewritten empty at its next save)."""

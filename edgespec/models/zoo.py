@@ -26,7 +26,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 
-from edgespec.calibration.cache import cache_dir
+from edgespec.paths import cache_dir
 from edgespec.errors import ModelFileError
 from edgespec.models.gguf import gguf_metadata
 

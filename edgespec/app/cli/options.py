@@ -17,7 +17,7 @@ import click
 
 from edgespec.backend.llama import MIN_CTX
 from edgespec.drafters import NAMES as DRAFTERS
-from edgespec.drafters import check_drafter_name
+from edgespec.app.specs import check_drafter_name
 
 
 def log_settings(ctx=None) -> dict:
@@ -103,7 +103,7 @@ def user_errors():
 
 class DrafterSpec(click.ParamType):
     """A drafter name with optional switches (see drafters.parse_drafter_name)
-    and an optional @mode (drafters.split_verify: a verification mode, or
+    and an optional @mode (app/specs.py: a verification mode, or
     holdN, the held batch width)."""
     name = "NAME"
 

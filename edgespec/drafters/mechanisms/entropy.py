@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.core.tree import SOURCE_CORPUS
+from edgespec.drafters.tree import SOURCE_CORPUS
 from edgespec.kernels.topk import push_entropy
 from edgespec.drafters.mechanisms import Mechanism
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.core.tree import N_SOURCES, SOURCE_CONTEXT, sources_with
+from edgespec.drafters.tree import N_SOURCES, SOURCE_CONTEXT, sources_with
 from edgespec.kernels import anchor as _ak
 from edgespec.kernels import suffix as _sk
 

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from edgespec.core.tree import N_SOURCES
+from edgespec.drafters.tree import N_SOURCES
 from edgespec.drafters.mechanisms import Mechanism
 
 SCHEDULE_PROBE = 8                  # an idle part proposes again after 8 steps,

@@ -46,7 +46,7 @@ import numpy as np
 from edgespec.drafters.base import Drafter
 from edgespec.core.engine import drain
 from edgespec.core.gate import CostBuckets, cost_table_at, prior_at
-from edgespec.core.tree import DraftTree
+from edgespec.drafters.tree import DraftTree
 
 _OFF_TEXT = 0
 """Token the fake logits favour after a slot that left the recorded text (only

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from edgespec.backend.llama import LlamaBackend
 from edgespec.backend.protocol import Backend
-from edgespec.backend.replay import ReplayBackend
+from edgespec.replay.simulator import ReplayBackend
 
 
 def llama_as_backend(backend: LlamaBackend) -> Backend:

@@ -1,0 +1,47 @@
+"""Drafter specs with an engine mode: `auto+aasd@relaxed`, `suffix@hold4`.
+
+A spec is a drafter name with switches (drafters.parse_drafter_name) and,
+after '@', a setting of the engine that runs it: a verification mode
+(core/verify.py) or a held batch width (EngineConfig.hold_width).  The app
+resolves both halves (app/engines.py), so the drafters know nothing of the
+engine.
+"""
+from __future__ import annotations
+
+from edgespec.core.verify import VerifyConfig
+from edgespec.drafters import Drafter, make_drafter, parse_drafter_name
+
+
+def split_verify(spec: str) -> tuple[str, str | None]:
+    """'auto+aasd@relaxed' -> ('auto+aasd', 'relaxed'): a drafter spec and the
+    verification mode after '@' (None without one), or 'holdN', the
+    experimental held batch width of N tokens (EngineConfig.hold_width);
+    ConfigError for an unknown mode."""
+    base, sep, mode = spec.partition("@")
+    if sep and not hold_width(mode):
+        VerifyConfig(mode)
+    return base, (mode if sep else None)
+
+
+def hold_width(mode: str | None) -> int:
+    """N of an '@holdN' mode (2..256), else 0."""
+    if mode and mode.startswith("hold") and mode[4:].isdigit() and 2 <= int(mode[4:]) <= 256:
+        return int(mode[4:])
+    return 0
+
+
+def check_drafter_name(name: str) -> None:
+    """Raise ValueError unless `name` is a drafter spec, with an optional
+    '@mode' (see parse_drafter_name, split_verify)."""
+    parse_drafter_name(split_verify(name)[0])
+
+
+def drafter_from_spec(spec: str, *, n_vocab: int | None = None, model_path: str | None = None,
+                      corpora=(), memory_store=None) -> tuple[Drafter, str | None]:
+    """The drafter a spec names, built with the loaded corpora unless it says
+    -nocorpus (and the memory store, for the drafters that use one), and the
+    verification mode it asks for (None: the caller's)."""
+    base, mode = split_verify(spec)
+    name, use_corpora, switches = parse_drafter_name(base)
+    return make_drafter(name, n_vocab=n_vocab, model_path=model_path, corpora=corpora if use_corpora else (),
+                        memory_store=memory_store, **switches), mode
