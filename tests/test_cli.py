@@ -424,3 +424,19 @@ def test_new_session_forgets_learned_statistics(model):
     new = model._engine_for("suffix")
     assert new is not old and new.acceptance.n_c.sum() == 0
     assert model.backend.n_past == 0 and model.engine is model._engine_for("none")
+
+
+def test_generate_options_default_to_the_run_config():
+    """Every default is held once (app/settings.py): generate's options, and
+    so the bench's method `default`, read RunConfig's."""
+    import click as _click
+    from edgespec.app.cli.generate import generate
+    from edgespec.app.settings import RunConfig
+
+    ctx = _click.Context(generate)
+    d = {p.name: p.get_default(ctx) for p in generate.params if isinstance(p, _click.Option)}
+    r = RunConfig()
+    assert (d["drafter"], d["ctx"], d["n_gpu_layers"], d["threads"]) == (r.drafter, r.n_ctx, r.n_gpu_layers, r.n_threads)
+    assert (d["cache_type_k"], d["kernels"], d["max_nodes"], d["verify"]) == (r.cache_type_k, r.kernels, r.max_nodes,
+                                                                               r.verify)
+    assert d["no_gate"] is (not r.cost_gate) and d["no_memory"] is (r.memory is False)

@@ -97,9 +97,7 @@ ALLOWED = {         # package -> the packages it may import (besides BASE); docs
     "core": {"drafters", "calibration", "backend", "kernels"},
     "replay": {"core", "drafters", "calibration", "backend", "kernels"},
     "app": {"core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
-    # bench's `default` reads generate's defaults from its click options (app.cli.generate), until one
-    # settings object holds them (issue 42)
-    "bench": {"app", "app.cli", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
+    "bench": {"app", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
     "app.cli": {"app", "bench", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
 }
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from edgespec.app.concurrency import Gate, Stream
 from edgespec.app.engines import ModelEngines
+from edgespec.app.settings import DEFAULTS
 from edgespec.app.structured import constraint_gbnf
 from edgespec.backend.chattokens import chat_tokens
 from edgespec.backend.ggml import parse_endpoints
@@ -127,13 +128,14 @@ class SpecModel(ModelEngines):
     llama.cpp; every later call raises ModelClosedError.
     """
 
-    def __init__(self, model_path: str | None = None, *, drafter="suffix", n_ctx: int = 4096,
-                 n_gpu_layers: int = 0, n_threads: int | None = None, max_nodes: int = 48,
-                 cost_gate: bool = True, calibrate: bool | str = "background", verbose: bool = False,
+    def __init__(self, model_path: str | None = None, *, drafter=DEFAULTS.drafter, n_ctx: int = DEFAULTS.n_ctx,
+                 n_gpu_layers: int = DEFAULTS.n_gpu_layers, n_threads: int | None = DEFAULTS.n_threads,
+                 max_nodes: int = DEFAULTS.max_nodes, cost_gate: bool = DEFAULTS.cost_gate,
+                 calibrate: bool | str = "background", verbose: bool = False,
                  progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None,
                  kernels: str | None = None, rpc: Sequence[str] | str | None = None,
                  tensor_split: Sequence[float] | None = None, load_progress=None, rpc_output: str = "local",
-                 memory=True):
+                 memory=DEFAULTS.memory):
         self._gate = Gate()
         self._closing = threading.Event()
         self._engines: dict = {}

@@ -49,6 +49,7 @@ import time
 import warnings
 from typing import Iterator
 
+from edgespec.app.settings import DEFAULTS
 from edgespec.app import tools as tooling
 from edgespec.app.api import SpecModel
 from edgespec.app.openai_format import chat_chunk, chat_response, completion_response, new_id
@@ -97,7 +98,8 @@ class Llama:
     def __init__(self, model_path: str | None = None, *, n_gpu_layers: int = 0, seed: int = LLAMA_DEFAULT_SEED,
                  n_ctx: int = 512, n_threads: int | None = None, n_threads_batch: int | None = None,
                  chat_format: str | None = None, type_k: int | None = None, verbose: bool = True,
-                 drafter="suffix", corpora=(), max_nodes: int = 48, cost_gate: bool = True,
+                 drafter=DEFAULTS.drafter, corpora=(), max_nodes: int = DEFAULTS.max_nodes,
+                 cost_gate: bool = DEFAULTS.cost_gate,
                  calibrate: bool | str = "background", verify=None, progress=None,
                  rpc_servers: str | None = None, tensor_split: list[float] | None = None, **kwargs):
         for name in kwargs:

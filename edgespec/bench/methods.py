@@ -108,21 +108,21 @@ def resolve_default(model) -> dict:
     method); BenchError naming the differences.  "drafter" is the spec to
     run: without the corpora the bench loaded (generate loads none by
     default)."""
+    from edgespec.app.settings import RunConfig
     from edgespec.backend.process import auto_cache_type_k
-    from edgespec.app.cli.generate import generate_defaults
 
-    d = generate_defaults()
+    d = RunConfig.defaults()
     be = model.backend
     threads = be.n_threads
     gpu = bool(be.n_gpu_layers or getattr(be, "rpc", None))
-    kernels = d["kernels"]
+    kernels = d.kernels
     if kernels == "auto":          # what generate would resolve it to here (the cached verdict)
         from edgespec.calibration.kernelchoice import resolve
         kernels, _ = resolve("auto", model.model_path, threads, gpu=gpu, measure=False)
     exact = kernels != "fast" and (not be.n_gpu_layers or bool(getattr(be, "rpc", None)))
     want = {"kernels": kernels,
-            "cache_type_k": (auto_cache_type_k(exact, threads) if d["cache_type_k"] == "auto" else d["cache_type_k"]),
-            "max_nodes": d["max_nodes"], "cost_gate": not d["no_gate"], "verify": d["verify"]}
+            "cache_type_k": auto_cache_type_k(exact, threads) if d.cache_type_k == "auto" else d.cache_type_k,
+            "max_nodes": d.max_nodes, "cost_gate": d.cost_gate, "verify": d.verify}
     have = {"kernels": getattr(model, "kernels", "exact"), "cache_type_k": be.cache_type_k,
             "max_nodes": model.config.max_nodes, "cost_gate": model.config.cost_gate,
             "verify": model.config.verify.mode}
@@ -130,10 +130,10 @@ def resolve_default(model) -> dict:
     if diff:
         raise BenchError(f"method default runs `edgespec generate`'s defaults, but this bench's model runs "
                          f"{', '.join(diff)}: bench default without those options")
-    drafter = d["drafter"] + ("-nocorpus" if getattr(model, "corpora", None) and "-nocorpus" not in d["drafter"]
-                              else "")
+    drafter = d.drafter + ("-nocorpus" if getattr(model, "corpora", None) and "-nocorpus" not in d.drafter
+                           else "")
     placement = {"n_threads": threads, "n_ctx": be.n_ctx, "n_gpu_layers": be.n_gpu_layers}
-    return dict(want, **placement, drafter=drafter, generate_drafter=d["drafter"])
+    return dict(want, **placement, drafter=drafter, generate_drafter=d.drafter)
 
 
 def fresh_drafter(model, spec: str, memory_store=None):

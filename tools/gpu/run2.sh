@@ -38,4 +38,6 @@ TAILN=8 step shapes-1.5b 45 $SH $W/rand-1.5b.gguf 99
 # what comes back: the results files, the shapes, the calibration and one log of every step
 cat $L/shapes-*.out > $OUT/shapes.jsonl 2>/dev/null; c=$(ls $W/cache/calibration/*[0-9a-f].json 2>/dev/null | head -1); [ -n "$c" ] && cp "$c" $OUT/calibration.json
 for f in $L/*.out $L/*.err; do echo "=== $f"; cat $f; done > $OUT/steps.log 2>/dev/null
+# the device returns at most 8 files: the results files travel as one archive (results.tgz)
+(cd $OUT && ls *-smol.jsonl >/dev/null 2>&1 && tar czf results.tgz *-smol.jsonl && rm -f *-smol.jsonl)
 echo "total $(( $(date +%s) - T0 )) s"; ls $OUT

@@ -7,7 +7,6 @@ command's own options rather than written twice.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import click
@@ -112,13 +111,3 @@ def _constraint(grammar_file: str | None, schema_file: str | None) -> dict:
         return {"json_schema": json.loads(text)}
     except ValueError as e:
         raise click.ClickException(f"{path} is not JSON: {e}") from None
-
-
-def generate_defaults() -> dict:
-    """What `edgespec generate MODEL PROMPT` runs with when given no options:
-    its options' defaults by name (the bench's method `default` runs these)."""
-    ctx = click.Context(generate)
-    d = {p.name: p.get_default(ctx) for p in generate.params if isinstance(p, click.Option)}
-    from edgespec.calibration.kernelchoice import ENV
-    d["kernels"] = os.environ.get(ENV) or d["kernels"]     # the option's envvar
-    return d

@@ -14,11 +14,13 @@ import warnings
 import click
 
 from edgespec.app.cli.options import log_settings, rpc_settings, user_errors
+from edgespec.app.settings import DEFAULTS
 
 
-def load_model(model, *, drafter="suffix", ctx=4096, n_gpu_layers=0, threads=None, max_nodes=48,
-               gate=True, calibrate=True, corpora=(), verify="exact", cache_type_k="auto", kernels=None,
-               memory=True):
+def load_model(model, *, drafter=DEFAULTS.drafter, ctx=DEFAULTS.n_ctx, n_gpu_layers=DEFAULTS.n_gpu_layers,
+               threads=DEFAULTS.n_threads, max_nodes=DEFAULTS.max_nodes, gate=DEFAULTS.cost_gate, calibrate=True,
+               corpora=(), verify=DEFAULTS.verify, cache_type_k=DEFAULTS.cache_type_k, kernels=None,
+               memory=DEFAULTS.memory):
     """calibrate: True (one-shot commands: generate, bench) measures a missing
     calibration before the first answer, with a note on stderr; "background"
     (chat, serve) answers at once and measures between requests, silently.

@@ -17,6 +17,7 @@ import click
 
 from edgespec.backend.llama import MIN_CTX
 from edgespec.drafters import NAMES as DRAFTERS
+from edgespec.app.settings import DEFAULTS, KERNELS_ENV
 from edgespec.app.specs import check_drafter_name
 
 
@@ -163,8 +164,8 @@ def backend_options(f):
                      help="Put the model's layers on llama.cpp RPC workers (`edgespec rpc-worker` or "
                           "llama.cpp's rpc-server; all layers unless --n-gpu-layers says how many).  Needs "
                           "llama-cpp-python built with CMAKE_ARGS=\"-DGGML_RPC=on\".")(f)
-    f = click.option("--kernels", type=click.Choice(("auto", "exact", "fast")), default="auto", show_default=True,
-                     envvar="EDGESPEC_KERNELS",
+    f = click.option("--kernels", type=click.Choice(("auto", "exact", "fast")), default=DEFAULTS.kernels,
+                     show_default=True, envvar=KERNELS_ENV,
                      help="auto = exact where it costs at most 5% more than fast on this machine, else fast "
                           "(timed once per model and thread count, cached; exact until timed); the default "
                           "comes from $EDGESPEC_KERNELS when set.  "
@@ -175,17 +176,17 @@ def backend_options(f):
                           "context plain decoding is up to 1.5x faster and verification batches 2-3x cheaper, "
                           "but batched logits differ in the last bits, so greedy output can leave --drafter "
                           "none's at near-ties (the self-check then says not exact).")(f)
-    f = click.option("--cache-type-k", type=click.Choice(("auto", "f16", "q8_0")), default="auto",
+    f = click.option("--cache-type-k", type=click.Choice(("auto", "f16", "q8_0")), default=DEFAULTS.cache_type_k,
                      show_default=True,
                      help="K cache type. auto = q8_0 on CPU with 2+ threads (every decode uses every thread and stays "
                           "exact), else f16. f16 on CPU is llama.cpp's default cache; edgespec then decodes single "
                           "tokens past 256 cells on one thread to stay exact (slower).")(f)
     f = click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads for llama.cpp (default: one per physical core available).")(f)
-    f = click.option("-ngl", "--n-gpu-layers", type=int, default=0, show_default=True,
+    f = click.option("-ngl", "--n-gpu-layers", type=int, default=DEFAULTS.n_gpu_layers, show_default=True,
                      help="Layers to offload to the GPU (-1 = all); needs a llama-cpp-python built with a GPU "
                           "backend (README, GPU).")(f)
-    f = click.option("-c", "--ctx", type=click.IntRange(min=MIN_CTX), default=4096, show_default=True,
+    f = click.option("-c", "--ctx", type=click.IntRange(min=MIN_CTX), default=DEFAULTS.n_ctx, show_default=True,
                      help=f"Context size in tokens (prompt + answer); at least {MIN_CTX}, rounded up to a "
                           f"multiple of {MIN_CTX} (llama.cpp's KV cache holds a multiple of {MIN_CTX} cells).")(f)
     return f
@@ -213,7 +214,7 @@ def generation_options(f):
     opts = [
         click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
                      help="Most tokens to generate (per answer in chat)."),
-        click.option("--drafter", type=DrafterSpec(), default="suffix", show_default=True,
+        click.option("--drafter", type=DrafterSpec(), default=DEFAULTS.drafter, show_default=True,
                      help=f"Draft proposer: {', '.join(DRAFTERS)}; none = plain decoding through the same "
                           "engine.  NAME-noX / NAME+X switch a component off / on (auto-notrigram), "
                           "NAME-nocorpus ignores --corpus."),
@@ -224,12 +225,12 @@ def generation_options(f):
         click.option("--min-p", type=float, default=0.05, show_default=True,
                      help="Sampling: drop tokens below min_p x the top one (0 = off)."),
         click.option("--seed", type=int, default=None, help="Sampling seed (default: fresh randomness)."),
-        click.option("--max-nodes", type=click.IntRange(1, 256), default=48, show_default=True,
+        click.option("--max-nodes", type=click.IntRange(1, 256), default=DEFAULTS.max_nodes, show_default=True,
                      help="Largest verification batch (pending token + drafts)."),
         click.option("--no-gate", is_flag=True, help="Verify every proposed node (up to --max-nodes) instead of "
                                                      "only those the cost gate expects to pay; for studies."),
         click.option("--stop", multiple=True, help="Stop string (repeatable)."),
-        click.option("--verify", type=click.Choice(("exact", "relaxed", "entropy", "entropy_inv")), default="exact",
+        click.option("--verify", type=click.Choice(("exact", "relaxed", "entropy", "entropy_inv")), default=DEFAULTS.verify,
                      show_default=True,
                      help="exact = lossless. relaxed (ReSpec), entropy (AASD) and entropy_inv are LOSSY opt-ins "
                           "(greedy only): they also accept retrieved draft tokens the model ranks close to its own "
