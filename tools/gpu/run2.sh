@@ -24,13 +24,14 @@ step shapes-smol ${SHAPES_S:-40} $SH $W/smol.gguf 99
 R="--repeat ${REPEAT:-2}"
 step code-smol 120 $ES bench $W/smol.gguf $NGL --prompts $W/code.jsonl ${LIMIT:-} --methods $M --max-tokens 128 $R --out $OUT/code-smol.jsonl
 step chat-smol 120 $ES bench $W/smol.gguf $NGL --prompts $W/chat.jsonl ${LIMIT:-} --methods $M --max-tokens 128 $R --out $OUT/chat-smol.jsonl
-step json-smol 90 $ES bench $W/smol.gguf $NGL --prompts $W/json.jsonl ${LIMIT:-} --methods none,default,suffix@hold2,llama-server-ngram-mod --max-tokens 256 $R --out $OUT/json-smol.jsonl
+step json-smol 90 $ES bench $W/smol.gguf $NGL --prompts $W/json.jsonl ${LIMIT:-} --methods none,default,suffix@hold2,suffix@hold4,llama-server-ngram-mod --max-tokens 256 $R --out $OUT/json-smol.jsonl
+# the calibration before the streams: the 2026-11-27 run reached its deadline in them
+TAILN=40 step cal-smol 30 $ES calibrate $W/smol.gguf $NGL --json
 # memory across requests (issue 41): a stream of similar requests, in file order
 SM="none,default,default+memory,llama-server-ngram-mod,llama-server-ngram-cache"
 for s in extraction codebase agent; do
   step stream-$s-smol 90 $ES bench $W/smol.gguf $NGL --prompts $W/stream_$s.jsonl ${LIMIT:-} --methods $SM --max-tokens 128 --out $OUT/stream-$s-smol.jsonl
 done
-TAILN=40 step cal-smol 30 $ES calibrate $W/smol.gguf $NGL --json
 # the cost curves of real shapes, while time is left
 while [ ! -f $W/gen.done ] && [ $(left) -gt 60 ]; do sleep 3; done; ls -la $W/*.gguf; cat $W/gen-*.log
 TAILN=8 step shapes-8b 60 $SH $W/rand-8b.gguf 99
