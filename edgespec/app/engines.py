@@ -168,8 +168,8 @@ class ModelEngines:
             if isinstance(drafter, str):
                 d, mode = drafter_from_spec(drafter, n_vocab=self.vocab.n_vocab, model_path=self.model_path,
                                             corpora=self.corpora, memory_store=self.memory)
-                if hold_width(mode):
-                    config = dataclasses.replace(self.config, hold_width=min(hold_width(mode), config.max_nodes))
+                if hold_width(mode):      # wider than max_nodes: EngineConfig's ConfigError
+                    config = dataclasses.replace(self.config, hold_width=hold_width(mode))
                 elif mode:
                     config = dataclasses.replace(self.config, verify=VerifyConfig(mode))
             else:

@@ -9,10 +9,9 @@ core/config.py's EngineConfig and are read from it.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from edgespec.calibration.kernelchoice import ENV as KERNELS_ENV   # sets the kernels default where given
+from edgespec.calibration.kernelchoice import setting as kernels_setting   # $EDGESPEC_KERNELS, else auto
 from edgespec.core.config import EngineConfig
 
 
@@ -38,7 +37,7 @@ class RunConfig:
     @classmethod
     def defaults(cls) -> "RunConfig":
         """The defaults as this process sees them (kernels from $EDGESPEC_KERNELS when set)."""
-        return cls(kernels=os.environ.get(KERNELS_ENV) or cls.kernels)
+        return cls(kernels=kernels_setting(None))
 
 
 DEFAULTS = RunConfig()

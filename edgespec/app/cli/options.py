@@ -16,8 +16,9 @@ import os
 import click
 
 from edgespec.backend.llama import MIN_CTX
+from edgespec.calibration.kernelchoice import ENV as KERNELS_ENV
 from edgespec.drafters import NAMES as DRAFTERS
-from edgespec.app.settings import DEFAULTS, KERNELS_ENV
+from edgespec.app.settings import DEFAULTS
 from edgespec.app.specs import check_drafter_name
 
 
