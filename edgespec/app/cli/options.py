@@ -17,7 +17,7 @@ import click
 
 from edgespec.backend.llama import MIN_CTX
 from edgespec.calibration.kernelchoice import ENV as KERNELS_ENV
-from edgespec.drafters import NAMES as DRAFTERS
+from edgespec.drafters.registry import help_text as drafters_help
 from edgespec.app.settings import DEFAULTS
 from edgespec.app.specs import check_drafter_name
 
@@ -216,9 +216,9 @@ def generation_options(f):
         click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
                      help="Most tokens to generate (per answer in chat)."),
         click.option("--drafter", type=DrafterSpec(), default=DEFAULTS.drafter, show_default=True,
-                     help=f"Draft proposer: {', '.join(DRAFTERS)}; none = plain decoding through the same "
-                          "engine.  NAME-noX / NAME+X switch a component off / on (auto-notrigram), "
-                          "NAME-nocorpus ignores --corpus."),
+                     help=f"Draft proposer: {drafters_help()}.  NAME-noX / NAME+X switch a component "
+                          "off / on (auto-notrigram), NAME-nocorpus ignores --corpus, NAME@holdN holds the "
+                          "batch width (docs/cli.md)."),
         click.option("--temp", "--temperature", "temperature", type=float, default=0.0, show_default=True,
                      help="0 = greedy (output identical to --drafter none); > 0 samples."),
         click.option("--top-k", type=int, default=40, show_default=True, help="Sampling: keep the k most likely tokens (0 = off)."),
