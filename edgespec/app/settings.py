@@ -1,43 +1,117 @@
 """RunConfig: every setting of a run and its default, held once.
 
-The CLI's options (app/cli/options.py), `load_model`, `SpecModel`, the
-llama-cpp-python drop-in and the bench's method `default` take their
-defaults from here, so a default changes in one place.  Names follow
-llama.cpp's where it has the concept (n_ctx, n_gpu_layers, n_threads); the
-engine's own defaults (the largest batch, the gate) stay in
+`SpecModel(model, config=RunConfig(...))` takes one (keyword arguments named
+as its fields override it); the CLI's options build one (app/cli/options.py
+`run_config`), and the llama-cpp-python drop-in and the bench's method
+`default` read their defaults from it, so a default changes in one place.
+Names follow llama.cpp's where it has the concept (n_ctx, n_gpu_layers,
+n_threads); the engine's own defaults (the largest batch, the gate) stay in
 core/config.py's EngineConfig and are read from it.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from edgespec.calibration.kernelchoice import setting as kernels_setting   # $EDGESPEC_KERNELS, else auto
 from edgespec.core.config import EngineConfig
+from edgespec.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """drafter: a drafter spec (drafters.parse_drafter_name, app/specs.py).
-    n_ctx, n_gpu_layers, n_threads (None: one per physical core), cache_type_k
-    ("auto": q8_0 on CPU with 2+ threads, else f16), kernels ("auto": timed
-    per machine; $EDGESPEC_KERNELS overrides the default): the backend.
-    max_nodes, cost_gate, verify: the engine (EngineConfig).  memory: True (in
-    this process), a file, or False (docs/memory.md)."""
-    drafter: str = "suffix"
+    """drafter: a drafter spec ("none" = plain decoding through the same
+        engine, "suffix", "trigram", "adjacency", "auto", with switches and an
+        engine mode: docs/cli.md; "-nocorpus" ignores the loaded corpora) or a
+        Drafter instance.
+    corpora: paths of compiled corpora (`edgespec build-corpus`) for the
+        drafters that use one; each is checked against the model's tokenizer.
+    verify: "exact" (default, lossless) or a LOSSY opt-in, "relaxed" (ReSpec),
+        "entropy" (AASD) or "entropy_inv", or a VerifyConfig (edgespec.core.verify).
+    n_ctx, n_gpu_layers, n_threads: llama.cpp's settings (n_threads None = one
+        per physical core).
+    cache_type_k: the K cache's type, "f16" (llama.cpp's default) or "q8_0";
+        "auto" (or None) = q8_0 on CPU with more than one thread, else f16.  On
+        CPU an f16 K cache makes one-token decodes past 256 KV cells run on one
+        thread, to stay exact (see backend/llama.py); q8_0 lets them use every thread.
+    kernels: "auto": "exact" where it costs at most 5% more than "fast" on
+        this machine, else "fast", as measured once per model and thread count
+        in two child processes (edgespec.calibration.kernelchoice; cached);
+        until measured (calibrate=True or `edgespec calibrate` measures it)
+        "exact".  "exact": llama.cpp settings under which a verification batch
+        gives logits bit-identical to one-token decoding on CPU (flash
+        attention on, the tiled K-quant product off).  "fast": llama.cpp's
+        fastest CPU settings (flash attention off, f16 K cache unless
+        cache_type_k says otherwise, the tiled product on): cheaper decodes,
+        batches and prefill (BENCHMARKS.md, "What does exactness cost?"), but
+        batched logits differ in the last bits, so greedy output can differ
+        from `none` at near-ties; the self-check (SpecModel.exact) reports it.
+        The tiled product is a process-wide switch that the first model a
+        process loads sets (unless GGML_CPU_TILED_MM is in the environment).
+        On a GPU both are llama.cpp's defaults.  None: $EDGESPEC_KERNELS, else
+        "auto" (RunConfig.defaults() reads it).
+    max_nodes: the largest verification batch (root + drafts).
+    cost_gate: verify only drafts whose expected gain beats their measured cost.
+    calibrate: how c(T) and the exactness self-check are had (both cached on
+        disk per model file, settings and machine).  "background" (default):
+        the cached ones; on a fresh cache, start at once with a conservative
+        built-in c(T) and measure both in a background thread between requests
+        (a request waits at most for one decode), then switch to them.  True:
+        measure now if not cached (a minute or more on 2 cores).  False: no
+        measurement: c(T) = T, a CPU-like worst case.
+    rpc: llama.cpp RPC workers ("HOST:PORT", a list or one comma-separated
+        string; `edgespec rpc-worker` or llama.cpp's rpc-server): the model's
+        layers go to them (n_gpu_layers 0 = all; N keeps the rest here).
+        Needs a llama-cpp-python built with CMAKE_ARGS="-DGGML_RPC=on".
+    tensor_split: proportions of the offloaded layers per device (workers in
+        order, then local GPUs); None: by their free memory.
+    rpc_output: over RPC, where the output layer runs: "local" (this machine
+        computes the logits; only hidden states cross the link) or "remote"
+        (the last worker; every verified token's logits cross the link).
+    memory: the memory of earlier requests (docs/memory.md): True: in this
+        process; a path: kept in that file too; False: off; a MemoryStore:
+        that store (shared between models of one tokenizer).
+    verbose: llama.cpp's own log on stderr.
+    """
+    drafter: Any = "suffix"
+    corpora: tuple = ()
+    verify: Any = "exact"
     n_ctx: int = 4096
     n_gpu_layers: int = 0
     n_threads: int | None = None
-    cache_type_k: str = "auto"
-    kernels: str = "auto"
+    cache_type_k: str | None = "auto"
+    kernels: str | None = "auto"
     max_nodes: int = EngineConfig.max_nodes
     cost_gate: bool = EngineConfig.cost_gate
-    verify: str = "exact"
-    memory: bool | str = True
+    calibrate: bool | str = "background"
+    rpc: Any = None
+    tensor_split: Any = None
+    rpc_output: str = "local"
+    memory: Any = True
+    verbose: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.corpora, (str, bytes)):
+            raise ConfigError("corpora: a list of corpus paths, not one string")
+        object.__setattr__(self, "corpora", tuple(self.corpora))
+        if self.calibrate not in (True, False, "background"):
+            raise ConfigError(f"calibrate must be True, False or 'background', not {self.calibrate!r}")
+        if self.rpc_output not in ("local", "remote"):
+            raise ConfigError(f"rpc_output must be 'local' or 'remote', not {self.rpc_output!r}")
 
     @classmethod
     def defaults(cls) -> "RunConfig":
         """The defaults as this process sees them (kernels from $EDGESPEC_KERNELS when set)."""
         return cls(kernels=kernels_setting(None))
+
+    def but(self, **changes) -> "RunConfig":
+        """A copy with `changes`; TypeError names a keyword that is no setting."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"unknown setting {unknown[0]!r} (RunConfig's fields: "
+                            f"{', '.join(f.name for f in dataclasses.fields(self))})")
+        return dataclasses.replace(self, **changes) if changes else self
 
 
 DEFAULTS = RunConfig()

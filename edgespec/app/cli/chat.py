@@ -17,7 +17,7 @@ import click
 
 from edgespec.app.cli.chat_session import DRAFT_COLOR, ChatSession, fence_open, history_path, split_blocks, unfence
 from edgespec.app.cli.loading import load_model, with_chat_template
-from edgespec.app.cli.options import complete_model, generation_options, make_sampling, memory_setting, model_options
+from edgespec.app.cli.options import complete_model, generation_options, make_sampling, model_options
 from edgespec.app.cli.output import calibration_line, exactness_notice
 from edgespec.app.termsafe import private_file
 
@@ -121,15 +121,11 @@ def piped(session: ChatSession, text: str) -> None:
             return
 
 
-def run_chat(model, *, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate, stop,
-             verify, ctx, n_gpu_layers, threads, cache_type_k, kernels, corpora, system, no_color, memory_file,
-             no_memory) -> None:
+def run_chat(model, *, max_tokens, temperature, top_k, top_p, min_p, seed, stop, config, system,
+             no_color) -> None:
     """The `edgespec chat` command (its options are generate's: options.generation_options)."""
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)
-    m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
-                   cache_type_k=cache_type_k, kernels=kernels, max_nodes=max_nodes, gate=not no_gate,
-                   corpora=corpora, verify=verify, calibrate="background",
-                   memory=memory_setting(memory_file, no_memory))
+    m = load_model(model, config.but(calibrate="background"))
     try:
         if not m.backend.chat_template():
             raise click.ClickException(f"{m.model_path} has no chat template (a base model?), so it cannot chat; "
@@ -142,7 +138,7 @@ def run_chat(model, *, max_tokens, drafter, temperature, top_k, top_p, min_p, se
         if not sys.stdin.isatty():
             piped(session, sys.stdin.read())
             return
-        session.dim(f"edgespec chat: {m.model_path} (drafter {drafter}); /help for commands, Ctrl-D to leave")
+        session.dim(f"edgespec chat: {m.model_path} (drafter {config.drafter}); /help for commands, Ctrl-D to leave")
         if m.calibration_state == "measuring":
             session.dim(calibration_line(m))
         if color:

@@ -12,7 +12,7 @@ import sys
 import click
 
 from edgespec.app.cli.loading import load_model, with_chat_template
-from edgespec.app.cli.options import (complete_model, generation_options, make_sampling, memory_setting, model_options,
+from edgespec.app.cli.options import (complete_model, generation_options, make_sampling, model_options,
                                       user_errors)
 from edgespec.app.cli.output import echo_stream, exactness_notice, json_default, stats_lines
 
@@ -28,9 +28,8 @@ from edgespec.app.cli.output import echo_stream, exactness_notice, json_default,
               help="A GBNF grammar file (llama.cpp's format) the answer must follow.")
 @click.option("--json-schema", "schema_file", type=click.Path(dir_okay=False), default=None,
               help="A JSON schema file the answer must follow (a JSON value); '{}' in the file: any JSON object.")
-def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate,
-             stop, verify, ctx, n_gpu_layers, threads, cache_type_k, kernels, corpora, raw, stats, as_json,
-             grammar_file, schema_file, memory_file, no_memory):
+def generate(args, max_tokens, temperature, top_k, top_p, min_p, seed, stop, config, raw, stats, as_json,
+             grammar_file, schema_file):
     """Generate an answer to PROMPT (`-` reads it from stdin).
 
     The prompt is wrapped as one user message in the model's chat template
@@ -55,10 +54,7 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
     constraint = _constraint(grammar_file, schema_file)
     if not raw:
         model_path = with_chat_template(model_path, "use --raw to send the prompt as plain text")
-    model = load_model(model_path, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
-                       cache_type_k=cache_type_k, kernels=kernels,
-                       max_nodes=max_nodes, gate=not no_gate, corpora=corpora, verify=verify,
-                       memory=memory_setting(memory_file, no_memory))
+    model = load_model(model_path, config.but(calibrate=True))
     notice = exactness_notice(model)
     if notice and not as_json:
         click.echo(click.style(notice, fg="bright_black"), err=True)
@@ -70,8 +66,8 @@ def generate(args, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, 
             d = result.to_dict()
             d["model"] = model.model_path
             d["max_tokens"] = max_tokens
-            d["cost_gate"] = not no_gate
-            d["corpora"] = list(corpora)
+            d["cost_gate"] = config.cost_gate
+            d["corpora"] = list(config.corpora)
             d["exact"] = model.exact
             d["calibration"] = model.calibration_state
             if model.exactness is not None and not model.exactness.exact:

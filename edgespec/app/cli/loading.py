@@ -14,17 +14,15 @@ import warnings
 import click
 
 from edgespec.app.cli.options import log_settings, rpc_settings, user_errors
-from edgespec.app.settings import DEFAULTS
+from edgespec.app.settings import RunConfig
 
 
-def load_model(model, *, drafter=DEFAULTS.drafter, ctx=DEFAULTS.n_ctx, n_gpu_layers=DEFAULTS.n_gpu_layers,
-               threads=DEFAULTS.n_threads, max_nodes=DEFAULTS.max_nodes, gate=DEFAULTS.cost_gate, calibrate=True,
-               corpora=(), verify=DEFAULTS.verify, cache_type_k=DEFAULTS.cache_type_k, kernels=None,
-               memory=DEFAULTS.memory):
-    """calibrate: True (one-shot commands: generate, bench) measures a missing
-    calibration before the first answer, with a note on stderr; "background"
-    (chat, serve) answers at once and measures between requests, silently.
-    memory: SpecModel's memory= (a memory file not used says why in one line)."""
+def load_model(model, config: RunConfig):
+    """The SpecModel of `config` with this invocation's log and --rpc settings.
+    config.calibrate True (one-shot commands: generate, bench) measures a
+    missing calibration before the first answer, with a note on stderr;
+    "background" (chat, serve) answers at once and measures between requests,
+    silently.  A memory file not used says why in one line."""
     from edgespec.app.api import SpecModel
     from edgespec.backend.process import log_to_file
 
@@ -38,18 +36,16 @@ def load_model(model, *, drafter=DEFAULTS.drafter, ctx=DEFAULTS.n_ctx, n_gpu_lay
         if ctx is not None:
             ctx.find_root().call_on_close(lambda: log_to_file(None))
     rpc = rpc_settings()
+    config = config.but(rpc=rpc["rpc"] or None, tensor_split=rpc["tensor_split"] or None,
+                        rpc_output=rpc["rpc_output"], verbose=log["verbose"])
     with user_errors():
         from edgespec.calibration.kernelchoice import setting
-        if setting(kernels) == "auto" and calibrate is True and not n_gpu_layers and not rpc["rpc"]:
-            measure_kernel_price(model, threads, remeasure=False)
+        if setting(config.kernels) == "auto" and config.calibrate is True and not config.n_gpu_layers \
+                and not config.rpc:
+            measure_kernel_price(model, config.n_threads, remeasure=False)
         one_line_warnings()
-        return SpecModel(model, drafter=drafter, n_ctx=ctx, n_gpu_layers=n_gpu_layers, n_threads=threads,
-                         rpc=rpc["rpc"], tensor_split=rpc["tensor_split"], rpc_output=rpc["rpc_output"],
-                         load_progress=_upload_bar(rpc["rpc"]) if rpc["rpc"] else None,
-                         max_nodes=max_nodes, cost_gate=gate, calibrate=calibrate,
-                         progress=calibration_note() if calibrate is True else None, corpora=corpora,
-                         verify=verify, cache_type_k=cache_type_k, kernels=kernels, verbose=log["verbose"],
-                         memory=memory)
+        return SpecModel(model, config=config, load_progress=_upload_bar(config.rpc) if config.rpc else None,
+                         progress=calibration_note() if config.calibrate is True else None)
 
 
 def one_line_warnings() -> None:

@@ -18,7 +18,7 @@ import click
 from edgespec.backend.llama import MIN_CTX
 from edgespec.calibration.kernelchoice import ENV as KERNELS_ENV
 from edgespec.drafters.registry import help_text as drafters_help
-from edgespec.app.settings import DEFAULTS
+from edgespec.app.settings import DEFAULTS, RunConfig
 from edgespec.app.specs import check_drafter_name
 
 
@@ -182,12 +182,12 @@ def backend_options(f):
                      help="K cache type. auto = q8_0 on CPU with 2+ threads (every decode uses every thread and stays "
                           "exact), else f16. f16 on CPU is llama.cpp's default cache; edgespec then decodes single "
                           "tokens past 256 cells on one thread to stay exact (slower).")(f)
-    f = click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
+    f = click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=DEFAULTS.n_threads,
                      help="CPU threads for llama.cpp (default: one per physical core available).")(f)
     f = click.option("-ngl", "--n-gpu-layers", type=int, default=DEFAULTS.n_gpu_layers, show_default=True,
                      help="Layers to offload to the GPU (-1 = all); needs a llama-cpp-python built with a GPU "
                           "backend (README, GPU).")(f)
-    f = click.option("-c", "--ctx", type=click.IntRange(min=MIN_CTX), default=DEFAULTS.n_ctx, show_default=True,
+    f = click.option("-c", "--ctx", "n_ctx", type=click.IntRange(min=MIN_CTX), default=DEFAULTS.n_ctx, show_default=True,
                      help=f"Context size in tokens (prompt + answer); at least {MIN_CTX}, rounded up to a "
                           f"multiple of {MIN_CTX} (llama.cpp's KV cache holds a multiple of {MIN_CTX} cells).")(f)
     return f
@@ -203,6 +203,25 @@ def memory_options(f):
                              "too, so later runs draft from it (mode 0600; see docs/memory.md).")(f)
 
 
+RUN_OPTIONS = ("drafter", "corpora", "verify", "n_ctx", "n_gpu_layers", "n_threads", "cache_type_k", "kernels",
+               "max_nodes")
+"""The options named as RunConfig's fields (app/settings.py)."""
+
+
+def run_config_options(f):
+    """Hand the command `config`: the RunConfig its run options make
+    (RUN_OPTIONS, --no-gate, --memory / --no-memory), in place of them."""
+    @functools.wraps(f)
+    def command(*args, **kw):
+        settings = {k: kw.pop(k) for k in RUN_OPTIONS if k in kw}
+        settings["cost_gate"] = not kw.pop("no_gate")
+        settings["memory"] = memory_setting(kw.pop("memory_file"), kw.pop("no_memory"))
+        with user_errors():
+            kw["config"] = RunConfig.defaults().but(**settings)
+        return f(*args, **kw)
+    return command
+
+
 def memory_setting(memory_file, no_memory):
     """SpecModel's memory= for --memory FILE / --no-memory (True: in this process)."""
     if memory_file and no_memory:
@@ -211,7 +230,8 @@ def memory_setting(memory_file, no_memory):
 
 
 def generation_options(f):
-    """Drafter, sampling and engine options shared by generate and chat."""
+    """Drafter, sampling and engine options shared by generate, chat and serve
+    (the run settings reach the command as `config`: run_config_options)."""
     opts = [
         click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
                      help="Most tokens to generate (per answer in chat)."),
@@ -237,7 +257,7 @@ def generation_options(f):
                           "(greedy only): they also accept retrieved draft tokens the model ranks close to its own "
                           "choice, which changes the output."),
     ]
-    f = memory_options(corpus_option(backend_options(f)))
+    f = memory_options(corpus_option(backend_options(run_config_options(f))))
     for o in reversed(opts):
         f = o(f)
     return f

@@ -10,7 +10,7 @@ import os
 import click
 
 from edgespec.app.cli.loading import load_model
-from edgespec.app.cli.options import complete_model, generation_options, make_sampling, memory_setting, model_options
+from edgespec.app.cli.options import complete_model, generation_options, make_sampling, model_options
 from edgespec.app.cli.output import calibration_line, exactness_notice
 
 
@@ -70,9 +70,8 @@ def _read_key_file(path: str) -> str:
 @click.option("--model-id", default=None, help="The model's name in /v1/models (default: the file's name "
                                                "without .gguf).")
 @serve_guard_options
-def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, max_nodes, no_gate, stop, verify,
-          ctx, n_gpu_layers, threads, cache_type_k, kernels, corpora, host, port, api_key, max_queue, model_id,
-          api_key_file, allow_host, cors, memory_file, no_memory, **limits):
+def serve(model, max_tokens, temperature, top_k, top_p, min_p, seed, stop, config, host, port, api_key, max_queue,
+          model_id, api_key_file, allow_host, cors, **limits):
     """Serve MODEL over an OpenAI-compatible HTTP API, with a chat page at /.
 
     POST /v1/chat/completions and /v1/completions (streamed or not), GET
@@ -95,10 +94,7 @@ def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, ma
     except ImportError as e:
         raise click.ClickException(f"serve needs {e.name}: pip install 'edgespec[serve]'") from None
     make_sampling(temperature, top_k, top_p, min_p, seed)      # a bad value fails before the model loads
-    m = load_model(model, drafter=drafter, ctx=ctx, n_gpu_layers=n_gpu_layers, threads=threads,
-                   cache_type_k=cache_type_k, kernels=kernels, max_nodes=max_nodes, gate=not no_gate,
-                   corpora=corpora, verify=verify, calibrate="background",
-                   memory=memory_setting(memory_file, no_memory))
+    m = load_model(model, config.but(calibrate="background"))
     notice = exactness_notice(m)
     if notice:
         click.echo(notice, err=True)
@@ -110,10 +106,10 @@ def serve(model, max_tokens, drafter, temperature, top_k, top_p, min_p, seed, ma
     if click.get_current_context().get_parameter_source("max_tokens") == click.core.ParameterSource.DEFAULT:
         max_tokens = None
     defaults = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-                "min_p": min_p, "seed": seed, "stop": list(stop), "drafter": drafter}
+                "min_p": min_p, "seed": seed, "stop": list(stop), "drafter": config.drafter}
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it may use it", err=True)
-    click.echo(f"edgespec serve: {name} (drafter {drafter}) on http://{host}:{port}/  (chat page at /, "
+    click.echo(f"edgespec serve: {name} (drafter {config.drafter}) on http://{host}:{port}/  (chat page at /, "
                f"API at /v1)", err=True)
     try:
         S.serve(m, host=host, port=port, model_id=name, api_key=api_key, max_queue=max_queue, defaults=defaults,
