@@ -9,8 +9,11 @@ acceptance model calibrates each source separately and its cost gate keeps,
 node by node, only what is expected to pay under the measured c(T): a weak
 tri-gram guess at depth 3 is cut while a long retrieved continuation stays.
 
-This module is the merge loop over the parts; each mechanism around it lives
-in drafters/mechanisms/ (one module each, holding its own state).  Each
+This module is the merge loop over the parts.  Each part has a declared role
+(drafters/mechanisms/: RETRIEVAL the suffix part, GUESS the others, TEMPLATE
+the adjacency part Graft keeps aside), and the merge and its mechanisms test
+the role, never which object a part is.  Each mechanism around the merge
+lives in drafters/mechanisms/ (one module each, holding its own state).  Each
 paper's mechanism is a switch (a bool field of HybridConfig, `auto-noX` /
 `auto+X` by name; numeric settings by `auto+X=V`).  Where edgespec's own
 variant differs from the published one, both exist under two names, the
@@ -40,8 +43,8 @@ README "Drafters and corpora" for the table):
 * ADED: ``aded`` (the trigram part's published form, drafters/aded.py) vs
   edgespec's tri-gram search (drafters/trigram.py).
 
-``schedule`` (mechanisms/schedule.py) idles the parts other than suffix whose
-drafts do not pay for their drafting time.
+``schedule`` (mechanisms/schedule.py) idles the parts other than the
+RETRIEVAL one whose drafts do not pay for their drafting time.
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ from edgespec.drafters.adapld import AdaPLDDrafter
 from edgespec.drafters.adjacency import AdjacencyDrafter
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.branch import BranchDrafter
+from edgespec.drafters.mechanisms import GUESS, RETRIEVAL, TEMPLATE
 from edgespec.drafters.mechanisms.entropy import ENTROPY_TOPK, EntropyScaler
 from edgespec.drafters.mechanisms.graft import PruneGraft
 from edgespec.drafters.mechanisms.graft import check_thresholds as check_graft_thresholds
@@ -154,7 +158,9 @@ class HybridDrafter(Drafter):
                  model_path: str | None = None, embeddings=None, memory=None):
         self.config = c = config if config is not None else HybridConfig()
         self.rerank = HiddenStates()
-        self.parts = self._make_parts(c, n_vocab, corpora, model_path, embeddings, memory)
+        made = self._make_parts(c, n_vocab, corpora, model_path, embeddings, memory)
+        self.roles = [role for role, _ in made]     # per part: RETRIEVAL, GUESS or TEMPLATE (mechanisms/)
+        self.parts = [p for _, p in made]
         if not self.parts:
             raise ValueError("HybridConfig: no component can run (the semantic fallbacks need the model's "
                              "embeddings: a model path)")
@@ -165,49 +171,46 @@ class HybridDrafter(Drafter):
             self.topk = max(self.topk, ENTROPY_TOPK)
         self.wants_entropy = c.trigger
         self.trigger = RetrievalTrigger(c, self.parts)
-        self.wants_hidden = c.rerank and self._adapld is not None
+        self.wants_hidden = c.rerank        # rerank always builds the AdaPLD part, which reads the states
         self.hidden_layer = c.rerank_layer
         self.rerank.enabled = self.wants_hidden
-        self.schedule = PartSchedule(c, self.parts, self._suffix)
+        self.schedule = PartSchedule(c, self.parts, self.roles)
         n = c.max_nodes
         self._buf = [(np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.float32), np.zeros(n, np.int8))
                      for _ in range(2)]
         self.graft = PruneGraft(c, self._buf)
-        self.graft.enabled = c.graft and self._adjacency is not None
+        self.graft.enabled = c.graft and TEMPLATE in self.roles
         self.graft_tail = TailGraft(n)
         # the lifecycle hooks run on these, in this order
         self.mechanisms = [m for m in (self.entropy, self.trigger, self.rerank, self.graft, self.schedule) if m.enabled]
 
-    def _make_parts(self, c: HybridConfig, n_vocab: int, corpora, model_path, embeddings, memory) -> list[Drafter]:
-        """The component drafters in merge priority order; sets _suffix, _adapld, _adjacency."""
-        parts: list[Drafter] = []
-        self._suffix = self._adapld = self._adjacency = None
+    def _make_parts(self, c: HybridConfig, n_vocab: int, corpora, model_path, embeddings,
+                    memory) -> list[tuple[str, Drafter]]:
+        """(role, drafter) of each component, in merge priority order."""
+        parts: list[tuple[str, Drafter]] = []
         if c.suffix:
-            self._suffix = SuffixDrafter(SuffixConfig(
+            parts.append((RETRIEVAL, SuffixDrafter(SuffixConfig(
                 position_ema=c.ema, max_depth=c.copy_len, feedback=c.feedback, feedback_top=c.feedback_top,
                 feedback_init=c.feedback_init, feedback_rate=c.feedback_rate, feedback_min=c.feedback_min,
                 prompt_source=c.aasd, memory=c.memory,
-                max_nodes=max(64, c.max_nodes)), corpora=corpora, memory=memory)
-            parts.append(self._suffix)
+                max_nodes=max(64, c.max_nodes)), corpora=corpora, memory=memory)))
         if (c.semantic_pair or c.semantic) and embeddings is None and model_path is not None:
             from edgespec.drafters.embeddings import TokenEmbeddings
             embeddings = TokenEmbeddings(model_path)
         if c.semantic_pair and embeddings is not None:
-            parts.append(SemanticDrafter(embeddings, max_nodes=c.max_nodes))
+            parts.append((GUESS, SemanticDrafter(embeddings, max_nodes=c.max_nodes)))
         if c.branch or c.rerank or (c.semantic and embeddings is not None):
-            self._adapld = AdaPLDDrafter(branch=c.branch, embeddings=embeddings if c.semantic else None,
-                                         rerank=c.rerank, hidden=self.rerank, k=c.branch_k,
-                                         successor_len=c.successor_len, tau=c.semantic_tau, copy_len=c.copy_len,
-                                         max_nodes=c.max_nodes)
-            parts.append(self._adapld)
+            parts.append((GUESS, AdaPLDDrafter(branch=c.branch, embeddings=embeddings if c.semantic else None,
+                                               rerank=c.rerank, hidden=self.rerank, k=c.branch_k,
+                                               successor_len=c.successor_len, tau=c.semantic_tau,
+                                               copy_len=c.copy_len, max_nodes=c.max_nodes)))
         if c.branch_depth or c.aasd or c.aasd_all:
-            parts.append(BranchDrafter(aasd=c.aasd, aasd_all=c.aasd_all, branch=c.branch_depth,
-                                       max_nodes=c.max_nodes))
+            parts.append((GUESS, BranchDrafter(aasd=c.aasd, aasd_all=c.aasd_all, branch=c.branch_depth,
+                                               max_nodes=c.max_nodes)))
         if c.trigram:
-            parts.append(TrigramDrafter(n_vocab, corpora=corpora, config=TrigramConfig(aded=c.aded)))
+            parts.append((GUESS, TrigramDrafter(n_vocab, corpora=corpora, config=TrigramConfig(aded=c.aded))))
         if c.adjacency:
-            self._adjacency = AdjacencyDrafter(n_vocab, corpora=corpora)
-            parts.append(self._adjacency)
+            parts.append((TEMPLATE, AdjacencyDrafter(n_vocab, corpora=corpora)))
         return parts
 
     def warmup(self) -> None:
@@ -272,28 +275,29 @@ class HybridDrafter(Drafter):
         """The parts' proposals merged in priority order: (cur, template, drafted).
 
         cur: (tokens, parents, probs, source, m) of the merge, or None;
-        template: with `graft`, the adjacency part's root-centred tree, kept
-        aside; drafted: a part other than suffix proposed nodes (graft_tail may apply).
+        template: with `graft`, the TEMPLATE part's root-centred tree, kept
+        aside; drafted: a part other than the RETRIEVAL one proposed nodes
+        (graft_tail may apply).
         With `graft`, Graft's checkpoints are decided on the tree merged so far
         after each part; once one prunes, the drafted parts after it are not asked."""
         cur = None
         k = 0
         drafted = False
         template = None
-        for i, p in enumerate(self.parts):
+        for i, role in enumerate(self.roles):
             if self.schedule.resting(i) or (not retrieve and self.trigger.gated[i]) \
-                    or (graft and self.graft.pruned and p is not self._adjacency):
+                    or (graft and self.graft.pruned and role != TEMPLATE):
                 self.schedule.skip(i)
                 continue
             t = self.schedule.propose(i, context, budget)
             if len(t) == 0:
                 continue
-            if p is self._suffix:
+            if role == RETRIEVAL:
                 if self.entropy.enabled:       # only retrieved drafts are scaled: computed when there are some
                     self.entropy.scale(t)
             else:
                 drafted = True
-            if graft and p is self._adjacency:
+            if graft and role == TEMPLATE:
                 template = t
                 continue
             if cur is None:

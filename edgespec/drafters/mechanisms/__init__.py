@@ -12,7 +12,20 @@ action (scale, check, graft, ...) is called where it acts in the merge:
 * rerank.py       the hidden states AdaPLD's `rerank` compares, by context position
 * graft.py        Graft's prune-then-graft under a fixed budget (`graft`)
 * graft_tail.py   edgespec's retrieval continued from the best drafted leaves (`graft_tail`)
+
+The merge and its mechanisms tell the parts apart by the role the hybrid
+declares for each (``HybridDrafter.roles``), never by which object a part is.
 """
+
+RETRIEVAL = "retrieval"
+"""The suffix part: always on (the schedule never idles it), its drafts scaled
+by `entropy`, keyed by `trigger`; the others are weighed against it."""
+GUESS = "guess"
+"""A part that guesses beside retrieval (tri-gram, branch, semantic, AdaPLD):
+the schedule idles it when its drafts do not pay for its time."""
+TEMPLATE = "template"
+"""A guess part that `graft` keeps aside as its root-centred template
+(adjacency); without `graft` it merges as a guess part."""
 
 
 class Mechanism:
