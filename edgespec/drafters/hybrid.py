@@ -255,7 +255,7 @@ class HybridDrafter(Drafter):
         c = self.config
         for m in self.mechanisms:
             m.start_step()
-        retrieve = self.trigger.check() if self.trigger.enabled else True
+        retrieve = self._trigger() if self.trigger.enabled else True
         graft = self.graft.enabled
         cur, template, drafted = self._merge(context, budget, retrieve, graft)
         if graft:
@@ -270,6 +270,14 @@ class HybridDrafter(Drafter):
         if c.graft_tail and drafted:
             tree = self.graft_tail.graft(context, *tree, budget)
         return DraftTree.raw(*tree)
+
+    def _trigger(self) -> bool:
+        """ReSpec's decision for this step; its key k* handed to the RETRIEVAL part."""
+        retrieve = self.trigger.check()
+        for p, role in zip(self.parts, self.roles):
+            if role == RETRIEVAL:
+                p.use_key(self.trigger.key)
+        return retrieve
 
     def _merge(self, context, budget: int, retrieve: bool, graft: bool):
         """The parts' proposals merged in priority order: (cur, template, drafted).
