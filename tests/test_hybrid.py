@@ -1,8 +1,15 @@
 """The `auto` drafter merges suffix, trigram and adjacency proposals (no model)."""
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+
+import edgespec
 
 from edgespec.drafters import make_drafter
 from edgespec.drafters.base import StepResult
@@ -213,3 +220,27 @@ def test_graft_continues_retrieval_from_a_confident_drafted_leaf():
     src2 = np.array([SOURCE_CONTEXT, SOURCE_TRIGRAM], np.int8)
     assert len(d.graft_tail.graft(ctx, tok, par, pr, src2, 16)[0]) == 2
     assert len(d.graft_tail.graft(ctx, tok, par, pr, src, 3)[0]) == 2
+
+
+PAPERS = ("edgespec.drafters.papers", "edgespec.kernels.aded")
+
+
+def _papers_loaded(spec: str) -> list:
+    """The paper modules a fresh interpreter holds after building make_drafter(spec) (the defaults, and
+    the switches the name sets)."""
+    code = ("import sys, edgespec.drafters.hybrid\n"
+            "from edgespec.drafters import make_drafter, parse_drafter_name\n"
+            f"name, _, sw = parse_drafter_name({spec!r})\n"
+            "make_drafter(name, n_vocab=100, **sw)\n"
+            f"print(' '.join(sorted(m for m in sys.modules if m.startswith({PAPERS!r}))))")
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(edgespec.__file__).resolve().parent.parent))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return out.stdout.split()
+
+
+def test_the_papers_mechanisms_are_imported_only_when_switched_on():
+    assert _papers_loaded("auto") == []
+    assert _papers_loaded("trigram") == []
+    assert _papers_loaded("auto+graft") == ["edgespec.drafters.papers", "edgespec.drafters.papers.graft"]
+    assert "edgespec.drafters.papers.trigger" in _papers_loaded("auto+trigger")
+    assert "edgespec.kernels.aded" in _papers_loaded("auto+aded")

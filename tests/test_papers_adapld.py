@@ -1,5 +1,5 @@
-"""AdaPLD as published (drafters/adapld.py, the hidden states in
-drafters/mechanisms/rerank.py, the middle layer in backend/layer_tap.py):
+"""AdaPLD as published (drafters/papers/adapld.py, the hidden states in
+drafters/papers/rerank.py, the middle layer in backend/layer_tap.py):
 worked examples of the paper's §3 on hand-written token arrays, rankings,
 embeddings and hidden states.
 
@@ -13,7 +13,7 @@ import pytest
 
 from edgespec.drafters.tree import SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_SEMANTIC
 from edgespec.drafters import make_drafter, parse_drafter_name
-from edgespec.drafters.adapld import AdaPLDDrafter, TokenCosines
+from edgespec.drafters.papers.adapld import AdaPLDDrafter, TokenCosines
 from edgespec.drafters.embeddings import TokenEmbeddings
 from edgespec.drafters.hybrid import HybridConfig, HybridDrafter
 from edgespec.kernels.anchor import best_anchor, build_adapld_tree
