@@ -1,8 +1,15 @@
 """The `auto` drafter merges suffix, trigram and adjacency proposals (no model)."""
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+
+import edgespec
 
 from edgespec.drafters import make_drafter
 from edgespec.drafters.base import StepResult
@@ -176,6 +183,24 @@ def test_schedule_idles_a_part_whose_tokens_do_not_pay_for_its_time():
     assert all(kinds) and not d.schedule.report()[0][3]
 
 
+def test_the_schedule_weighs_the_guess_parts_and_never_the_retrieval_one():
+    """Roles, not identities: the RETRIEVAL part keeps proposing and is never
+    weighed, while a GUESS part whose drafts the model never takes goes idle."""
+    ctx = np.array([1, 2, 3, 1, 2, 3, 1, 2, 4, 5, 6, 1, 2], np.int32)
+    d = HybridDrafter(V, config=HybridConfig(adjacency=False, entropy=False, branch_depth=False, aasd=False,
+                                             graft_tail=False, ema=False))
+    assert [p.name for p in d.parts] == ["suffix", "trigram"] and d.roles == ["retrieval", "guess"]
+    assert make_drafter("auto", n_vocab=V).roles == ["retrieval", "guess", "guess", "template"]
+    d.begin(ctx)
+    for _ in range(20):
+        t = d.propose(ctx, 8)
+        assert (t.source == SOURCE_CONTEXT).any()
+        d.observe(StepResult(np.append(ctx, 99).astype(np.int32), np.array([99], np.int32), t,
+                             np.zeros(len(t), bool), t.parents == -1, plain_step_s=1e-5))
+    (_, gain_s, _, idle_s), (_, gain_t, _, idle_t) = d.schedule.report()
+    assert not idle_s and gain_s == 1.0 and idle_t and gain_t < 0.9
+
+
 def test_graft_continues_retrieval_from_a_confident_drafted_leaf():
     from edgespec.drafters.tree import SOURCE_CONTEXT
     d = HybridDrafter(V, config=HybridConfig(trigram=False, adjacency=False, branch_depth=False, aasd=False))
@@ -195,3 +220,27 @@ def test_graft_continues_retrieval_from_a_confident_drafted_leaf():
     src2 = np.array([SOURCE_CONTEXT, SOURCE_TRIGRAM], np.int8)
     assert len(d.graft_tail.graft(ctx, tok, par, pr, src2, 16)[0]) == 2
     assert len(d.graft_tail.graft(ctx, tok, par, pr, src, 3)[0]) == 2
+
+
+PAPERS = ("edgespec.drafters.papers", "edgespec.kernels.aded")
+
+
+def _papers_loaded(spec: str) -> list:
+    """The paper modules a fresh interpreter holds after building make_drafter(spec) (the defaults, and
+    the switches the name sets)."""
+    code = ("import sys, edgespec.drafters.hybrid\n"
+            "from edgespec.drafters import make_drafter, parse_drafter_name\n"
+            f"name, _, sw = parse_drafter_name({spec!r})\n"
+            "make_drafter(name, n_vocab=100, **sw)\n"
+            f"print(' '.join(sorted(m for m in sys.modules if m.startswith({PAPERS!r}))))")
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(edgespec.__file__).resolve().parent.parent))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return out.stdout.split()
+
+
+def test_the_papers_mechanisms_are_imported_only_when_switched_on():
+    assert _papers_loaded("auto") == []
+    assert _papers_loaded("trigram") == []
+    assert _papers_loaded("auto+graft") == ["edgespec.drafters.papers", "edgespec.drafters.papers.graft"]
+    assert "edgespec.drafters.papers.trigger" in _papers_loaded("auto+trigger")
+    assert "edgespec.kernels.aded" in _papers_loaded("auto+aded")

@@ -1,5 +1,5 @@
-"""AdaPLD as published (drafters/adapld.py, the hidden states in
-drafters/mechanisms/rerank.py, the middle layer in backend/layer_tap.py):
+"""AdaPLD as published (drafters/papers/adapld.py, the hidden states in
+drafters/papers/rerank.py, the middle layer in backend/layer_tap.py):
 worked examples of the paper's §3 on hand-written token arrays, rankings,
 embeddings and hidden states.
 
@@ -13,7 +13,7 @@ import pytest
 
 from edgespec.drafters.tree import SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_SEMANTIC
 from edgespec.drafters import make_drafter, parse_drafter_name
-from edgespec.drafters.adapld import AdaPLDDrafter, TokenCosines
+from edgespec.drafters.papers.adapld import AdaPLDDrafter, TokenCosines
 from edgespec.drafters.embeddings import TokenEmbeddings
 from edgespec.drafters.hybrid import HybridConfig, HybridDrafter
 from edgespec.kernels.anchor import best_anchor, build_adapld_tree
@@ -229,14 +229,16 @@ def test_hybrid_switches_settings_and_the_shared_hidden_states():
     name, _, sw = parse_drafter_name("auto+branch+rerank-nobranch_depth+copy_len=30")
     d = make_drafter(name, n_vocab=100, **sw)
     assert [p.name for p in d.parts] == ["suffix", "adapld", "trigram", "adjacency"]
-    assert d.prefill_topk == 8 and d._suffix.config.max_depth == 30 and d._adapld.copy_len == 30
-    assert d.wants_hidden and d.hidden_layer == 0 and d._adapld.successor_len == 1
+    assert d.roles == ["retrieval", "guess", "guess", "template"]
+    suffix, adapld = d.parts[:2]
+    assert d.prefill_topk == 8 and suffix.config.max_depth == 30 and adapld.copy_len == 30
+    assert d.wants_hidden and d.hidden_layer == 0 and adapld.successor_len == 1
     name, _, sw = parse_drafter_name("auto+rerank+rerank_layer=5")
     assert make_drafter(name, n_vocab=100, **sw).hidden_layer == 5
     # today's defaults: edgespec's variants on, the published ones off, copy length 32
     d = make_drafter("auto", n_vocab=100)
     assert [p.name for p in d.parts] == ["suffix", "branch", "trigram", "adjacency"]
-    assert d.prefill_topk == 0 and not d.wants_hidden and d._suffix.config.max_depth == 32
+    assert d.prefill_topk == 0 and not d.wants_hidden and d.parts[0].config.max_depth == 32
     with pytest.raises(ValueError):
         parse_drafter_name("auto+copy_len=x")
     with pytest.raises(ValueError):
@@ -246,13 +248,15 @@ def test_hybrid_switches_settings_and_the_shared_hidden_states():
     cfg = HybridConfig(trigram=False, adjacency=False, branch_depth=False, ema=False, entropy=False,
                        rerank=True)
     h = HybridDrafter(100, config=cfg)
+    adapld = h.parts[1]
+    assert adapld.name == "adapld"
     c = np.array(CTX_TWO, I32)
     h.begin(c)
     h.observe_prefill_hidden(0, hidden(10, {0: unit(1, 0.1), 8: unit(1, 0), 4: unit(0, 1)}))
-    assert paths(h._adapld.propose(c, 64)) == {(8, 11, 4, 7, 9, 12, 6, 7)}
+    assert paths(adapld.propose(c, 64)) == {(8, 11, 4, 7, 9, 12, 6, 7)}
     h.begin(c)       # same context: the states stay
     h.observe_prefill_hidden(0, hidden(10, {0: unit(0, 1), 8: unit(1, 0), 4: unit(1, 0.1)}))
-    assert paths(h._adapld.propose(c, 64)) == {(9, 12, 6, 7)}
+    assert paths(adapld.propose(c, 64)) == {(9, 12, 6, 7)}
 
 
 def _tree_step(be, toks):

@@ -1,4 +1,4 @@
-"""ADED as published (drafters/aded.py, kernels/aded.py; `trigram+aded`): the
+"""ADED as published (drafters/papers/aded.py, kernels/aded.py; `trigram+aded`): the
 tri-gram matrix of Eq. (1) with the elimination threshold t, Adjust3Gram
 (Algorithm 2), and the MCTS of Algorithm 1 (PUCT of Eqs. 2-3, selection,
 expansion, rollout, backpropagation of 1 + the sum of tri-gram scores, the best

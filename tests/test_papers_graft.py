@@ -1,10 +1,12 @@
-"""Graft as published (drafters/mechanisms/graft.py, `graft`), sections 3.1-3.2 of
+"""Graft as published (drafters/papers/graft.py, `graft`), sections 3.1-3.2 of
 "Draft Less, Retrieve More": pruning checkpoints whose confidence c_d is the
 highest cumulative path score at depth d; a calibrated threshold tau_k per
 checkpoint, stricter at shallow checkpoints; a prune skips deeper drafting; the
 fixed budget B = B_draft(s) + B_retr(s), the stage-matched prefix of the
 root-centred retrieval template grafted into the B_retr(s) freed slots."""
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from edgespec.drafters.tree import SOURCE_ADJACENCY, SOURCE_CONTEXT, SOURCE_TRIG
 from edgespec.drafters import make_drafter, parse_drafter_name
 from edgespec.drafters.base import StepResult
 from edgespec.drafters.hybrid import HybridConfig, HybridDrafter
-from edgespec.drafters.mechanisms.graft import GRAFT_CHECKPOINTS
+from edgespec.drafters.papers.graft import GRAFT_CHECKPOINTS, GRAFT_TAU_FIELDS
 
 I32 = np.int32
 
@@ -54,6 +56,7 @@ def test_thresholds_per_checkpoint_stricter_at_shallow_ones():
     threshold tau_k ... We set stricter thresholds at shallow checkpoints.'"""
     c = HybridConfig()
     assert GRAFT_CHECKPOINTS == (2, 4, 6)
+    assert GRAFT_TAU_FIELDS == tuple(f.name for f in dataclasses.fields(c) if f.name.startswith("graft_tau"))
     assert c.graft_tau2 > c.graft_tau4 > c.graft_tau6
     with pytest.raises(ValueError, match="must not rise with depth"):
         HybridConfig(graft_tau2=0.05, graft_tau4=0.1)

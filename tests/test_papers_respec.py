@@ -1,5 +1,5 @@
 """ReSpec as published (Fang et al., /work/shared/seeds/respec.txt): the
-entropy-guided trigger (drafters/mechanisms/trigger.py, section 3.2.1), the
+entropy-guided trigger (drafters/papers/trigger.py, section 3.2.1), the
 feedback-driven candidate selection (drafters/suffix.py, section 3.3) and the
 relaxed verification with look-ahead tolerance (core/verify.py, section 3.4):
 worked examples on hand-written arrays, and on the model that Phi bounds the
@@ -13,7 +13,7 @@ import pytest
 
 from edgespec.drafters.base import Drafter, StepResult
 from edgespec.drafters.hybrid import HybridConfig, HybridDrafter
-from edgespec.drafters.mechanisms.trigger import select_key
+from edgespec.drafters.papers.trigger import select_key
 from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
 from edgespec.core.engine import Engine, drain
 from edgespec.kernels.topk import row_entropy

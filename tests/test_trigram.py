@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgespec.drafters.base import StepResult
-from edgespec.drafters.aded import ADJUST_SLOTS, drop_rare_trigrams
+from edgespec.drafters.papers.aded import ADJUST_SLOTS, drop_rare_trigrams
 from edgespec.drafters.trigram import TrigramConfig, TrigramDrafter, merge_corpora
 from edgespec.kernels import trigram as K
 from edgespec.drafters.tree import SOURCE_TRIGRAM, DraftTree

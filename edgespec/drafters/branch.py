@@ -21,7 +21,7 @@ proposes the model's other choices (with their probabilities):
   anyway.  There the copied token was the model's first choice; its
   runners-up become sibling branches.  (AdaPLD's own branch drafting, the
   top 8 at the anchor's next position with successor drafts, is
-  drafters/adapld.py.)
+  drafters/papers/adapld.py.)
 
 Other nodes carry SOURCE_BRANCH, so the engine calibrates them on their own,
 and the cost gate keeps one only when its calibrated chance pays for its

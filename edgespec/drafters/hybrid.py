@@ -9,23 +9,26 @@ acceptance model calibrates each source separately and its cost gate keeps,
 node by node, only what is expected to pay under the measured c(T): a weak
 tri-gram guess at depth 3 is cut while a long retrieved continuation stays.
 
-This module is the merge loop over the parts; each mechanism around it lives
-in drafters/mechanisms/ (one module each, holding its own state).  Each
+This module is the merge loop over the parts.  Each part has a declared role
+(drafters/mechanisms/: RETRIEVAL the suffix part, GUESS the others, TEMPLATE
+the adjacency part Graft keeps aside), and the merge and its mechanisms test
+the role, never which object a part is.  Each mechanism around the merge
+lives in drafters/mechanisms/ (one module each, holding its own state).  Each
 paper's mechanism is a switch (a bool field of HybridConfig, `auto-noX` /
 `auto+X` by name; numeric settings by `auto+X=V`).  Where edgespec's own
 variant differs from the published one, both exist under two names, the
 published one under the paper's word and off by default until measured (see
 README "Drafters and corpora" for the table):
 
-* AdaPLD (drafters/adapld.py: one anchor j* among the earlier positions of
+* AdaPLD (drafters/papers/adapld.py: one anchor j* among the earlier positions of
   the last token, a copy, branches and successors from it): ``branch`` (the
   model's top ``branch_k`` after j* minus the copied token, each with one
   successor) vs ``branch_depth``; ``semantic`` (when the last token never
   occurred: tokens at embedding cosine ``semantic_tau``, branches and
   successors, no copy) vs ``semantic_pair``; ``rerank`` (j* by the hidden
-  states at layer ``rerank_layer``, mechanisms/rerank.py); ``copy_len``
+  states at layer ``rerank_layer``, papers/rerank.py); ``copy_len``
   (AdaPLD: 30, edgespec: 32).
-* ReSpec: ``trigger`` (mechanisms/trigger.py: retrieve iff H_{k*} <= theta,
+* ReSpec: ``trigger`` (papers/trigger.py: retrieve iff H_{k*} <= theta,
   k* the retrieval key) vs ``entropy`` (mechanisms/entropy.py); ``feedback``
   (every occurrence of the key scored from 0.5, those under theta_score
   dropped, the best 3 drafted; the winner rewarded L_acc / L_draft, the other
@@ -35,33 +38,33 @@ README "Drafters and corpora" for the table):
 * AASD: ``aasd`` (alternatives at misaligned prompt positions only, as
   SOURCE_ALIGN, and prompt-copied drafts marked SOURCE_PROMPT, which
   VerifyConfig "entropy" relaxes) vs ``aasd_all``.
-* Graft: ``graft`` (mechanisms/graft.py) vs ``graft_tail``
+* Graft: ``graft`` (papers/graft.py) vs ``graft_tail``
   (mechanisms/graft_tail.py).
-* ADED: ``aded`` (the trigram part's published form, drafters/aded.py) vs
+* ADED: ``aded`` (the trigram part's published form, papers/aded.py) vs
   edgespec's tri-gram search (drafters/trigram.py).
 
-``schedule`` (mechanisms/schedule.py) idles the parts other than suffix whose
-drafts do not pay for their drafting time.
+``schedule`` (mechanisms/schedule.py) idles the parts other than the
+RETRIEVAL one whose drafts do not pay for their drafting time.
+
+The published forms live in drafters/papers/ and are imported only in the
+branch that builds them when switched on: the default `auto` loads none of
+them (tests/test_hybrid.py checks it in a fresh interpreter).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from edgespec.kernels.suffix import merge_trees
 from edgespec.drafters.tree import DraftTree
-from edgespec.drafters.adapld import AdaPLDDrafter
 from edgespec.drafters.adjacency import AdjacencyDrafter
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.branch import BranchDrafter
+from edgespec.drafters.mechanisms import GUESS, RETRIEVAL, TEMPLATE
 from edgespec.drafters.mechanisms.entropy import ENTROPY_TOPK, EntropyScaler
-from edgespec.drafters.mechanisms.graft import PruneGraft
-from edgespec.drafters.mechanisms.graft import check_thresholds as check_graft_thresholds
 from edgespec.drafters.mechanisms.graft_tail import TailGraft
-from edgespec.drafters.mechanisms.rerank import HiddenStates
 from edgespec.drafters.mechanisms.schedule import PartSchedule
-from edgespec.drafters.mechanisms.trigger import RetrievalTrigger
 from edgespec.drafters.semantic import SemanticDrafter
 from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
 from edgespec.drafters.trigram import TrigramConfig, TrigramDrafter
@@ -106,7 +109,7 @@ class HybridConfig:
     feedback_rate: float = 0.5      # ReSpec's EMA rate alpha (not given, edgespec's choice)
     feedback_min: float = 0.2       # ReSpec's theta_score (not given, edgespec's choice)
     # Graft: prune at checkpoint depth 2 / 4 / 6 when the best-path confidence is below that checkpoint's
-    # calibrated threshold; stricter at shallow checkpoints (mechanisms/graft.py: the values are edgespec's)
+    # calibrated threshold; stricter at shallow checkpoints (papers/graft.py: the values are edgespec's)
     graft_tau2: float = 0.2
     graft_tau4: float = 0.1
     graft_tau6: float = 0.05
@@ -130,7 +133,12 @@ class HybridConfig:
                     or not np.isfinite(v):
                 raise ValueError(f"HybridConfig.{name} must be a number, got {v!r}")
             setattr(self, name, float(v))
-        check_graft_thresholds(self)
+        # Graft's base thresholds, shallowest checkpoint first (the fields' order), must not rise with
+        # depth; checked here, on the fields, so that papers/graft.py is imported only with graft on
+        taus = [(f.name, getattr(self, f.name)) for f in fields(self) if f.name.startswith("graft_tau")]
+        if any(a < b for (_, a), (_, b) in zip(taus, taus[1:])):
+            raise ValueError("HybridConfig: Graft's thresholds must not rise with depth "
+                             f"({', '.join(f'{f}={t:g}' for f, t in taus)})")
 
 
 
@@ -144,17 +152,23 @@ class HybridDrafter(Drafter):
     MemoryStore the suffix part also drafts from.
 
     The mechanisms: ``schedule`` (PartSchedule), ``entropy`` (EntropyScaler),
-    ``trigger`` (RetrievalTrigger), ``rerank`` (HiddenStates), ``graft``
-    (PruneGraft), ``graft_tail`` (TailGraft); each is built whatever the
-    config says, and the config's switches decide which the merge calls."""
+    ``graft_tail`` (TailGraft), built whatever the config says (its
+    switches decide which the merge calls); the papers' ``trigger``
+    (RetrievalTrigger), ``rerank`` (HiddenStates) and ``graft`` (PruneGraft),
+    built (and imported) only when switched on, else None."""
 
     name = "auto"
 
     def __init__(self, n_vocab: int, corpora=(), config: HybridConfig | None = None,
                  model_path: str | None = None, embeddings=None, memory=None):
         self.config = c = config if config is not None else HybridConfig()
-        self.rerank = HiddenStates()
-        self.parts = self._make_parts(c, n_vocab, corpora, model_path, embeddings, memory)
+        self.rerank = None      # AdaPLD's hidden states, kept here and read by its part
+        if c.rerank:
+            from edgespec.drafters.papers.rerank import HiddenStates
+            self.rerank = HiddenStates()
+        made = self._make_parts(c, n_vocab, corpora, model_path, embeddings, memory)
+        self.roles = [role for role, _ in made]     # per part: RETRIEVAL, GUESS or TEMPLATE (mechanisms/)
+        self.parts = [p for _, p in made]
         if not self.parts:
             raise ValueError("HybridConfig: no component can run (the semantic fallbacks need the model's "
                              "embeddings: a model path)")
@@ -164,50 +178,57 @@ class HybridDrafter(Drafter):
         if self.entropy.enabled:
             self.topk = max(self.topk, ENTROPY_TOPK)
         self.wants_entropy = c.trigger
-        self.trigger = RetrievalTrigger(c, self.parts)
-        self.wants_hidden = c.rerank and self._adapld is not None
+        self.wants_hidden = c.rerank        # rerank always builds the AdaPLD part, which reads the states
         self.hidden_layer = c.rerank_layer
-        self.rerank.enabled = self.wants_hidden
-        self.schedule = PartSchedule(c, self.parts, self._suffix)
+        self.schedule = PartSchedule(c, self.parts, self.roles)
         n = c.max_nodes
         self._buf = [(np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.float32), np.zeros(n, np.int8))
                      for _ in range(2)]
-        self.graft = PruneGraft(c, self._buf)
-        self.graft.enabled = c.graft and self._adjacency is not None
         self.graft_tail = TailGraft(n)
+        self.trigger, self.graft = self._paper_mechanisms(c)
         # the lifecycle hooks run on these, in this order
-        self.mechanisms = [m for m in (self.entropy, self.trigger, self.rerank, self.graft, self.schedule) if m.enabled]
+        self.mechanisms = [m for m in (self.entropy, self.trigger, self.rerank, self.graft, self.schedule)
+                           if m is not None and m.enabled]
 
-    def _make_parts(self, c: HybridConfig, n_vocab: int, corpora, model_path, embeddings, memory) -> list[Drafter]:
-        """The component drafters in merge priority order; sets _suffix, _adapld, _adjacency."""
-        parts: list[Drafter] = []
-        self._suffix = self._adapld = self._adjacency = None
+    def _paper_mechanisms(self, c: HybridConfig):
+        """(ReSpec's trigger, Graft's prune-then-graft), each None unless switched on (and imported only then)."""
+        trigger = graft = None
+        if c.trigger:
+            from edgespec.drafters.papers.trigger import RetrievalTrigger
+            trigger = RetrievalTrigger(c, self.parts)
+        if c.graft and TEMPLATE in self.roles:      # Graft needs its template part
+            from edgespec.drafters.papers.graft import PruneGraft
+            graft = PruneGraft(c, self._buf)
+        return trigger, graft
+
+    def _make_parts(self, c: HybridConfig, n_vocab: int, corpora, model_path, embeddings,
+                    memory) -> list[tuple[str, Drafter]]:
+        """(role, drafter) of each component, in merge priority order."""
+        parts: list[tuple[str, Drafter]] = []
         if c.suffix:
-            self._suffix = SuffixDrafter(SuffixConfig(
+            parts.append((RETRIEVAL, SuffixDrafter(SuffixConfig(
                 position_ema=c.ema, max_depth=c.copy_len, feedback=c.feedback, feedback_top=c.feedback_top,
                 feedback_init=c.feedback_init, feedback_rate=c.feedback_rate, feedback_min=c.feedback_min,
                 prompt_source=c.aasd, memory=c.memory,
-                max_nodes=max(64, c.max_nodes)), corpora=corpora, memory=memory)
-            parts.append(self._suffix)
+                max_nodes=max(64, c.max_nodes)), corpora=corpora, memory=memory)))
         if (c.semantic_pair or c.semantic) and embeddings is None and model_path is not None:
             from edgespec.drafters.embeddings import TokenEmbeddings
             embeddings = TokenEmbeddings(model_path)
         if c.semantic_pair and embeddings is not None:
-            parts.append(SemanticDrafter(embeddings, max_nodes=c.max_nodes))
+            parts.append((GUESS, SemanticDrafter(embeddings, max_nodes=c.max_nodes)))
         if c.branch or c.rerank or (c.semantic and embeddings is not None):
-            self._adapld = AdaPLDDrafter(branch=c.branch, embeddings=embeddings if c.semantic else None,
-                                         rerank=c.rerank, hidden=self.rerank, k=c.branch_k,
-                                         successor_len=c.successor_len, tau=c.semantic_tau, copy_len=c.copy_len,
-                                         max_nodes=c.max_nodes)
-            parts.append(self._adapld)
+            from edgespec.drafters.papers.adapld import AdaPLDDrafter
+            parts.append((GUESS, AdaPLDDrafter(branch=c.branch, embeddings=embeddings if c.semantic else None,
+                                               rerank=c.rerank, hidden=self.rerank, k=c.branch_k,
+                                               successor_len=c.successor_len, tau=c.semantic_tau,
+                                               copy_len=c.copy_len, max_nodes=c.max_nodes)))
         if c.branch_depth or c.aasd or c.aasd_all:
-            parts.append(BranchDrafter(aasd=c.aasd, aasd_all=c.aasd_all, branch=c.branch_depth,
-                                       max_nodes=c.max_nodes))
+            parts.append((GUESS, BranchDrafter(aasd=c.aasd, aasd_all=c.aasd_all, branch=c.branch_depth,
+                                               max_nodes=c.max_nodes)))
         if c.trigram:
-            parts.append(TrigramDrafter(n_vocab, corpora=corpora, config=TrigramConfig(aded=c.aded)))
+            parts.append((GUESS, TrigramDrafter(n_vocab, corpora=corpora, config=TrigramConfig(aded=c.aded))))
         if c.adjacency:
-            self._adjacency = AdjacencyDrafter(n_vocab, corpora=corpora)
-            parts.append(self._adjacency)
+            parts.append((TEMPLATE, AdjacencyDrafter(n_vocab, corpora=corpora)))
         return parts
 
     def warmup(self) -> None:
@@ -235,7 +256,8 @@ class HybridDrafter(Drafter):
                 p.observe_prefill(start, topk_tokens, topk_logits)
 
     def observe_prefill_hidden(self, start: int, hidden: np.ndarray) -> None:
-        self.rerank.store(start, hidden)
+        if self.rerank is not None:
+            self.rerank.store(start, hidden)
 
     def observe(self, result) -> None:
         for i, p in enumerate(self.parts):
@@ -252,8 +274,8 @@ class HybridDrafter(Drafter):
         c = self.config
         for m in self.mechanisms:
             m.start_step()
-        retrieve = self.trigger.check() if self.trigger.enabled else True
-        graft = self.graft.enabled
+        retrieve = self._trigger() if self.trigger is not None else True
+        graft = self.graft is not None
         cur, template, drafted = self._merge(context, budget, retrieve, graft)
         if graft:
             cur = self.graft.graft(cur, template, budget)
@@ -268,32 +290,41 @@ class HybridDrafter(Drafter):
             tree = self.graft_tail.graft(context, *tree, budget)
         return DraftTree.raw(*tree)
 
+    def _trigger(self) -> bool:
+        """ReSpec's decision for this step; its key k* handed to the RETRIEVAL part."""
+        retrieve = self.trigger.check()
+        for p, role in zip(self.parts, self.roles):
+            if role == RETRIEVAL:
+                p.use_key(self.trigger.key)
+        return retrieve
+
     def _merge(self, context, budget: int, retrieve: bool, graft: bool):
         """The parts' proposals merged in priority order: (cur, template, drafted).
 
         cur: (tokens, parents, probs, source, m) of the merge, or None;
-        template: with `graft`, the adjacency part's root-centred tree, kept
-        aside; drafted: a part other than suffix proposed nodes (graft_tail may apply).
+        template: with `graft`, the TEMPLATE part's root-centred tree, kept
+        aside; drafted: a part other than the RETRIEVAL one proposed nodes
+        (graft_tail may apply).
         With `graft`, Graft's checkpoints are decided on the tree merged so far
         after each part; once one prunes, the drafted parts after it are not asked."""
         cur = None
         k = 0
         drafted = False
         template = None
-        for i, p in enumerate(self.parts):
+        for i, role in enumerate(self.roles):
             if self.schedule.resting(i) or (not retrieve and self.trigger.gated[i]) \
-                    or (graft and self.graft.pruned and p is not self._adjacency):
+                    or (graft and self.graft.pruned and role != TEMPLATE):
                 self.schedule.skip(i)
                 continue
             t = self.schedule.propose(i, context, budget)
             if len(t) == 0:
                 continue
-            if p is self._suffix:
+            if role == RETRIEVAL:
                 if self.entropy.enabled:       # only retrieved drafts are scaled: computed when there are some
                     self.entropy.scale(t)
             else:
                 drafted = True
-            if graft and p is self._adjacency:
+            if graft and role == TEMPLATE:
                 template = t
                 continue
             if cur is None:

@@ -2,7 +2,7 @@
 `auto`): when the end of the context occurs nowhere earlier, anchor on a
 *similar* earlier pair of tokens instead and copy what followed it.  AdaPLD's
 published fallback (single tokens at raw cosine 0.1, a branch of the model's
-own choices and successor drafts, never a copy) is drafters/adapld.py.
+own choices and successor drafts, never a copy) is drafters/papers/adapld.py.
 
 Lexical retrieval needs an exact repeat of at least two tokens.  When there is
 none, this part looks for an earlier position whose last two tokens are close

@@ -21,7 +21,6 @@ from edgespec.kernels import anchor as _a
 from edgespec.kernels import edits as _e
 from edgespec.drafters.tree import SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_EDIT, SOURCE_MEMORY, SOURCE_PROMPT, DraftTree
 from edgespec.drafters.base import Drafter
-from edgespec.drafters.mechanisms.feedback import PositionFeedback
 
 
 @dataclass
@@ -223,8 +222,11 @@ class SuffixDrafter(Drafter):
         self.observes = c.position_ema or c.feedback
         self._ema = np.ones(0, np.float32)
         self._last: list[tuple[int, int]] = []
-        self.feedback = PositionFeedback(c)     # ReSpec's scores per match position (with c.feedback)
-        self.key_len = 0        # feedback's retrieval key: the last key_len tokens (set by ReSpec's trigger; 0: none)
+        self.feedback = None    # ReSpec's scores per match position (with c.feedback; imported only then)
+        if c.feedback:
+            from edgespec.drafters.papers.feedback import PositionFeedback
+            self.feedback = PositionFeedback(c)
+        self._key_len = 0       # feedback's retrieval key: the last _key_len tokens (use_key; 0: none)
         self._n_prompt = 0
         # edits: the alignment state and recorded edits of the current answer,
         # and the chain buffers (parents fixed: a chain)
@@ -235,6 +237,12 @@ class SuffixDrafter(Drafter):
         self._chain_par = np.arange(-1, c.max_depth - 1, dtype=np.int32)
         self._chain_src = np.zeros(c.max_depth, np.int8)
         self.anchor_hook = None     # (ctx, n, ends, lens, k) -> k: reorders / cuts the matches (rerank)
+
+    def use_key(self, k: int) -> None:
+        """With ``feedback``: the next proposals retrieve every earlier
+        occurrence of the last k tokens (ReSpec's k*, handed over by `auto`
+        each step its trigger decides; 0: the longest match's)."""
+        self._key_len = int(k)
 
     @property
     def n_corpora(self) -> int:
@@ -283,10 +291,10 @@ class SuffixDrafter(Drafter):
             self._last = []
             if k:
                 k = self._filter_by_ema(ctx, n, k)
-        if c.feedback:
+        if self.feedback is not None:
             self.feedback.selected = []
-            if k or self.key_len:       # the key: k* from ReSpec's trigger, else the longest match (SAM-Decoding)
-                k = self.feedback.select(ctx, n, self.key_len or (int(self._lens[0]) if k else 0),
+            if k or self._key_len:      # the key: k* from ReSpec's trigger, else the longest match (SAM-Decoding)
+                k = self.feedback.select(ctx, n, self._key_len or (int(self._lens[0]) if k else 0),
                                          self._ends, self._lens)
         if not k:
             return 0
@@ -374,12 +382,14 @@ class SuffixDrafter(Drafter):
     def begin(self, prompt: np.ndarray) -> None:
         self._ema[:] = 1.0
         self._last = []
-        self.feedback.begin()
+        if self.feedback is not None:
+            self.feedback.begin()
         self._n_prompt = len(prompt)
         self._align[:] = 0
 
     def observe(self, result) -> None:
-        self.feedback.observe(result)
+        if self.feedback is not None:
+            self.feedback.observe(result)
         if not self._last:
             return
         pr = result.proposed

@@ -1,5 +1,5 @@
 """The `trigram` drafter: edgespec's variant of ADED (adaptive draft-verification),
-and, with ``aded``, ADED as published (drafters/aded.py).
+and, with ``aded``, ADED as published (drafters/papers/aded.py).
 
 A tri-gram model P(w3 | w1, w2) built from compiled corpora and adapted online
 to the tokens of the current conversation, searched by Monte Carlo tree search
@@ -24,7 +24,8 @@ matrix is Eq. (1) without the tri-grams seen fewer than t = 12 times, adjusted
 by Adjust3Gram (raised by an increment up to maxProb, no decay), and its
 search (Algorithm 1) rolls out to depth l, scores a path 1 + the sum of its
 tri-gram values and drafts the n = 24 best sentences: ``aded`` switches all of
-that on (drafters/aded.py).
+that on (drafters/papers/aded.py, imported only with ``aded`` or a
+``min_count`` above 1).
 """
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ import numpy as np
 
 from edgespec.kernels import trigram as _k
 from edgespec.drafters.tree import SOURCE_TRIGRAM, DraftTree
-from edgespec.drafters.aded import AdedSearch, drop_rare_trigrams
 from edgespec.drafters.base import Drafter
 
 ADED_MIN_COUNT = 12
@@ -91,7 +91,7 @@ class TrigramConfig:
     for an unknown tri-gram context (a bi-gram predicts worse)."""
 
     aded: bool = False
-    """ADED as published (drafters/aded.py): the matrix of Eq. (1) without the
+    """ADED as published (drafters/papers/aded.py): the matrix of Eq. (1) without the
     tri-grams counted fewer than t times, Adjust3Gram instead of the windowed
     overlay, and Algorithm 1's search (rollout, a path scored 1 + the sum of
     its tri-gram values, the best ``sequences`` sentences drafted as a tree).
@@ -326,7 +326,7 @@ class TrigramDrafter(Drafter):
     Proposals: up to ``min(budget, max_nodes)`` nodes, most-visited first
     (parents before children, so any prefix is a valid tree); probs are the
     nodes' conditional probabilities under the mixed model.  With ``aded``
-    the published form drafts instead (drafters/aded.py, ``AdedSearch``).
+    the published form drafts instead (drafters/papers/aded.py, ``AdedSearch``).
     """
 
     name = "trigram"
@@ -343,9 +343,15 @@ class TrigramDrafter(Drafter):
             if int(corp.n_vocab) != V:
                 raise ValueError(f"corpus n_vocab {corp.n_vocab} differs from the model's {V}")
         self.n_vocab = V
-        tables = drop_rare_trigrams(merge_corpora(corpora, V), c.trigram_min_count)
+        tables = merge_corpora(corpora, V)
+        if c.trigram_min_count > 1:     # ADED's t (edgespec's variant's too, when set)
+            from edgespec.drafters.papers.aded import drop_rare_trigrams
+            tables = drop_rare_trigrams(tables, c.trigram_min_count)
         self._corpus = _corpus_bundle(tables, V)
-        self._aded = AdedSearch(self._corpus, V, c) if c.aded else None
+        self._aded = None
+        if c.aded:
+            from edgespec.drafters.papers.aded import AdedSearch
+            self._aded = AdedSearch(self._corpus, V, c)
         self._ov, self._ring, self._state = _overlay_arrays(c.window, c.overlay_slots)
         self._mix = (V, c.prior_weight, c.backoff_weight, c.increment, c.cap)
         self._search = (c.iterations, c.max_depth, c.candidates, c.c1, c.c2)

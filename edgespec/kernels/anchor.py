@@ -5,7 +5,7 @@ branches, successors), and soft, embedding based anchors when the context has
 no exact match (edgespec's pair fallback).
 
 Pure functions over numpy arrays; the drafters in drafters/branch.py,
-drafters/adapld.py and drafters/semantic.py own the state.
+drafters/papers/adapld.py and drafters/semantic.py own the state.
 """
 from __future__ import annotations
 

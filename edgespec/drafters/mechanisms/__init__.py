@@ -1,4 +1,5 @@
-"""The `auto` drafter's mechanisms, one module each, apart from its merge loop.
+"""The `auto` drafter's mechanisms that are on by default, one module each,
+apart from its merge loop.
 
 Each is a small object holding its own state.  The lifecycle hooks of
 `Mechanism` (begin, start_step, observe) are called by drafters/hybrid.py on
@@ -7,12 +8,25 @@ action (scale, check, graft, ...) is called where it acts in the merge:
 
 * schedule.py     which parts propose this step, from their learnt cost and yield
 * entropy.py      edgespec's soft retrieval trigger (`entropy`): retrieved scores scaled by recent entropy
-* trigger.py      ReSpec's hard retrieval trigger (`trigger`)
-* feedback.py     ReSpec's feedback-scored match positions (`feedback`; used by the suffix drafter)
-* rerank.py       the hidden states AdaPLD's `rerank` compares, by context position
-* graft.py        Graft's prune-then-graft under a fixed budget (`graft`)
 * graft_tail.py   edgespec's retrieval continued from the best drafted leaves (`graft_tail`)
+
+The papers' mechanisms as published (`trigger`, `feedback`, `rerank`,
+`graft`), off by default, are in drafters/papers/, imported only when
+switched on; they have these hooks too.
+
+The merge and its mechanisms tell the parts apart by the role the hybrid
+declares for each (``HybridDrafter.roles``), never by which object a part is.
 """
+
+RETRIEVAL = "retrieval"
+"""The suffix part: always on (the schedule never idles it), its drafts scaled
+by `entropy`, keyed by `trigger`; the others are weighed against it."""
+GUESS = "guess"
+"""A part that guesses beside retrieval (tri-gram, branch, semantic, AdaPLD):
+the schedule idles it when its drafts do not pay for its time."""
+TEMPLATE = "template"
+"""A guess part that `graft` keeps aside as its root-centred template
+(adjacency); without `graft` it merges as a guess part."""
 
 
 class Mechanism:

@@ -3,8 +3,8 @@
 Graft's fixed budget, applied to drafting time: the engine's gate already
 keeps only nodes whose verification pays, but *making* a proposal costs time
 too (the tri-gram MCTS is the expensive part), and the gate's estimates are
-only estimates.  For the parts other than suffix the schedule keeps a moving
-average, per step in which the part proposed, of its net value (draft tokens
+only estimates.  For the parts other than the RETRIEVAL one (suffix) the
+schedule keeps a moving average, per step in which the part proposed, of its net value (draft tokens
 it added to the accepted path, minus the verification time of its verified
 nodes, in plain-step units) and of its propose() time.  A part whose value is
 worth less than its time goes idle: it proposes again after ``SCHEDULE_PROBE``
@@ -12,7 +12,7 @@ steps (a probe), and each probe that leaves it idle doubles the wait, up to
 ``SCHEDULE_PROBE_MAX`` steps; a probe that pays makes it active again.  An
 idle part also skips observe() except in the step before a probe and in the
 probe itself (its tables then miss the steps between), since observing costs
-time too.  The suffix part is always on (it is the cheap one).
+time too.  The RETRIEVAL part (suffix) is always on (it is the cheap one).
 
 One concern: the per-part timing, value and idle state, and the decisions
 drawn from them.
@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from edgespec.drafters.tree import N_SOURCES
-from edgespec.drafters.mechanisms import Mechanism
+from edgespec.drafters.mechanisms import RETRIEVAL, Mechanism
 
 SCHEDULE_PROBE = 8                  # an idle part proposes again after 8 steps,
 SCHEDULE_PROBE_MAX = 64             # doubling the wait after each failed probe, to 64
@@ -36,18 +36,19 @@ class PartSchedule(Mechanism):
     """Per part: sources, moving averages of net value and propose time, idle state.
 
     ``config`` is the HybridConfig (its ``schedule`` switch is read at each
-    observation); ``suffix`` is the always-on part (or None)."""
+    observation); ``roles`` the parts' roles (the RETRIEVAL one is always on,
+    and not weighed)."""
 
-    def __init__(self, config, parts, suffix):
+    def __init__(self, config, parts, roles):
         self.config = config
         self.parts = parts
-        self._suffix = suffix
+        self._weighed = [r != RETRIEVAL for r in roles]
         self._sources = [p.sources for p in parts]       # what the schedule credits to each part
         self._gain = np.full(len(parts), SCHEDULE_GAIN0)
         self._cost = np.zeros(len(parts))
         self._idle = [False] * len(parts)
         self._proposed = [False] * len(parts)
-        self._extra_proposed = False        # a part other than suffix proposed this step
+        self._extra_proposed = False        # a weighed part proposed this step
         self._wants = [p.wants_observe() for p in parts]
         self._wait = [SCHEDULE_PROBE] * len(parts)     # current probe interval
         self._next_probe = [0] * len(parts)            # step of the next probe
@@ -73,7 +74,7 @@ class PartSchedule(Mechanism):
         t = p.propose(context, budget)
         self._cost[i] = (1 - SCHEDULE_ALPHA) * self._cost[i] + SCHEDULE_ALPHA * (time.perf_counter() - t0)
         self._proposed[i] = True
-        if p is not self._suffix:
+        if self._weighed[i]:
             self._extra_proposed = True
         return t
 
@@ -83,7 +84,7 @@ class PartSchedule(Mechanism):
                                        and self._n_steps + 1 < self._next_probe[i])
 
     def observe(self, result) -> None:
-        """Learn the parts' value from the step (only the parts other than suffix are weighed)."""
+        """Learn the parts' value from the step (only the parts other than the RETRIEVAL one are weighed)."""
         if self._extra_proposed and self.config.schedule and result.plain_step_s > 0:
             self._learn(result)
 
@@ -96,8 +97,8 @@ class PartSchedule(Mechanism):
         # what each verified draft node added to this step's decode time
         per_node = max(0.0, result.step_decode_s - result.plain_step_s) / k if k else 0.0
         a = SCHEDULE_ALPHA
-        for i, p in enumerate(self.parts):
-            if not self._proposed[i] or p is self._suffix:
+        for i in range(len(self.parts)):
+            if not self._proposed[i] or not self._weighed[i]:
                 continue
             g = nodes = 0
             if k:

@@ -15,7 +15,8 @@ Decoding".  Three parts, each from the paper's own text:
   tri-gram values, and the n = 24 best sentences drafted as one tree.
 
 The kernels are ``edgespec.kernels.aded``; edgespec's own variant is
-``edgespec.drafters.trigram`` (the default `trigram`).
+``edgespec.drafters.trigram`` (the default `trigram`), which imports this
+module only with ``aded`` or a ``min_count`` (t) above 1.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ AdaPLD scores a candidate anchor j by the cosine of the model's hidden states
 after reading ctx[:j] and after reading ctx[:n-1] (the preceding contexts of
 the candidate and of the last token), at one layer (13 of Vicuna-13B's 40);
 the choice itself is kernels/anchor.py's ``best_anchor``, called by
-drafters/adapld.py.  This module keeps the states: unit rows by context
+drafters/papers/adapld.py.  This module keeps the states: unit rows by context
 position (row p: the state after reading ctx[:p+1], so the row the engine
 hands over with that position's logits), filled from the prefill and from
 every step's committed slots, and kept valid across requests for the prefix

@@ -38,16 +38,8 @@ from edgespec.drafters.mechanisms import Mechanism
 
 GRAFT_CHECKPOINTS = (2, 4, 6)       # pruning checkpoints (depths of the drafted tree)
 GRAFT_TAU_FIELDS = tuple(f"graft_tau{d}" for d in GRAFT_CHECKPOINTS)
-"""The HybridConfig fields holding each checkpoint's base threshold, shallowest first."""
-
-
-def check_thresholds(config) -> None:
-    """Graft sets stricter thresholds at shallow checkpoints: the base
-    thresholds must not rise with depth (ValueError otherwise)."""
-    taus = [getattr(config, f) for f in GRAFT_TAU_FIELDS]
-    if any(a < b for a, b in zip(taus, taus[1:])):
-        raise ValueError("HybridConfig: Graft's thresholds must not rise with depth "
-                         f"({', '.join(f'{f}={t:g}' for f, t in zip(GRAFT_TAU_FIELDS, taus))})")
+"""The HybridConfig fields holding each checkpoint's base threshold, shallowest
+first (HybridConfig checks that they do not rise with depth)."""
 
 
 class PruneGraft(Mechanism):

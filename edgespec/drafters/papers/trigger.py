@@ -6,10 +6,11 @@ positions and C_k = H_k + lambda / k; k* = argmin_k C_k (the first on ties)
 and retrieval runs iff H_{k*} <= theta (1.5 in the paper).  When it does
 not, the retrieval parts (suffix, semantic, AdaPLD, branch) sit the step
 out; the tri-gram and adjacency parts (ReSpec's Drafter Module) still
-draft.  k* is also the retrieval key: it becomes the suffix part's
-`key_len`, with which ReSpec's `feedback` selection retrieves (every earlier
-occurrence of the last k* tokens: SuffixDrafter._select_by_feedback);
-without `feedback` the suffix part keeps its own longest matches.
+draft.  k* is also the retrieval key: the hybrid hands `key` to its
+RETRIEVAL part (SuffixDrafter.use_key), with which ReSpec's `feedback`
+selection retrieves (every earlier occurrence of the last k* tokens);
+without `feedback` the suffix part keeps its own longest matches.  The
+trigger only decides: it writes into no part.
 
 The entropy of a key token is that of the distribution it was drawn from:
 the distribution after the context's last token is computed only by the
@@ -19,7 +20,6 @@ One concern: the entropy window, the decision, the key, and the counters.
 """
 from __future__ import annotations
 
-from edgespec.drafters.suffix import SuffixDrafter
 from edgespec.drafters.mechanisms import Mechanism
 
 
@@ -44,7 +44,6 @@ class RetrievalTrigger(Mechanism):
         self.config = config
         self.enabled = bool(config.trigger)
         self.gated = [p.retrieves for p in parts]     # per part: does the trigger gate it
-        self._keyed = [p for p in parts if isinstance(p, SuffixDrafter)]   # they retrieve with k*
         self._trig_h: list[float] = []      # the full entropies of the last committed positions (newest last)
         self.key = 0                        # k* of the last decision (0: none known)
         self.n_triggered = self.n_trigger_checks = 0
@@ -55,12 +54,10 @@ class RetrievalTrigger(Mechanism):
         self.key = 0
 
     def check(self) -> bool:
-        """This step's decision, counted; hands k* to the suffix part as its key."""
+        """This step's decision, counted (k* is then in `key`)."""
         retrieve = self.triggered()
         self.n_trigger_checks += 1
         self.n_triggered += retrieve
-        for p in self._keyed:
-            p.key_len = self.key
         return retrieve
 
     def triggered(self) -> bool:

@@ -10,7 +10,7 @@ Efficient Model-Free Speculative Decoding", §3): `branch`, `semantic` and
   input embeddings, raw, not centred).
 * **one anchor j*** (Eqs. 6-7, `rerank`): the candidate whose preceding
   context's hidden state is closest (cosine) to the last token's preceding
-  context's, at one layer of the model (drafters/mechanisms/rerank.py holds
+  context's, at one layer of the model (drafters/papers/rerank.py holds
   the states; the backend reads that layer).  Without `rerank` the most recent
   candidate (edgespec's choice).
 * from j*: the **main copy** ctx[j*+1 .. j*+copy_len] (Eqs. 8-9, lexical
@@ -36,7 +36,7 @@ from edgespec.kernels import anchor as _a
 from edgespec.drafters.tree import SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_SEMANTIC, DraftTree
 from edgespec.drafters.branch import BranchDrafter
 from edgespec.drafters.embeddings import SeenTokens
-from edgespec.drafters.mechanisms.rerank import HiddenStates
+from edgespec.drafters.papers.rerank import HiddenStates
 
 ADAPLD_K = 8               # branch width: the model's top 8 after the anchor
 ADAPLD_SUCCESSOR = 1       # one successor token per branch
