@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import os
 import sys
 
@@ -60,6 +61,7 @@ from edgespec.calibration.curve import CostCurve
 from edgespec.app.specs import drafter_from_spec
 from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine
+from edgespec.drafters.mechanisms import schedule
 from edgespec.replay.simulator import (GPU_CURVES, OracleDrafter, ReplayBackend, ReplayRequest, Teacher, curve_from_file,
                                      gpu_curve, replay, shape_curve, teacher_pass)
 
@@ -131,6 +133,10 @@ def main(argv=None) -> int:
     ap.add_argument("--overhead-ms", type=float, default=None,
                     help="engine work per step for the time model (default: the bench's own figure per method, "
                          "else 0.15 ms)")
+    ap.add_argument("--draft-ms", type=float, default=None,
+                    help="time each proposal of auto's parts as this many ms for its drafting schedule, instead "
+                         "of by the clock: with --overhead-ms and --gate-overhead a replay is then the same "
+                         "run after run, whatever else loads the machine")
     ap.add_argument("--teacher", action="store_true",
                     help="run the teacher pass even when no method needs it (every method then sees the "
                          "model's real top-k logits and entropies; without it they are stand-ins)")
@@ -147,6 +153,8 @@ def main(argv=None) -> int:
                     help="the acceptance model learns from verified nodes only (EngineConfig(shadow=False))")
     a = ap.parse_args(argv)
 
+    if a.draft_ms is not None:
+        schedule.clock = itertools.count(0.0, a.draft_ms / 1000).__next__     # each call: one proposal later
     head, rows = read_results(a.results)
     rows = [r for r in rows if r.get("kind", "result") == "result"]
     if head is None or not head.get("cost_curve"):

@@ -158,6 +158,10 @@ class HybridDrafter(Drafter):
     built (and imported) only when switched on, else None."""
 
     name = "auto"
+    sources = (SuffixDrafter.sources + SemanticDrafter.sources + BranchDrafter.sources + TrigramDrafter.sources
+               + AdjacencyDrafter.sources)
+    """What its parts' proposals carry (the registry's docs table; the
+    schedule credits each part its own)."""
 
     def __init__(self, n_vocab: int, corpora=(), config: HybridConfig | None = None,
                  model_path: str | None = None, embeddings=None, memory=None):

@@ -26,6 +26,10 @@ import numpy as np
 from edgespec.drafters.tree import N_SOURCES
 from edgespec.drafters.mechanisms import RETRIEVAL, Mechanism
 
+clock = time.perf_counter
+"""What times a part's propose(); tools/replay.py --draft-ms puts a fixed
+step in its place, so a replay's schedule decides the same under any load."""
+
 SCHEDULE_PROBE = 8                  # an idle part proposes again after 8 steps,
 SCHEDULE_PROBE_MAX = 64             # doubling the wait after each failed probe, to 64
 SCHEDULE_ALPHA = 0.1                # weight of the newest step in the moving averages
@@ -70,9 +74,9 @@ class PartSchedule(Mechanism):
     def propose(self, i: int, context, budget: int):
         """Part i's proposal, its time folded into the part's moving average."""
         p = self.parts[i]
-        t0 = time.perf_counter()
+        t0 = clock()
         t = p.propose(context, budget)
-        self._cost[i] = (1 - SCHEDULE_ALPHA) * self._cost[i] + SCHEDULE_ALPHA * (time.perf_counter() - t0)
+        self._cost[i] = (1 - SCHEDULE_ALPHA) * self._cost[i] + SCHEDULE_ALPHA * (clock() - t0)
         self._proposed[i] = True
         if self._weighed[i]:
             self._extra_proposed = True
