@@ -40,6 +40,7 @@ from edgespec.core.feedback import DrafterFeedback
 from edgespec.core.gate import AcceptanceModel, Gate
 from edgespec.core.guard import SpeedGuard
 from edgespec.core.logprobs import check_top, token_logprobs
+from edgespec.core.plan import StepPlan
 from edgespec.core.request import RunState, chunks, count_sources, finish
 from edgespec.core.result import GenerationResult
 from edgespec.core.stream import TextStream
@@ -111,10 +112,10 @@ class Engine:
     def reset(self) -> None:
         self.backend.reset()
 
-    def _relaxed_child(self, logits, bpl: list, btl: list, tree: DraftTree, sel, order) -> dict:
+    def _relaxed_child(self, logits, bpl: list, btl: list, tree: DraftTree, plan: StepPlan) -> dict:
         """Lossy verification (VerifyConfig): the path of drafts the relaxed
         mode accepts (relaxed.relaxed_path), as {slot: its accepted child}."""
-        src = [-1] + [int(tree.source[sel[order[t]]]) for t in range(1, len(btl))]
+        src = [-1] + tree.source[plan.batch_nodes].tolist()
         path = relaxed_path(logits, bpl, btl, src, self.config.verify)
         return dict(zip([0] + path[:-1], path))
 
@@ -308,32 +309,32 @@ class Engine:
         tree = self._propose(st, budget) if (drafting or probe) else self._no_drafts(st)
         tree = pad_tree(tree, st.ctx[:st.n], hold - 1)      # a held width: at least hold-1 nodes
         t_prop = self._clock()
-        k, nl = g.choose(tree, hold or budget, n_past, self._prev_width, gated=not hold)
-        if probe and k:         # blocked by the guard: judged, not verified
-            self.guard.start_probe(st.n - 1, tree.tokens[g.sel[:k]], g.spar[:k], g.chosen_cost(k))
-            k, nl = g.plain()
+        plan = g.choose(tree, hold or budget, n_past, self._prev_width, gated=not hold)
+        if probe and plan.n_nodes:         # blocked by the guard: judged, not verified
+            self.guard.start_probe(st.n - 1, tree.tokens[plan.nodes], plan.node_parent, g.chosen_cost(plan.n_nodes))
+            plan = g.plain()
+        k = plan.n_nodes
         if self.config.shadow and len(tree) and budget > 1:
-            g.record_shadow(st.shadow, st.n - 1, tree, k)
-        nb = k + 1
-        btok = np.full(nb, st.pending, np.int32)
+            g.record_shadow(st.shadow, st.n - 1, tree, plan)
+        btok = np.full(plan.width, st.pending, np.int32)
         if k:
-            btok[1:] = tree.tokens[g.sel[:k][g.o[1:nb]]]
+            btok[1:] = tree.tokens[plan.batch_nodes]
         t0 = self._clock()
-        be.decode_tree(btok, g.d[:nb], g.lf[:nb], g.lc[:nb], nl)
+        be.decode_tree(btok, plan.depth, plan.leaf_first, plan.leaf_count, plan.n_leaves)
         logits = be.logits()
         t1 = self._clock()
-        g.observe_decode(nb, self._prev_width, t1 - t0, n_past)
-        self._prev_width = nb
+        g.observe_decode(plan.width, self._prev_width, t1 - t0, n_past)
+        self._prev_width = plan.width
         st.t_decode_calls += t1 - t0
         st.n_steps += 1
-        slot, accepted, carried = self._verify(st, logits, tree, btok, k)
+        slot, accepted, carried = self._verify(st, logits, tree, btok, plan)
         be.keep(slot + 1)
         if st.record_topk:
             from edgespec.kernels.topk import topk_rows
             assert st.rec_buf is not None       # _first_token made it
             topk_rows(logits, st.rec_rows, slot + 1, st.record_topk, st.rec_buf)
             st.topk_log.append(st.rec_buf[:slot + 1].copy())
-        self._count(st, tree, k, slot, carried)
+        self._count(st, tree, plan, slot, carried)
         if st.lp is not None:       # accepted[i] was chosen from row i
             st.lp.extend(token_logprobs(logits, accepted, st.n_logprobs))
         # every accepted token enters the context (its KV cell may already be kept)
@@ -346,23 +347,22 @@ class Engine:
             st.shadow = g.learn_shadow(st.shadow, st.ctx, st.n)
         self.guard.judge(st.ctx, st.n)
         if self._feedback.observes:
-            self._feedback.observe(st.ctx[:st.n], accepted, logits, tree, btok, k, slot, g, st.topk_walk,
+            self._feedback.observe(st.ctx[:st.n], accepted, logits, tree, btok, plan, slot, st.topk_walk,
                                    g.t1(st.n) if g.timed else 0.0, t1 - t0)
         self._account(st, k, n_past, na, self._clock() - t_step, t1 - t0, t_prop - t_step)
         return slot
 
-    def _count(self, st: RunState, tree: DraftTree, k: int, slot: int, carried) -> None:
+    def _count(self, st: RunState, tree: DraftTree, plan: StepPlan, slot: int, carried) -> None:
         """A verified step's counts, and what the acceptance model learns from it."""
         if carried is not None:
             st.n_carried += 1
-        if k:
-            g = self.gate
+        if plan.n_nodes:
             st.n_draft_steps += 1
-            st.n_draft_nodes += k
+            st.n_draft_nodes += plan.n_nodes
             st.n_draft_accepted += slot
             if slot:
-                count_sources(st.by_source, tree.source[g.sel[:k][g.o[1:slot + 1]]])
-            g.learn(tree, k, slot, carried)
+                count_sources(st.by_source, tree.source[plan.batch_nodes[:slot]])
+            self.gate.learn(tree, plan, slot, carried)
 
     def _may_draft(self) -> bool:
         """Whether the guard lets this step draft (always where it is off, costs are unmeasured or --no-gate)."""
@@ -397,18 +397,16 @@ class Engine:
             tree = self._grammar_drafts(st, tree, budget - 1)
         return tree
 
-    def _verify(self, st: RunState, logits, tree: DraftTree, btok: np.ndarray, k: int):
+    def _verify(self, st: RunState, logits, tree: DraftTree, btok: np.ndarray, plan: StepPlan):
         """Walk the batch from the root along children that carry the model's own
         token.  Returns (last committed slot, committed tokens: accepted drafts
         then the bonus, the slots carried past a batch hole or None)."""
-        nb = k + 1
-        sel, order = self.gate.sel[:k], self.gate.o[:nb]
         slot = 0
         accepted: list[int] = []
         carried = None
-        bpl, btl = self.gate.bp[:nb].tolist(), btok.tolist()
+        bpl, btl = plan.slot_parent.tolist(), btok.tolist()
         # relaxed modes: the accepted path is decided over the whole tree first
-        nxt = self._relaxed_child(logits, bpl, btl, tree, sel, order) if k and not self.config.verify.exact else None
+        nxt = self._relaxed_child(logits, bpl, btl, tree, plan) if plan.n_nodes and not self.config.verify.exact else None
         while True:
             tok = self._pick(st, logits, slot)
             accepted.append(tok)

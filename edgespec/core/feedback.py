@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgespec.core.plan import StepPlan
 from edgespec.drafters.tree import DraftTree
 from edgespec.drafters.base import Drafter, StepResult
 
@@ -82,18 +83,19 @@ class DrafterFeedback:
         if hid is not None:
             self.drafter.observe_prefill_hidden(n_common, hid)
 
-    def observe(self, ctx, accepted: list[int], logits, tree: DraftTree, btok, k: int, slot: int, gate,
+    def observe(self, ctx, accepted: list[int], logits, tree: DraftTree, btok, plan: StepPlan, slot: int,
                 topk_walked: bool, t1_s: float, decode_s: float) -> None:
-        """Hand the step to the drafter: the verified tree (its layout in
-        gate's scratch), what was accepted and (when it asks for them) the
-        model's top-k after every committed slot; topk_walked: the
-        verification walk has computed those rows already (walk_argmax)."""
-        if k == 0:      # shared empty arrays: observe() must not write to a StepResult
+        """Hand the step to the drafter: the verified subtree of the proposal
+        `tree` (the plan's nodes, as Gate.learn judged them), what was
+        accepted and (when it asks for them) the model's top-k after every
+        committed slot; topk_walked: the verification walk has computed those
+        rows already (walk_argmax)."""
+        if plan.n_nodes == 0:      # shared empty arrays: observe() must not write to a StepResult
             proposed, nacc, ntest = DraftTree.empty(), EMPTY_BOOL, EMPTY_BOOL
         else:
-            sel = gate.sel[:k]
-            proposed = DraftTree.raw(tree.tokens[sel], gate.spar[:k].copy(), tree.probs[sel], tree.source[sel])
-            nacc, ntest = gate.nacc[:k].copy(), gate.ntest[:k].copy()
+            sel = plan.nodes
+            proposed = DraftTree.raw(tree.tokens[sel], plan.node_parent.copy(), tree.probs[sel], tree.source[sel])
+            nacc, ntest = plan.node_accepted.copy(), plan.node_tested.copy()
         if self.topk:
             # the model's ranking after every committed slot's token: it is in
             # the logits already, so this costs one partial sort per row

@@ -17,6 +17,7 @@ import numpy as np
 
 from edgespec.calibration.curve import CostCurve
 from edgespec.core.config import SPLIT_KV_FREE_CELLS, EngineConfig
+from edgespec.core.plan import StepPlan
 from edgespec.core.stepcost import Prior, StepCosts
 from edgespec.drafters.tree import N_SOURCES, DraftTree, source_name
 from edgespec.kernels.tree import N_SCORE_BUCKETS, SCORE_EDGES, learn_step, plan_step, shadow_learn
@@ -122,13 +123,11 @@ class AcceptanceModel:
 
 class Gate:
     """One engine's gate: the cost tables of its curve, the acceptance model,
-    the overhead it counts per step, and the scratch arrays of the step's
-    batch layout, which plan_step fills and the engine reads: sel[:k] the
-    chosen node indices and spar their parents within the selection; per
-    batch slot (slot 0 the root) o (an index into the selection), bp (the
-    parent slot), d (the depth), lf and lc (the slot's first leaf sequence
-    and how many); cond every proposed node's calibrated probability; nacc
-    and ntest what learn_step found of each chosen node."""
+    the overhead it counts per step, and the scratch arrays plan_step fills
+    (kernels/tree.PlanScratch: the chosen nodes and the batch layout, every
+    proposed node's calibrated probability) and learn_step (what each chosen
+    node did).  The engine and the feedback read the step through the
+    StepPlan that choose() returns (core/plan.py), never the scratch."""
 
     def __init__(self, config: EngineConfig, cost: CostCurve | None):
         self.config = config
@@ -137,13 +136,17 @@ class Gate:
         self.shape_sensitive = False             # the last table's (StepCosts.table)
         self.overhead_rel = 0.02                 # EMA of engine time per step / t1
         n = config.max_nodes + 1
-        self.o = np.zeros(n, np.int64)
-        self.bp = np.zeros(n, np.int64)
-        self.d = np.zeros(n, np.int32)
-        self.lf = np.zeros(n, np.int32)
-        self.lc = np.zeros(n, np.int32)
-        self.sel = np.zeros(n, np.int64)
-        self.spar = np.zeros(n, np.int32)
+        self._o = np.zeros(n, np.int64)
+        self._bp = np.zeros(n, np.int64)
+        self._d = np.zeros(n, np.int32)
+        self._lf = np.zeros(n, np.int32)
+        self._lc = np.zeros(n, np.int32)
+        self._sel = np.zeros(n, np.int64)
+        self._spar = np.zeros(n, np.int32)
+        self._nacc = np.zeros(n, np.bool_)      # learn_step's, per chosen node
+        self._ntest = np.zeros(n, np.bool_)
+        self._plain = StepPlan.plain()
+        self._laid = StepPlan.plain()           # refilled with views of the scratch by every drafting choose()
         self._m = 0
         self._alloc(256)
 
@@ -151,12 +154,10 @@ class Gate:
         """Per-node scratch arrays, grown to the largest proposal seen."""
         if m > self._m:
             self._m = m
-            self.cond = np.zeros(m, np.float64)
+            self._cond = np.zeros(m, np.float64)
             self._q = np.zeros(m, np.float64)
-            self.nacc = np.zeros(m, np.bool_)
-            self.ntest = np.zeros(m, np.bool_)
             # plan_step's PlanScratch as a plain tuple (numba dispatches it faster)
-            self._plan = (self.cond, self._q, self.sel, self.spar, self.o, self.bp, self.d, self.lf, self.lc)
+            self._scratch = (self._cond, self._q, self._sel, self._spar, self._o, self._bp, self._d, self._lf, self._lc)
 
     def set_cost(self, cost: CostCurve | None) -> None:
         self.cost = cost
@@ -208,34 +209,41 @@ class Gate:
         assert self._buckets is not None
         return self._buckets.at(n_past)[1]
 
-    def choose(self, tree: DraftTree, budget: int, n_past: int, prev: int = 0,
-               gated: bool = True) -> tuple[int, int]:
+    def choose(self, tree: DraftTree, budget: int, n_past: int, prev: int = 0, gated: bool = True) -> StepPlan:
         """Gate and lay out this step's tree (the decode before it `prev`
-        tokens wide): returns (k draft nodes, n_leaves); k = 0 means a plain
-        one-token step.  gated=False takes the budget-1 likeliest nodes (a
-        held width).  The layout sits in the scratch arrays."""
+        tokens wide): the plan of its batch, n_nodes = 0 a plain one-token
+        step.  gated=False takes the budget-1 likeliest nodes (a held width)."""
         m = len(tree)
         if m == 0 or budget < 2:
-            k, nl = 0, 1
-        else:
-            self._alloc(m)
-            acc = self.acceptance
-            cfg = self.config
-            lim = min(budget, cfg.max_nodes)
-            gated = gated and cfg.cost_gate
-            if self.steps is not None and gated:
-                lim = min(lim, self.steps.widest_allowed(self.prior(n_past)))
-            self._table = self.cost_at(n_past, prev)
-            self._overhead = self.overhead_rel if cfg.gate_overhead is None else cfg.gate_overhead
-            k, nl = plan_step(tree.parents, tree.probs, tree.source, (acc.n_c, acc.a_c, acc.n_f, acc.a_f),
-                              acc.K0, acc.K1, self._table, self._overhead, lim, gated, self._plan)
-        return (k, nl) if k else self.plain()
+            return self._plain
+        self._alloc(m)
+        acc = self.acceptance
+        cfg = self.config
+        lim = min(budget, cfg.max_nodes)
+        gated = gated and cfg.cost_gate
+        if self.steps is not None and gated:
+            lim = min(lim, self.steps.widest_allowed(self.prior(n_past)))
+        self._table = self.cost_at(n_past, prev)
+        self._overhead = self.overhead_rel if cfg.gate_overhead is None else cfg.gate_overhead
+        k, nl = plan_step(tree.parents, tree.probs, tree.source, (acc.n_c, acc.a_c, acc.n_f, acc.a_f),
+                          acc.K0, acc.K1, self._table, self._overhead, lim, gated, self._scratch)
+        return self._lay(k, nl) if k else self._plain
 
-    def plain(self) -> tuple[int, int]:
-        """Lay out a plain one-token step (whatever was chosen): (0, 1)."""
-        self.bp[0] = -1
-        self.d[0] = 0; self.lf[0] = 0; self.lc[0] = 1
-        return 0, 1
+    def _lay(self, k: int, nl: int) -> StepPlan:
+        """The drafting plan, refilled with views of plan_step's selection of
+        k nodes and its layout over k + 1 slots and nl leaves."""
+        nb = k + 1
+        p = self._laid
+        sel, pos = self._sel[:k], self._o[:nb]
+        p.n_nodes, p.width, p.n_leaves = k, nb, nl
+        p.nodes, p.node_parent, p.node_accepted, p.node_tested = sel, self._spar[:k], self._nacc[:k], self._ntest[:k]
+        p.slot_pos, p.slot_parent, p.depth = pos, self._bp[:nb], self._d[:nb]
+        p.leaf_first, p.leaf_count, p.batch_nodes = self._lf[:nb], self._lc[:nb], sel[pos[1:]]
+        return p
+
+    def plain(self) -> StepPlan:
+        """A plain one-token step's plan (whatever was chosen)."""
+        return self._plain
 
     def chosen_cost(self, k: int) -> float:
         """What the last choice of k draft nodes would cost, in plain steps
@@ -249,25 +257,25 @@ class Gate:
             unit = self.plain_s(n_past) or self.t1(n_past)
             self.overhead_rel = 0.9 * self.overhead_rel + 0.1 * (other_s / unit)
 
-    def learn(self, tree: DraftTree, k: int, slot: int, carried) -> None:
-        """Credit the acceptance model with what this step's k verified draft
+    def learn(self, tree: DraftTree, plan: StepPlan, slot: int, carried) -> None:
+        """Credit the acceptance model with what this step's verified draft
         nodes did (slot: the last committed batch slot; carried: the slots
-        carried past a batch hole, or None)."""
-        nb = k + 1
+        carried past a batch hole, or None); fills the plan's node_accepted
+        and node_tested."""
         acc = self.acceptance
-        learn_step(nb, self.bp, self.o[:nb], self.sel[:k], tree.probs, tree.source, self.cond, self.d,
-                   slot, carried[0] if carried is not None else -1,
-                   acc.n_c, acc.a_c, acc.n_f, acc.a_f, acc.pred_sum, self.nacc, self.ntest)
+        learn_step(plan.width, plan.slot_parent, plan.slot_pos, plan.nodes, tree.probs, tree.source, self._cond,
+                   plan.depth, slot, carried[0] if carried is not None else -1,
+                   acc.n_c, acc.a_c, acc.n_f, acc.a_f, acc.pred_sum, plan.node_accepted, plan.node_tested)
 
-    def record_shadow(self, shadow: list, root: int, tree: DraftTree, k: int) -> None:
+    def record_shadow(self, shadow: list, root: int, tree: DraftTree, plan: StepPlan) -> None:
         """Keep this step's whole proposal (copies: a drafter may reuse its
         arrays) to be judged against the tokens committed after its root, the
-        pending token at context index `root`."""
+        pending token at context index `root`; the plan's nodes are verified."""
         m = len(tree)
         verified = np.zeros(m, np.bool_)
-        verified[self.sel[:k]] = True
+        verified[plan.nodes] = True
         shadow.append((root, tree.tokens.copy(), tree.parents.copy(), tree.probs.copy(), tree.source.copy(),
-                       self.cond[:m].copy(), verified, np.zeros(m, np.int8)))
+                       self._cond[:m].copy(), verified, np.zeros(m, np.int8)))
         if len(shadow) > SHADOW_KEEP:
             shadow.pop(0)
 
