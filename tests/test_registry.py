@@ -59,3 +59,15 @@ def test_listing_names_imports_no_drafter_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = eval(out)
     assert not any(m.endswith((".trigram", ".adjacency", ".hybrid")) for m in loaded), loaded
+
+
+def test_plain_decoding_is_the_none_drafter_itself():
+    """The engine's plain path hangs on the drafter's kind, not on its name."""
+    from edgespec.drafters.base import Drafter
+    from edgespec.drafters.prediction import PredictionDrafter
+
+    class Silent(Drafter):
+        name = "none"           # named like it, but a drafter of its own
+
+    assert make_drafter("none").plain and not Silent().plain and not make_drafter("suffix").plain
+    assert PredictionDrafter(make_drafter("none")).plain and not PredictionDrafter(make_drafter("suffix")).plain

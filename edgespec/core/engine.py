@@ -77,7 +77,7 @@ class Engine:
         self.gate = Gate(self.config, cost)
         self.eog = backend.vocab.eog_mask()
         self._feedback = DrafterFeedback(drafter, backend, self.config.max_nodes + 1)
-        self._plain = drafter.name == "none"     # plain decoding drafts nothing, forced text included
+        self._plain = drafter.plain     # plain decoding drafts nothing, forced text included
         self.guard = SpeedGuard()
         self._clock = backend.clock
         self._prev_width = 0                    # the last decode's width (0: a prefill came between)

@@ -156,6 +156,13 @@ class Drafter:
     def observe(self, result: StepResult) -> None:
         pass
 
+    @property
+    def plain(self) -> bool:
+        """Plain decoding: the `none` drafter itself (a subclass that proposes
+        nothing is not plain); the engine then drafts nothing, not even the
+        text a grammar forces, and holds no batch width."""
+        return type(self) is Drafter
+
     def wants_observe(self) -> bool:
         """Whether observe() must be called: `observes` when set, else whether
         the class overrides observe()."""

@@ -30,6 +30,10 @@ class PredictionDrafter(Drafter):
     """`inner`'s proposal merged with matches in a per-request prediction
     (set_prediction before the request; None = inner alone)."""
 
+    @property
+    def plain(self) -> bool:
+        return self.inner.plain        # a prediction beside plain decoding forces no grammar drafts either
+
     def __init__(self, inner: Drafter, config: SuffixConfig | None = None):
         self.inner = inner
         self.name = inner.name
