@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from edgespec.app.concurrency import Gate, Stream
+from edgespec.app.concurrency import Stream, Turnstile
 from edgespec.app.engines import ModelEngines
 from edgespec.app.settings import RunConfig
 from edgespec.app.structured import constraint_gbnf
@@ -76,7 +76,7 @@ class SpecModel(ModelEngines):
     def __init__(self, model_path: str | None = None, *, config: RunConfig | None = None, progress=None,
                  load_progress=None, **settings):
         self.run_config = c = (config if config is not None else RunConfig.defaults()).but(**settings)
-        self._gate = Gate()
+        self._gate = Turnstile()
         self._closing = threading.Event()
         self._engines: dict = {}
         self._pacer = Pacer(self._idle)

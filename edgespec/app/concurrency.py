@@ -1,6 +1,6 @@
 """How one SpecModel is shared between threads and streams.
 
-Gate: one request holds the model at a time, waiting callers are served in
+Turnstile: one request holds the model at a time, waiting callers are served in
 arrival order, short non-request uses (tokenizing) are counted so that close()
 frees nothing under them.  Stream: one request's chunks as an iterator that
 holds the model until it is exhausted or closed.  Misuse that could never be
@@ -32,7 +32,7 @@ class StreamChunk(Chunk):
     result: GenerationResult | None = None
 
 
-class Gate:
+class Turnstile:
     """Who may use a SpecModel: one request at a time, waiting callers served
     in arrival order; short non-request uses (tokenizing) counted so that
     close() frees nothing under them."""
@@ -121,7 +121,7 @@ class Stream:
     progress is finished first (cancelled within one step), the KV cache stays
     consistent.  `result` is the GenerationResult once the stream has ended."""
 
-    def __init__(self, gen, gate: Gate, stop: threading.Event, on_end):
+    def __init__(self, gen, gate: Turnstile, stop: threading.Event, on_end):
         self._gen = gen
         self._gate = gate
         self._stop = stop

@@ -18,7 +18,7 @@ import numpy as np
 from edgespec.corpus.compile import base_header, check_params, compile_arrays
 from edgespec.corpus.format import Corpus, write_corpus
 from edgespec.corpus.presets import preset_inputs
-from edgespec.corpus.sources import ModelTokenizer, Source, collect_sources, tokenize_to_file
+from edgespec.corpus.sources import ModelTokenizer, CorpusInput, collect_sources, tokenize_to_file
 from edgespec.errors import CorpusError
 
 
@@ -34,13 +34,13 @@ def _check_output(out_path: str) -> str:
     return out_path
 
 
-def _preset_sources(name, model_path, out_path, load_model, limit, max_tokens, progress) -> list[Source]:
+def _preset_sources(name, model_path, out_path, load_model, limit, max_tokens, progress) -> list[CorpusInput]:
     kind, items = preset_inputs(name, model_path, out_path, load_model=load_model, limit=limit,
                                 max_tokens=max_tokens, progress=progress)
     if kind == "files":
-        return [Source(name=p, kind="text", path=p, size=os.path.getsize(p)) for p in items]
+        return [CorpusInput(name=p, kind="text", path=p, size=os.path.getsize(p)) for p in items]
     size = sum(len(json.dumps(r, ensure_ascii=False).encode("utf-8")) for r in items)
-    return [Source(name=f"preset:{name}", kind="records", records=items, size=size)]
+    return [CorpusInput(name=f"preset:{name}", kind="records", records=items, size=size)]
 
 
 def build_corpus(inputs, model_path: str | None, out_path: str, glob=None, field: str | None = None, *,

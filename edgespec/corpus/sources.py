@@ -38,7 +38,7 @@ SKIP_DIRS = {"__pycache__", "node_modules"}
 
 
 @dataclass
-class Source:
+class CorpusInput:
     """One input of a build: a text file, a JSON-lines file, or in-memory records
     (dicts with "messages" or "text"), as presets produce."""
     name: str
@@ -57,7 +57,7 @@ def _matches(rel: str, patterns) -> bool:
     return False
 
 
-def collect_sources(inputs, glob=None) -> list[Source]:
+def collect_sources(inputs, glob=None) -> list[CorpusInput]:
     """Files, directories (walked recursively in sorted order, skipping hidden
     entries, __pycache__ and node_modules; `glob` patterns, or by default the
     DEFAULT_SUFFIXES text and code files) and JSON-lines files (.jsonl/.ndjson)."""
@@ -70,7 +70,7 @@ def collect_sources(inputs, glob=None) -> list[Source]:
             return
         seen.add(real)
         kind = "jsonl" if path.lower().endswith(JSONL_SUFFIXES) else "text"
-        out.append(Source(name=path, kind=kind, path=path, size=os.path.getsize(path)))
+        out.append(CorpusInput(name=path, kind=kind, path=path, size=os.path.getsize(path)))
 
     for inp in inputs:
         inp = os.fspath(inp)
@@ -218,7 +218,7 @@ def _record_text(rec, field, tok: ModelTokenizer, where: str):
                       + ("" if field else " (name the text field with --field)"))
 
 
-def _source_docs(src: Source, tok: ModelTokenizer, field, bar):
+def _source_docs(src: CorpusInput, tok: ModelTokenizer, field, bar):
     """Yield each document of a source as an iterator of (text piece, parse_special)."""
     if src.kind == "text":
         yield ((t, False) for t in _file_chunks(src.path, bar))
