@@ -52,8 +52,8 @@ class Recorder:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, model, **kw):
-        self.calls.append(("load", model, kw))
+    def __call__(self, model, config):
+        self.calls.append(("load", model, config))
         self.exactness = None
         self.model_path = model
         return self
@@ -85,9 +85,9 @@ def test_aliases_reach_the_library(tree, monkeypatch):
     r = invoke(["generate", "-m", "qwen2.5-coder:1.5b", "-c", "512", "-ngl", "3", "-t", "2", "-n", "5",
                 "--temp", "0.5", "--seed", "1", "--quiet", "hello"])
     assert r.exit_code == 0, r.output
-    (_, model, kw), (_, prompt, gen) = rec.calls
+    (_, model, config), (_, prompt, gen) = rec.calls
     assert model == tree["chat"] and prompt == "hello"
-    assert (kw["ctx"], kw["n_gpu_layers"], kw["threads"]) == (512, 3, 2)
+    assert (config.n_ctx, config.n_gpu_layers, config.n_threads, config.calibrate) == (512, 3, 2, True)
     assert gen["max_tokens"] == 5 and gen["sampling"].temperature == 0.5
     # the positional MODEL and -m name the same thing; both at once is refused
     rec.calls.clear()
@@ -99,7 +99,7 @@ def test_aliases_reach_the_library(tree, monkeypatch):
     monkeypatch.setattr("edgespec.app.cli.chat.run_chat", lambda model, **kw: seen.update(kw, model=model))
     r = invoke(["chat", "-m", "Tiny-Q4_0", "-sys", "Be brief.", "-c", "1024"])
     assert r.exit_code == 0, r.output
-    assert seen["model"] == tree["lms"] and seen["system"] == "Be brief." and seen["ctx"] == 1024
+    assert seen["model"] == tree["lms"] and seen["system"] == "Be brief." and seen["config"].n_ctx == 1024
     r = invoke(["chat", "basey"])                       # a base model: refused before loading
     assert r.exit_code == 1 and "no chat template" in r.stderr
 
