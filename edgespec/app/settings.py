@@ -2,7 +2,7 @@
 
 `SpecModel(model, config=RunConfig(...))` takes one (keyword arguments named
 as its fields override it); the CLI's options build one (app/cli/options.py
-`run_config`), and the llama-cpp-python drop-in and the bench's method
+`run_config_options`), and the llama-cpp-python drop-in and the bench's method
 `default` read their defaults from it, so a default changes in one place.
 Names follow llama.cpp's where it has the concept (n_ctx, n_gpu_layers,
 n_threads); the engine's own defaults (the largest batch, the gate) stay in
@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from edgespec.backend.ggml import RPC_OUTPUTS
 from edgespec.calibration.kernelchoice import setting as kernels_setting   # $EDGESPEC_KERNELS, else auto
 from edgespec.core.config import EngineConfig
 from edgespec.errors import ConfigError
@@ -97,8 +98,8 @@ class RunConfig:
         object.__setattr__(self, "corpora", tuple(self.corpora))
         if self.calibrate not in (True, False, "background"):
             raise ConfigError(f"calibrate must be True, False or 'background', not {self.calibrate!r}")
-        if self.rpc_output not in ("local", "remote"):
-            raise ConfigError(f"rpc_output must be 'local' or 'remote', not {self.rpc_output!r}")
+        if self.rpc_output not in RPC_OUTPUTS:     # checked here without workers too (the backend: with them)
+            raise ConfigError(f"rpc_output must be one of {', '.join(RPC_OUTPUTS)}, not {self.rpc_output!r}")
 
     @classmethod
     def defaults(cls) -> "RunConfig":
