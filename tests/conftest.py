@@ -34,6 +34,20 @@ from edgespec.drafters.tree import DraftTree
 DATA = Path(__file__).resolve().parent / "data"
 DEV_PROMPTS = DATA / "spec_bench_prompts.jsonl"
 
+
+def fixed_curve(name: str):
+    """A c(T) kept in tests/data/costs (see tests/data/README.md): the replay
+    tests decide from these, never from the calibration of the machine they
+    run on, so their verdicts are the same on every machine."""
+    from edgespec.calibration.curve import CostCurve
+    return CostCurve.from_json(json.loads((DATA / "costs" / f"{name}.json").read_text()))
+
+
+# SmolLM2-135M's c(T) on the 2-core AMD EPYC (AVX2) most tests were written on,
+# and on a 2-core AMX Xeon, whose batches are flatter (c(2) 1.47 against 2.01)
+AMD = fixed_curve("smollm2-amd-epyc-2026-11-27")
+XEON = fixed_curve("smollm2-xeon-amx-2026-11-23")
+
 # Property tests are derandomized by default, so a run (CI's included) tries
 # the same cases every time and a failure reproduces; HYPOTHESIS_PROFILE=explore
 # draws fresh random cases each run (for a fuzzing session).

@@ -11,6 +11,8 @@ import pytest
 from edgespec.kernels.topk import row_entropy, topk_rows_vals
 from edgespec.replay.simulator import ReplayBackend, Teacher, gpu_curve, tail_for_entropy
 
+from conftest import AMD
+
 
 def test_gpu_curves_are_the_published_points_extended_linearly():
     c = gpu_curve("rtx3090")
@@ -97,7 +99,10 @@ def test_teacher_backed_replay_matches_the_real_engine(model):
     from edgespec.replay.simulator import ReplayRequest, replay, teacher_pass
 
     from conftest import dev_prompts
-    name = "auto+branch+trigger-notrigram-noadjacency-nobranch_depth-nosemantic_pair"
+    # the schedule off: it weighs parts by their timed propose() and decode time, so under
+    # load the real engine's schedule idles a part the replay's keeps (the verdict would
+    # depend on the machine and what else runs on it)
+    name = "auto+branch+trigger-notrigram-noadjacency-nobranch_depth-nosemantic_pair-noschedule"
     rows = dev_prompts(504, 132)     # rag, extraction
     # the gate's inputs fixed in both: its overhead term, and the calibrated curve alone (the
     # learned step costs and the guard read timings, which differ between the two)
@@ -108,7 +113,7 @@ def test_teacher_backed_replay_matches_the_real_engine(model):
         return make_drafter(b, n_vocab=model.vocab.n_vocab, **sw)
 
     reqs, real = [], []
-    eng = Engine(model.backend, drafter(), model.cost, config)
+    eng = Engine(model.backend, drafter(), AMD, config)
     for i, row in enumerate(rows):
         toks = model.prompt_tokens([{"role": "user", "content": row["turns"][0]}])
         ref = model.generate(toks, max_tokens=48 + 32, drafter="none", record_topk=8)
@@ -126,8 +131,8 @@ def test_teacher_backed_replay_matches_the_real_engine(model):
     finally:
         tb.close()
     eog = int(np.nonzero(model.vocab.eog_mask())[0][0])
-    be = ReplayBackend(model.vocab, model.backend.n_ctx, model.backend.max_nodes, model.cost, eog)
+    be = ReplayBackend(model.vocab, model.backend.n_ctx, model.backend.max_nodes, AMD, eog)
     d = drafter()
-    out = replay(Engine(be, d, model.cost, config), be, reqs, 48)
+    out = replay(Engine(be, d, AMD, config), be, reqs, 48)
     assert [(r["n_steps"], r["n_draft_nodes"], r["n_draft_accepted"]) for r in out] == real
     assert d.trigger.n_trigger_checks > 0 and 0 < d.trigger.n_triggered     # the trigger ran on the teacher's entropies
