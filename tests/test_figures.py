@@ -15,9 +15,14 @@ decode time) and one computation:
     identical:A  A's answers identical to none's: "41/48"
     ci:A         the 95% interval of A's speedup over none: "1.96-2.41"
 
-then filters: category=C[,C...] (those categories only), repeat=N (that pass).
+then filters: category=C[,C...] (those categories only), repeat=N (that pass),
+requests=A-B (requests A to B of the file's order, counted from 1).
 Modelled figures (a replay, not a timed run) carry
-<!-- modelled COSTFILE --> instead, on a line that says "modelled".
+<!-- modelled COSTFILE --> instead, on a line that says "modelled"; a figure
+whose run kept no results file carries <!-- nofile --> on a line that says
+"no results file"; a goal, not a measurement, carries <!-- target --> after
+the word "target". In BENCHMARKS.md every ratio above the heading "Older runs
+(kept for the record)" carries one of these.
 Fast tier: no model is loaded."""
 import gzip
 import glob
@@ -34,6 +39,8 @@ DOCS = ["README.md", "BENCHMARKS.md"] + sorted(os.path.relpath(p, ROOT) for p in
     os.path.join(ROOT, "docs", "*.md")))
 MARKER = re.compile(r"<!--\s*fig\s+(\S+)\s+(\S+)((?:\s+\w+=\S+)*)\s*-->")
 MODELLED = re.compile(r"<!--\s*modelled\s+(\S+)\s*-->")
+NOTE = re.compile(r"<!--\s*(nofile|target)\s*-->")
+OLDER = "## Older runs (kept for the record)"
 COMMENT = re.compile(r"<!--.*?-->")
 RATIO = re.compile(r"(?<![\w.])\d+\.\d+x(?!\w)")
 COUNT = re.compile(r"(?<![\w./:-])\d+/\d+(?![\w/.])")
@@ -59,6 +66,9 @@ def figure(files: str, expr: str, filters: str = "") -> str:
             rows = [r for r in rows if r["category"] in value.split(",")]
         elif key == "repeat":
             rows = [r for r in rows if r.get("repeat", 0) == int(value)]
+        elif key == "requests":
+            first, last = (int(v) for v in value.split("-"))
+            rows = [r for r in rows if first <= r["prompt_index"] + 1 <= last]
         else:
             raise ValueError(f"unknown filter {f}")
     kind, _, arg = expr.rpartition(":")
@@ -122,7 +132,7 @@ def _unmarked(line: str, pattern) -> list[str]:
     for m in pattern.finditer(line):
         if any(a <= m.start() < b for a, b in spans):
             continue
-        if not re.match(r"\**\s*<!--\s*(fig|modelled)\s", line[m.end():]):
+        if not re.match(r"\**\s*<!--\s*(fig|modelled|nofile|target)\s", line[m.end():]):
             out.append(m.group(0))
     return out
 
@@ -174,3 +184,39 @@ def test_results_files_named_gz_are_gzip(path):
     with gzip.open(path, "rt", encoding="utf-8") as f:
         first = f.readline()
     assert first.startswith("{")
+
+
+def _current_report() -> list[str]:
+    """The prose lines of BENCHMARKS.md above its "Older runs" heading."""
+    with open(os.path.join(ROOT, "BENCHMARKS.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert OLDER in text.splitlines(), OLDER
+    return _prose(text.split("\n" + OLDER + "\n")[0])
+
+
+def test_the_older_runs_follow_the_current_report_and_precede_the_changelog():
+    with open(os.path.join(ROOT, "BENCHMARKS.md"), encoding="utf-8") as f:
+        heads = [line for line in f if line.startswith("## ")]
+    names = [h.strip() for h in heads]
+    assert OLDER in names and names.index(OLDER) == len(names) - 2 and names[-1] == "## Changelog"
+    assert names.index(OLDER) >= 6, "the current report has a section per question"
+
+
+def test_every_ratio_in_the_current_benchmarks_carries_a_marker():
+    lines = _current_report()
+    bare = [f"{g} in: {COMMENT.sub('', line)[:80]}" for line in lines for g in _unmarked(line, RATIO)]
+    assert not bare, f"{len(bare)} unmarked ratios:\n" + "\n".join(bare)
+
+
+def test_notes_say_what_they_mark():
+    bad = []
+    for doc in DOCS:
+        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                for m in NOTE.finditer(line):
+                    visible = COMMENT.sub("", line)
+                    if m.group(1) == "nofile" and "no results file" not in visible:
+                        bad.append(f"{doc}:{n}: nofile on a line that does not say 'no results file'")
+                    if m.group(1) == "target" and "target" not in COMMENT.sub("", line[:m.start()])[-120:].lower():
+                        bad.append(f"{doc}:{n}: target marker with no 'target' in the 120 visible characters before it")
+    assert not bad, "\n".join(bad)
