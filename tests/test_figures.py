@@ -1,0 +1,222 @@
+"""Figures in the docs are checked data: every measured figure in README.md,
+BENCHMARKS.md and docs/*.md that carries a marker is recomputed from its
+results file with the bench report's own code, and must read as written.
+
+A marker is an HTML comment right after its figure (invisible on GitHub):
+
+    1.90x<!-- fig bench/amd-2026-11-27-qwen05-code-peers.jsonl.gz default/none -->
+    0.88x<!-- fig bench/a.jsonl.gz+bench/b.jsonl.gz suffix/none category=rag -->
+
+FILES (one, or several joined by "+": their rows pooled, decode tokens over
+decode time) and one computation:
+
+    A/B          method A's decode tok/s over B's, as bench-report's speedup: "1.23x"
+    tps:A        method A's decode tok/s: "45.1"
+    identical:A  A's answers identical to none's: "41/48"
+    ci:A         the 95% interval of A's speedup over none: "1.96-2.41"
+
+then filters: category=C[,C...] (those categories only), repeat=N (that pass),
+requests=A-B (requests A to B of the file's order, counted from 1).
+Modelled figures (a replay, not a timed run) carry
+<!-- modelled COSTFILE --> instead, on a line that says "modelled"; a figure
+whose run kept no results file carries <!-- nofile --> on a line that says
+"no results file"; a goal, not a measurement, carries <!-- target --> after
+the word "target". In BENCHMARKS.md every ratio above the heading "Older runs
+(kept for the record)" carries one of these.
+Fast tier: no model is loaded."""
+import gzip
+import glob
+import os
+import re
+
+import pytest
+
+from edgespec.bench.results import read_results
+from edgespec.bench.stats import method_stats, speedup_ci
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = ["README.md", "BENCHMARKS.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(
+    os.path.join(ROOT, "docs", "*.md")))
+MARKER = re.compile(r"<!--\s*fig\s+(\S+)\s+(\S+)((?:\s+\w+=\S+)*)\s*-->")
+MODELLED = re.compile(r"<!--\s*modelled\s+(\S+)\s*-->")
+NOTE = re.compile(r"<!--\s*(nofile|target)\s*-->")
+OLDER = "## Older runs (kept for the record)"
+COMMENT = re.compile(r"<!--.*?-->")
+RATIO = re.compile(r"(?<![\w.])\d+\.\d+x(?!\w)")
+COUNT = re.compile(r"(?<![\w./:-])\d+/\d+(?![\w/.])")
+DECIMAL = re.compile(r"(?<![\w.-])\d+\.\d+(?![\w.])")
+_cache: dict = {}
+
+
+def _rows(files: str) -> list[dict]:
+    if files not in _cache:
+        rows = []
+        for f in files.split("+"):
+            rows += [r for r in read_results(os.path.join(ROOT, f))[1] if r.get("kind", "result") == "result"]
+        _cache[files] = rows
+    return _cache[files]
+
+
+def figure(files: str, expr: str, filters: str = "") -> str:
+    """The figure a marker names, formatted as the docs write it."""
+    rows = _rows(files)
+    for f in filters.split():
+        key, value = f.split("=", 1)
+        if key == "category":
+            rows = [r for r in rows if r["category"] in value.split(",")]
+        elif key == "repeat":
+            rows = [r for r in rows if r.get("repeat", 0) == int(value)]
+        elif key == "requests":
+            first, last = (int(v) for v in value.split("-"))
+            rows = [r for r in rows if first <= r["prompt_index"] + 1 <= last]
+        else:
+            raise ValueError(f"unknown filter {f}")
+    kind, _, arg = expr.rpartition(":")
+    pick = lambda m: [r for r in rows if r["method"] == m]  # noqa: E731
+    if not kind:
+        a, b = arg.split("/")
+        return f"{method_stats(pick(a))['tokens_per_s'] / method_stats(pick(b))['tokens_per_s']:.2f}x"
+    if kind == "tps":
+        return f"{method_stats(pick(arg))['tokens_per_s']:.1f}"
+    if kind == "identical":
+        s = method_stats(pick(arg))
+        return f"{s['identical']}/{s['n_compared']}"
+    if kind == "ci":
+        lo, hi = speedup_ci(rows, arg)
+        return f"{lo:.2f}-{hi:.2f}"
+    raise ValueError(f"unknown computation {expr}")
+
+
+def _markers():
+    """(doc, line number, visible text before the marker, files, expr, filters) of every marker."""
+    out = []
+    for doc in DOCS:
+        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                for m in MARKER.finditer(line):
+                    before = COMMENT.sub("", line[:m.start()])
+                    out.append((doc, n, before, m.group(1), m.group(2), m.group(3)))
+    return out
+
+
+def test_markers_exist():
+    assert len(_markers()) >= 40
+
+
+def test_every_marked_figure_reads_as_its_results_file_says():
+    wrong = []
+    for doc, n, before, files, expr, filters in _markers():
+        want = figure(files, expr, filters)
+        text = before.rstrip(" *")
+        if not text.endswith(want) or text[:-len(want)][-1:] in tuple("0123456789."):
+            wrong.append(f"{doc}:{n}: {files} {expr}{filters} is {want}; the text before it: ...{text[-30:]!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def _section(text: str, title: str) -> list[str]:
+    lines, inside, fence = [], False, False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            inside = line[3:].strip() == title
+        elif line.startswith("```"):
+            fence = not fence
+        elif inside and not fence:
+            lines.append(line)
+    return lines
+
+
+def _unmarked(line: str, pattern) -> list[str]:
+    """Figures matching `pattern` on a line (outside comments) that no marker follows."""
+    spans = [m.span() for m in COMMENT.finditer(line)]
+    out = []
+    for m in pattern.finditer(line):
+        if any(a <= m.start() < b for a, b in spans):
+            continue
+        if not re.match(r"\**\s*<!--\s*(fig|modelled|nofile|target)\s", line[m.end():]):
+            out.append(m.group(0))
+    return out
+
+
+@pytest.mark.parametrize("title", ["Speed", "Limitations"])
+def test_every_figure_in_the_readme_speed_sections_carries_a_marker(title):
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        lines = _section(f.read(), title)
+    assert lines, title
+    bare = []
+    for line in lines:
+        for pattern in (RATIO, COUNT, DECIMAL):
+            bare += [f"{g} in: {COMMENT.sub('', line)[:80]}" for g in _unmarked(line, pattern)]
+    assert not bare, "\n".join(bare)
+
+
+def test_every_ratio_in_the_readme_carries_a_marker():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    bare = [f"{g} in: {COMMENT.sub('', line)[:80]}" for line in _prose(text) for g in _unmarked(line, RATIO)]
+    assert not bare, "\n".join(bare)
+
+
+def _prose(text: str) -> list[str]:
+    """Every prose line of a Markdown text (outside ``` fences)."""
+    out, fence = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence:
+            out.append(line)
+    return out
+
+
+def test_modelled_figures_say_so_and_name_their_cost_file():
+    bad = []
+    for doc in DOCS:
+        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                for m in MODELLED.finditer(line):
+                    if "modelled" not in COMMENT.sub("", line) or not os.path.isfile(os.path.join(ROOT, m.group(1))):
+                        bad.append(f"{doc}:{n}: {m.group(1)}")
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "bench", "*.gz"))),
+                         ids=os.path.basename)
+def test_results_files_named_gz_are_gzip(path):
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        first = f.readline()
+    assert first.startswith("{")
+
+
+def _current_report() -> list[str]:
+    """The prose lines of BENCHMARKS.md above its "Older runs" heading."""
+    with open(os.path.join(ROOT, "BENCHMARKS.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert OLDER in text.splitlines(), OLDER
+    return _prose(text.split("\n" + OLDER + "\n")[0])
+
+
+def test_the_older_runs_follow_the_current_report_and_precede_the_changelog():
+    with open(os.path.join(ROOT, "BENCHMARKS.md"), encoding="utf-8") as f:
+        heads = [line for line in f if line.startswith("## ")]
+    names = [h.strip() for h in heads]
+    assert OLDER in names and names.index(OLDER) == len(names) - 2 and names[-1] == "## Changelog"
+    assert names.index(OLDER) >= 6, "the current report has a section per question"
+
+
+def test_every_ratio_in_the_current_benchmarks_carries_a_marker():
+    lines = _current_report()
+    bare = [f"{g} in: {COMMENT.sub('', line)[:80]}" for line in lines for g in _unmarked(line, RATIO)]
+    assert not bare, f"{len(bare)} unmarked ratios:\n" + "\n".join(bare)
+
+
+def test_notes_say_what_they_mark():
+    bad = []
+    for doc in DOCS:
+        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                for m in NOTE.finditer(line):
+                    visible = COMMENT.sub("", line)
+                    if m.group(1) == "nofile" and "no results file" not in visible:
+                        bad.append(f"{doc}:{n}: nofile on a line that does not say 'no results file'")
+                    if m.group(1) == "target" and "target" not in COMMENT.sub("", line[:m.start()])[-120:].lower():
+                        bad.append(f"{doc}:{n}: target marker with no 'target' in the 120 visible characters before it")
+    assert not bad, "\n".join(bad)
