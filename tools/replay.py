@@ -24,7 +24,9 @@ or PREFIX naming a GPU check's PREFIX-steady.json and PREFIX-alternating.json
 and the one-token decode after a batch, as measured; the replay then charges
 each decode by its shape, edgespec.replay.simulator.shape_curve, and times
 steps in that machine's seconds, the engine's work per step counted as the
---overhead-ms given).  Beyond the
+--overhead-ms given; where PREFIX-steady.json holds a "step" key, the
+device's extra per decode fitted by tools/fit_step_costs.py is charged on
+top, edgespec.replay.steps).  Beyond the
 published T = 8 the GPU curves are extrapolated linearly from c(4)..c(8)
 (edgespec.replay.simulator.gpu_curve); the engine's own work per step is counted as
 measured on this machine, relative to this machine's plain step.
@@ -37,18 +39,25 @@ cached beside RESULTS (RESULTS.teacher.npz; hidden states, only when a method
 asks for them, in RESULTS.hidden.npz); when it runs, every method of the run
 sees those numbers, so the methods stay comparable.  Methods with a lossy verification mode
 (``NAME@relaxed`` ...) cannot be replayed (their output leaves the record);
-their bench figures are printed as they are.
+their bench figures are printed as they are, as are those of peers and
+NAME+memory methods.  The bench's method names replay as the bench ran them:
+``default`` as the drafter the results file's header says it resolved to,
+``NAME@holdN`` with a held batch width of N (EngineConfig.hold_width).
 
 Printed per curve and category: tokens per step and modelled speedup over
 `none` (c(T) per decode plus the engine's per-step work), and beside them,
 where the results file has the same method, the bench's tokens per step,
-measured speedup, identical outputs and ROUGE-L to `none`.
+measured speedup, identical outputs and ROUGE-L to `none`.  With --json the
+table is JSON lines instead, one object per cost curve, method and category
+(``ALL`` for every prompt): cost, method, category, modelled_speedup,
+tokens_per_step, modelled_s and bench_s (the bench's decode seconds a pass).
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import itertools
+import json
 import os
 import sys
 
@@ -58,12 +67,14 @@ from edgespec.app.api import SpecModel
 from edgespec.bench.prompts import load_prompts
 from edgespec.bench.results import read_results
 from edgespec.calibration.curve import CostCurve
-from edgespec.app.specs import drafter_from_spec
+from edgespec.app.specs import drafter_from_spec, hold_width, split_verify
+from edgespec.bench.methods import is_peer, with_memory
 from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine
 from edgespec.drafters.mechanisms import schedule
 from edgespec.replay.simulator import (GPU_CURVES, OracleDrafter, ReplayBackend, ReplayRequest, Teacher, curve_from_file,
                                      gpu_curve, replay, shape_curve, teacher_pass)
+from edgespec.replay.steps import load_terms
 
 
 def _curve(name: str, head: dict) -> CostCurve:
@@ -151,6 +162,10 @@ def main(argv=None) -> int:
                          "speed guard (EngineConfig(learn_costs=False, guard=False)), as before they existed")
     ap.add_argument("--no-shadow", action="store_true",
                     help="the acceptance model learns from verified nodes only (EngineConfig(shadow=False))")
+    ap.add_argument("--json", action="store_true",
+                    help="print the table as JSON lines, one object per cost curve, method and category (ALL: "
+                         "every prompt): cost, method, category, modelled_speedup (over none), tokens_per_step, "
+                         "modelled_s and bench_s (the bench's decode seconds a pass, where it ran the method)")
     a = ap.parse_args(argv)
 
     if a.draft_ms is not None:
@@ -182,8 +197,10 @@ def main(argv=None) -> int:
                                   rec.get("topk")))
     max_tokens = int(head["max_tokens"])
     bench_rows = collections.defaultdict(dict)
+    bench_all: dict = collections.defaultdict(lambda: collections.defaultdict(list))
     for r in rows:
         bench_rows[r["method"]][r["question_id"]] = r
+        bench_all[r["method"]][r["question_id"]].append(r)        # every repeat
 
     def overhead(method: str) -> float:
         if a.overhead_ms is not None:
@@ -194,13 +211,13 @@ def main(argv=None) -> int:
         return 0.15e-3
 
     methods = ["none"] + [x for x in a.methods.split(",") if x and x != "none"]
-    lossy = [x for x in methods if "@" in x]
-    methods = [x for x in methods if "@" not in x]
+    lossy = [x for x in methods if _replayable(x, head) is None]
+    methods = [x for x in methods if x not in lossy]
 
     def build(meth: str, be=None):
         oracle = meth.startswith("oracle-")
-        d, _ = drafter_from_spec(meth[len("oracle-"):] if oracle else meth, n_vocab=vocab.n_vocab,
-                                 model_path=m.model_path, corpora=m.corpora)
+        spec = _replayable(meth[len("oracle-"):] if oracle else meth, head)[0]
+        d, _ = drafter_from_spec(spec, n_vocab=vocab.n_vocab, model_path=m.model_path, corpora=m.corpora)
         return OracleDrafter(d, be) if (oracle and be is not None) else d
 
     probe = [build(x) for x in methods]
@@ -213,15 +230,17 @@ def main(argv=None) -> int:
     cats = sorted({r.category for r in reqs}) + ["all"]
     for cname in a.cost.split(","):
         cost = _curve(cname, head)
+        terms = load_terms(cname) if cost.steady_rel else None      # a device's fitted extra per decode
         results = {}
         for meth in methods:
             oh = overhead(meth)
-            be = ReplayBackend(vocab, m.backend.n_ctx, m.backend.max_nodes, cost, eog, overhead_s=oh)
+            be = ReplayBackend(vocab, m.backend.n_ctx, m.backend.max_nodes, cost, eog, overhead_s=oh, terms=terms)
             d = build(meth, be)
             d.warmup()
             eng = Engine(be, d, cost, EngineConfig(max_nodes=int(head["max_nodes"]), gate_overhead=a.gate_overhead,
                                                    shadow=not a.no_shadow, history_cap=a.history_cap,
-                                                   learn_costs=not a.static_costs, guard=not a.static_costs))
+                                                   learn_costs=not a.static_costs, guard=not a.static_costs,
+                                                   hold_width=_replayable(meth.removeprefix("oracle-"), head)[1]))
             out = replay(eng, be, reqs, max_tokens)
             for i, r in enumerate(out):
                 # scale the c(T) model by this prompt's measured plain decode time, so
@@ -235,9 +254,50 @@ def main(argv=None) -> int:
             wc, nd = sum(r["n_width_changes"] for r in out), sum(r["n_decodes"] for r in out)
             print(f"replayed {meth} under {cname}: {len(out)} prompts; {wc} of {nd} decodes changed width",
                   file=sys.stderr)
-        _report(cname, cats, methods, lossy, results, reqs, qids, bench_rows)
+        if a.json:
+            _report_json(cname, cats, methods, results, reqs, qids, bench_all)
+        else:
+            _report(cname, cats, methods, lossy, results, reqs, qids, bench_rows)
     m.close()
     return 0
+
+
+def _replayable(meth: str, head: dict) -> tuple[str, int] | None:
+    """(drafter spec, held batch width or 0) that a bench method replays as:
+    `default` the drafter the bench's header says it resolved to (else
+    generate's default), NAME@holdN NAME with a held width of N; None for a
+    method whose output leaves the record (a lossy verification mode), one
+    with a memory of earlier answers, and another program (a peer)."""
+    if meth == "default":
+        from edgespec.app.settings import RunConfig
+        return (head.get("default") or {}).get("drafter") or RunConfig.defaults().drafter, 0
+    if is_peer(meth) or with_memory(meth):
+        return None
+    base, mode = split_verify(meth)
+    if mode is None:
+        return meth, 0
+    return (base, hold_width(mode)) if hold_width(mode) else None
+
+
+def _sums(rows) -> dict:
+    """Totals of replayed rows: generated tokens, steps, accepted drafts, modelled seconds."""
+    return {k: sum(r[k] for r in rows) for k in ("n_generated", "n_steps", "n_draft_accepted", "time_s")}
+
+
+def _report_json(cname, cats, methods, results, reqs, qids, bench_all) -> None:
+    """One JSON line per method (none included) and category (ALL: every prompt)."""
+    for c in cats:
+        sel = [i for i, r in enumerate(reqs) if c == "all" or r.category == c]
+        base = _sums([results["none"][i] for i in sel])
+        for meth in methods:
+            t = _sums([results[meth][i] for i in sel])
+            b = [x for i in sel for x in bench_all[meth][qids[i]]] if meth in bench_all else []
+            passes = max(1, len(b) / max(1, len(sel)))
+            print(json.dumps({"cost": cname, "method": meth, "category": "ALL" if c == "all" else c,
+                              "modelled_speedup": round(base["time_s"] / max(1e-12, t["time_s"]), 4),
+                              "tokens_per_step": round((t["n_steps"] + t["n_draft_accepted"]) / max(1, t["n_steps"]), 4),
+                              "modelled_s": round(t["time_s"], 4),
+                              "bench_s": round(sum(x["decode_s"] for x in b) / passes, 4) if b else None}))
 
 
 def _bench_cells(meth, sel, qids, bench_rows):
@@ -271,7 +331,7 @@ def _report(cname, cats, methods, lossy, results, reqs, qids, bench_rows) -> Non
             print(f"{c:<15} {meth:<32} {acc:>8.2f} {bacc:>6} {sp:>8.2f} {bsp:>6} {idt:>9} {rl:>7}   ({gen} tokens)")
         for meth in lossy:          # not replayable: the bench's own figures
             bacc, bsp, idt, rl = _bench_cells(meth, sel, qids, bench_rows)
-            print(f"{c:<15} {meth:<32} {'-':>8} {bacc:>6} {'-':>8} {bsp:>6} {idt:>9} {rl:>7}   (lossy: bench only)")
+            print(f"{c:<15} {meth:<32} {'-':>8} {bacc:>6} {'-':>8} {bsp:>6} {idt:>9} {rl:>7}   (bench only: not replayed)")
     print("\n* modelled: c(T) per decode from the chosen curve + the engine's work per step "
           "(replayed outputs are identical to `none` by construction)")
 

@@ -18,7 +18,8 @@ its steady cost (llama.cpp's CUDA backend replays its captured graph from
 the third decode of a shape on), any other batch its alternating cost, and
 a one-token decode right after a batch its after-batch cost (the second,
 which captures the graph again, is charged as a plain one: tools/gpu's
-shapes did not time it apart).  The backend's clock() is that modelled
+shapes did not time it apart), each plus a device's fitted extra where the
+cost file has one (replay/steps.py).  The backend's clock() is that modelled
 time plus the engine's own time (real, or a fixed figure per step), so the
 engine learns its step costs and keeps its guard's account as it would on
 that machine.
@@ -47,6 +48,7 @@ from edgespec.drafters.base import Drafter
 from edgespec.core.engine import drain
 from edgespec.core.gate import CostBuckets, cost_table_at, prior_at
 from edgespec.drafters.tree import DraftTree
+from edgespec.replay.steps import StepTerms
 
 _OFF_TEXT = 0
 """Token the fake logits favour after a slot that left the recorded text (only
@@ -205,7 +207,8 @@ class ReplayBackend:
 
     exact = True
 
-    def __init__(self, vocab, n_ctx: int, max_nodes: int, cost, eog_token: int, overhead_s: float | None = None):
+    def __init__(self, vocab, n_ctx: int, max_nodes: int, cost, eog_token: int, overhead_s: float | None = None,
+                 terms: StepTerms | None = None):
         self.vocab = vocab
         self.n_vocab = vocab.n_vocab
         self.n_ctx = n_ctx
@@ -233,6 +236,7 @@ class ReplayBackend:
         self._same_n = 0                    # decodes of width _prev_n in a row
         self._priors: dict = {}
         self.shapes = bool(cost.steady_rel)
+        self.terms = terms                  # a device's fitted extra per decode (replay/steps.py), or None
         self.n_width_changes = 0            # decodes whose width differs from the decode before
         self.teacher: Teacher | None = None
         self._dense: list = []                       # rows filled whole (teacher rows)
@@ -355,10 +359,12 @@ class ReplayBackend:
             table, t1 = cost_table_at(base, self.table_short, self._buckets)     # as the gate picks it
             return float(table[n] * t1)
         p = prior_at(self.cost, base, self.max_nodes + 1, self._priors)
-        if n == 1:
-            return float((p.alt[1] + (p.after if self._prev_n >= 2 else 0.0)) * p.t1_s)
         # llama.cpp's CUDA graphs: the third decode of a shape on replays the captured graph
-        return float((p.steady[n] if n == self._prev_n and self._same_n >= 2 else p.alt[n]) * p.t1_s)
+        steady = n == self._prev_n and self._same_n >= 2
+        extra = self.terms.extra_s(n, steady) if self.terms is not None else 0.0
+        if n == 1:
+            return float((p.alt[1] + (p.after if self._prev_n >= 2 else 0.0)) * p.t1_s) + extra
+        return float((p.steady[n] if steady else p.alt[n]) * p.t1_s) + extra
 
     def decode_tree(self, tokens, depth, leaf_first, leaf_count, n_leaves) -> None:
         r0 = time.perf_counter()
