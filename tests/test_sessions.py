@@ -116,6 +116,38 @@ def test_targets_parse():
         T.parse_targets(["edgespec", "edgespec=--no-gate"])
 
 
+def _invoke(args):
+    from click.testing import CliRunner
+    from edgespec.app.cli import main
+    return CliRunner().invoke(main, args)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"app": "x"}\n')
+    for args, fragment in ((["bench-sessions", "--sessions", str(TINY), "--target", "vllm"], "target 'vllm'"),
+                           (["bench-sessions", "--sessions", str(bad)], "first line must be the header"),
+                           (["bench-sessions-report", str(bad)], "no session rows")):
+        r = _invoke(args)
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (args, r.output)
+        assert fragment in r.output and "Traceback" not in r.output
+
+
+def test_cli_report_prints_a_saved_run(tmp_path):
+    s = S.load_session(str(TINY))
+    got = {"status": 200, "wall_ms": 250.0, "ttft_ms": 80.0, "text": "x",
+           "timings": {"prompt_n": 12, "prompt_ms": 40.0, "cache_n": 36, "predicted_n": 9, "predicted_ms": 300.0}}
+    rows = [S.request_row("edgespec", s, i, got) for i in range(len(s.requests))]
+    head = {"kind": "header", "model": "m.gguf", "max_tokens": 8, "targets": {"edgespec": ["edgespec", "serve"]}}
+    out = tmp_path / "r.jsonl"
+    out.write_text("\n".join(json.dumps(r) for r in [head] + rows + [S.session_row("edgespec", s, rows)]))
+    r = _invoke(["bench-sessions-report", str(out)])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if x.startswith("edgespec") and "session_tiny" in x)
+    assert line.split()[2:] == ["4", "1.00", "80", "80", "160", "144/192", "(75%)", "30.0", "-"]
+    assert "model: m.gguf" in r.output and "edgespec: edgespec serve" in r.output
+
+
 # ------------------------------------------------------------------ against real servers
 def _check_rows(rows, targets, n):
     reqs = [r for r in rows if r["kind"] == "request"]

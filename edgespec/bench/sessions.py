@@ -238,6 +238,20 @@ def replay(client: Client, target: str, sessions: list[Session], max_tokens: int
     return out
 
 
+def read_results(path: str) -> tuple[dict | None, list[dict]]:
+    """A bench-sessions results file: (its header or None, every row)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except OSError as e:
+        raise BenchError(f"cannot read {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise BenchError(f"{path}: not a JSON-lines results file ({e})") from None
+    if not any(isinstance(r, dict) and r.get("kind") == "session" for r in rows):
+        raise BenchError(f"{path}: no session rows (not a bench-sessions results file?)")
+    return next((r for r in rows if r.get("kind") == "header"), None), rows
+
+
 def identical_counts(rows: list[dict], reference: str) -> dict:
     """For each target: (answers identical to the reference target's, answers
     both have) over the requests both answered with 200."""

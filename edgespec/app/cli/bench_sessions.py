@@ -71,11 +71,9 @@ def bench_sessions(model, sessions_path, targets, threads, n_ctx, max_tokens, ou
 @click.argument("results_file", type=click.Path(dir_okay=False, exists=True))
 def bench_sessions_report(results_file):
     """Print the tables of `edgespec bench-sessions` from a saved results file."""
-    import json
-
     from edgespec.bench.session_report import format_sessions
+    from edgespec.bench.sessions import read_results
 
-    with open(results_file, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    head = next((r for r in rows if r.get("kind") == "header"), None)
+    with user_errors():
+        head, rows = read_results(results_file)
     click.echo(format_sessions(rows, head))
