@@ -150,12 +150,14 @@ def main(argv=None) -> int:
         append(a.out, header(a))
     Handler.args = a
     srv = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=srv.shutdown).start())
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"recording to {a.out} on http://127.0.0.1:{a.port}/v1", file=sys.stderr, flush=True)
     try:
         srv.serve_forever()
     except KeyboardInterrupt:
         pass
+    finally:
+        srv.server_close()
     return 0
 
 
