@@ -140,11 +140,12 @@ class LlamaServerRunner:
 
     def __init__(self, method: str, binary: str, model_path: str, n_ctx: int, n_gpu_layers: int,
                  threads: int | None, env: dict | None = None, start_timeout: float = START_TIMEOUT_S,
-                 rpc: list[str] = (), tensor_split: list[float] = (), rpc_output: str = "local"):
+                 rpc: list[str] = (), tensor_split: list[float] = (), rpc_output: str = "local",
+                 extra_args: tuple[str, ...] = ()):
         self.method = method
         self.port = free_port()
         self.args = server_args(method, binary, model_path, n_ctx, n_gpu_layers, threads, self.port, rpc,
-                                tensor_split, rpc_output)
+                                tensor_split, rpc_output) + list(extra_args)
         self.log = tempfile.TemporaryFile(mode="w+", prefix="llama-server-", suffix=".log")
         try:
             self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=self.log,

@@ -1,4 +1,5 @@
-"""The `edgespec` command line: generate, chat, serve, calibrate, bench, bench-report, build-peers, memory.
+"""The `edgespec` command line: generate, chat, serve, calibrate, bench, bench-report, bench-sessions,
+bench-sessions-report, build-peers, memory.
 
 Each command resolves its inputs, calls the library and prints.  Mistakes a
 user can make (a missing or broken model file, a prompt longer than the
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import click
 
-from edgespec.app.cli import bench, calibrate, chat, corpus, generate, memory, models, rpc_worker, serve
+from edgespec.app.cli import bench, bench_sessions, calibrate, chat, corpus, generate, memory, models, rpc_worker, serve
 from edgespec.app.cli.options import log_options
 
 
@@ -56,6 +57,8 @@ main.add_command(serve.serve)
 main.add_command(calibrate.calibrate)
 main.add_command(bench.bench)
 main.add_command(bench.bench_report)
+main.add_command(bench_sessions.bench_sessions)
+main.add_command(bench_sessions.bench_sessions_report)
 main.add_command(rpc_worker.rpc_worker)
 main.add_command(bench.build_peers_cmd)
 main.add_command(corpus.build_corpus_cmd)

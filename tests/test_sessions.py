@@ -1,0 +1,188 @@
+"""`edgespec bench-sessions`: the recorded app traces (bench/sessions/), the
+replay's pure parts, and the replay against a real `edgespec serve` and,
+where one is built, llama-server (docs/sessions.md)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edgespec.bench import session_targets as T
+from edgespec.bench import sessions as S
+from edgespec.bench.session_report import format_sessions
+from edgespec.errors import BenchError
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = sorted((REPO / "bench" / "sessions").glob("*.jsonl"))
+TINY = Path(__file__).resolve().parent / "data" / "session_tiny.jsonl"
+
+
+# ------------------------------------------------------------------ the traces
+def test_the_repository_has_the_apps_traces():
+    apps = {S.load_session(str(p)).header.get("app") for p in TRACES}
+    assert {"aider", "open-webui-shape", "continue-shape"} <= apps, apps
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[p.name for p in TRACES])
+def test_a_trace_has_the_documented_shape(path):
+    s = S.load_session(str(path))
+    h = s.header
+    assert h["trace"] == S.TRACE_MARK and h["app"] and h["recorded"] and "date" in h
+    assert len(s.requests) >= 2
+    for r in s.requests:
+        assert r["path"] in S.PATHS and isinstance(r["role"], str)
+        body = r["body"]
+        if r["path"] == "/v1/chat/completions":
+            assert body["messages"] and all(m["role"] in ("system", "user", "assistant") for m in body["messages"])
+            assert all(isinstance(m["content"], str) for m in body["messages"])
+        else:
+            assert isinstance(body["prompt"], str) and body["prompt"]
+    # a session is multi-turn: some chat request carries an earlier answer in its history
+    chats = [r["body"]["messages"] for r in s.requests if r["role"] == "chat"]
+    assert any(m["role"] == "assistant" for ms in chats[1:] for m in ms) or h["app"] == "aider"
+
+
+def test_the_aider_traces_are_aiders_shape():
+    """Aider streams, sends no max_tokens, and starts every request with the
+    same long system prompt: the prefix a server may keep."""
+    aider = [S.load_session(str(p)) for p in TRACES if S.load_session(str(p)).header["app"] == "aider"]
+    assert aider
+    for s in aider:
+        firsts = {r["body"]["messages"][0]["content"] for r in s.requests}
+        assert len(firsts) == 1 and len(firsts.pop()) > 500
+        assert all(r["body"].get("stream") is True and "max_tokens" not in r["body"] for r in s.requests)
+
+
+def test_side_requests_follow_the_turns_in_the_webui_trace():
+    s = next(S.load_session(str(p)) for p in TRACES if S.load_session(str(p)).header["app"] == "open-webui-shape")
+    roles = [r["role"] for r in s.requests]
+    assert roles[:3] == ["chat", "title", "tags"] and roles.count("chat") >= 2
+    assert not any(r["body"].get("stream") for r in s.requests if r["role"] != "chat")
+
+
+def test_a_broken_trace_says_which_line(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_text('{"trace": "edgespec-session", "app": "a"}\n{"path": "/v1/embeddings", "body": {}}\n')
+    with pytest.raises(BenchError, match=r"x.jsonl:2: path '/v1/embeddings'"):
+        S.load_session(str(p))
+    p.write_text('{"app": "a"}\n')
+    with pytest.raises(BenchError, match="first line must be the header"):
+        S.load_session(str(p))
+    p.write_text('{"trace": "edgespec-session"}\n{"path": "/v1/completions", "body": {"messages": []}}\n')
+    with pytest.raises(BenchError, match="needs `prompt`"):
+        S.load_session(str(p))
+
+
+# ------------------------------------------------------------------ replay's pure parts
+def test_replay_body_is_greedy_capped_and_names_the_served_model():
+    body = {"model": "openai/qwen", "temperature": 0.7, "messages": [{"role": "user", "content": "x"}]}
+    out = S.replay_body(body, "served", 99)
+    assert out == {"model": "served", "temperature": 0.0, "max_tokens": 99, "messages": body["messages"]}
+    assert body["model"] == "openai/qwen"                  # the trace's own body is untouched
+    assert S.replay_body({"max_tokens": 5, "prompt": "a"}, "m", 99)["max_tokens"] == 5
+    assert "max_tokens" not in S.replay_body({"max_completion_tokens": 5, "prompt": "a"}, "m", 99)
+
+
+def test_session_row_and_identical_counts():
+    s = S.load_session(str(TINY))
+
+    def got(text, ttft, prompt_n, cache_n, status=200):
+        return {"status": status, "wall_ms": 1000.0, "ttft_ms": ttft, "text": text, "finish_reason": "stop",
+                "timings": {"prompt_n": prompt_n, "prompt_ms": 10.0 * prompt_n, "cache_n": cache_n,
+                            "predicted_n": 10, "predicted_ms": 500.0, "predicted_per_second": 20.0}}
+    a = [S.request_row("a", s, i, got(t, f, p, c)) for i, (t, f, p, c) in
+         enumerate([("x", 100.0, 30, 0), ("t", None, 20, 0), ("y", 50.0, 10, 30), ("z", 40.0, 5, 0)])]
+    row = S.session_row("a", s, a)
+    assert row["n_requests"] == 4 and row["wall_s"] == 4.0 and row["ttft_first_ms"] == 100.0
+    assert row["ttft_followup_ms"] == 50.0            # the chat turns after the first (not the completion)
+    assert row["prompt_tokens"] == 95 and row["cache_n"] == 30 and row["prefill_ms"] == 650.0
+    assert row["decode_tok_s"] == pytest.approx(20.0)
+    b = [S.request_row("b", s, i, got(t, 1.0, 1, 0, st)) for i, (t, st) in
+         enumerate([("x", 200), ("T", 200), ("y", 200), ("z", 500)])]
+    assert S.identical_counts(a + b, "a") == {"b": (2, 3)}
+    text = format_sessions(a + [row] + b + [S.session_row("b", s, b)])
+    assert "2/3" in text and "30/95 (32%)" in text and "(1 failed)" in text
+
+
+def test_targets_parse():
+    assert T.parse_target("edgespec") == T.Target("edgespec", "edgespec")
+    assert T.parse_target("edgespec-exact=--kernels exact").extra == ("--kernels", "exact")
+    assert T.parse_target("llama-server-ngram-mod").method == "llama-server-ngram-mod"
+    assert T.parse_target("mine=http://127.0.0.1:9").url == "http://127.0.0.1:9"
+    with pytest.raises(BenchError, match="target 'vllm'"):
+        T.parse_target("vllm")
+    with pytest.raises(BenchError, match="same name"):
+        T.parse_targets(["edgespec", "edgespec=--no-gate"])
+
+
+def _invoke(args):
+    from click.testing import CliRunner
+    from edgespec.app.cli import main
+    return CliRunner().invoke(main, args)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"app": "x"}\n')
+    for args, fragment in ((["bench-sessions", "--sessions", str(TINY), "--target", "vllm"], "target 'vllm'"),
+                           (["bench-sessions", "--sessions", str(bad)], "first line must be the header"),
+                           (["bench-sessions-report", str(bad)], "no session rows")):
+        r = _invoke(args)
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (args, r.output)
+        assert fragment in r.output and "Traceback" not in r.output
+
+
+def test_cli_report_prints_a_saved_run(tmp_path):
+    s = S.load_session(str(TINY))
+    got = {"status": 200, "wall_ms": 250.0, "ttft_ms": 80.0, "text": "x",
+           "timings": {"prompt_n": 12, "prompt_ms": 40.0, "cache_n": 36, "predicted_n": 9, "predicted_ms": 300.0}}
+    rows = [S.request_row("edgespec", s, i, got) for i in range(len(s.requests))]
+    head = {"kind": "header", "model": "m.gguf", "max_tokens": 8, "targets": {"edgespec": ["edgespec", "serve"]}}
+    out = tmp_path / "r.jsonl"
+    out.write_text("\n".join(json.dumps(r) for r in [head] + rows + [S.session_row("edgespec", s, rows)]))
+    r = _invoke(["bench-sessions-report", str(out)])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if x.startswith("edgespec") and "session_tiny" in x)
+    assert line.split()[2:] == ["4", "1.00", "80", "80", "160", "144/192", "(75%)", "30.0", "-"]
+    assert "model: m.gguf" in r.output and "edgespec: edgespec serve" in r.output
+
+
+# ------------------------------------------------------------------ against real servers
+def _check_rows(rows, targets, n):
+    reqs = [r for r in rows if r["kind"] == "request"]
+    assert len(reqs) == n * len(targets)
+    for r in reqs:
+        assert r["status"] == 200, r
+        assert r["predicted_n"] >= 1 and r["prompt_n"] >= 0 and r["cache_n"] >= 0 and r["prompt_ms"] >= 0
+        assert r["predicted_per_second"] is not None
+        assert (r["ttft_ms"] is not None) == r["stream"] and r["text"]
+    assert [r["target"] for r in rows if r["kind"] == "session"] == list(targets)
+
+
+def test_replay_on_edgespec_serve(model_path, tmp_path):
+    """Two `edgespec serve` targets (the default and --no-gate, both exact as
+    the tests run): a row per request with the timings, one session row
+    each, and the same greedy answers."""
+    sessions = S.load_sessions(str(TINY))
+    targets = T.parse_targets(["edgespec", "edgespec-nogate=--no-gate"])
+    out = tmp_path / "r.jsonl"
+    head, rows = T.run_sessions(sessions, targets, model_path, 2048, None, 8, str(out))
+    _check_rows(rows, ["edgespec", "edgespec-nogate"], 4)
+    assert S.identical_counts(rows, "edgespec") == {"edgespec-nogate": (4, 4)}
+    saved = [json.loads(x) for x in out.read_text().splitlines()]
+    assert saved[0]["kind"] == "header" and saved[0]["targets"]["edgespec-nogate"][-1] == "--no-gate"
+    assert saved[1:] == json.loads(json.dumps(rows))
+    assert "4/4" in format_sessions(rows, head)
+
+
+def test_replay_on_llama_server(server_binary, model_path, tmp_path):
+    """llama-server plain and ngram-simple as the bench starts them: the same
+    rows, and the same greedy answers from both."""
+    sessions = S.load_sessions(str(TINY))
+    targets = T.parse_targets(["llama-server", "llama-server-ngram-simple"])
+    head, rows = T.run_sessions(sessions, targets, model_path, 2048, None, 8, str(tmp_path / "r.jsonl"),
+                                binary=server_binary.path)
+    _check_rows(rows, ["llama-server", "llama-server-ngram-simple"], 4)
+    assert S.identical_counts(rows, "llama-server") == {"llama-server-ngram-simple": (4, 4)}
+    assert head["targets"]["llama-server-ngram-simple"][0] == server_binary.path
