@@ -54,6 +54,11 @@ class EngineConfig:
         llama.cpp replays one captured graph instead of capturing a new one at
         each change of width; verification is unchanged (exact).  The gate
         and the guard do not decide then; plain decoding (`none`) never pads.
+    hold_choice: where no width is fixed, let the costs choose one (core/hold.py):
+        where the learned steady widths cost markedly less than changing ones
+        (CUDA's captured graphs) and holding 2, 4 or 8 tokens would yield more
+        tokens per second than the gate's free choice, the engine holds that
+        width; elsewhere (every CPU curve) it never holds.  False: never.
     """
     max_nodes: int = 48
     cost_gate: bool = True
@@ -68,6 +73,7 @@ class EngineConfig:
     learn_costs: bool = True
     guard: bool = True
     hold_width: int = 0
+    hold_choice: bool = True
 
     def __post_init__(self):
         if not (1 <= self.max_nodes <= 256):

@@ -303,13 +303,15 @@ class Engine:
         t_step = self._clock()
         budget = min(self.config.max_nodes, be.n_ctx - be.n_past)
         n_past = be.n_past
-        hold = 0 if self._plain else self.config.held_width(budget)
+        hold = 0 if self._plain else (self.config.held_width(budget) or g.held_width(budget))
         drafting = bool(hold) or self._may_draft()
         probe = not drafting and self.guard.probing(st.n - 1)
         tree = self._propose(st, budget) if (drafting or probe) else self._no_drafts(st)
         tree = pad_tree(tree, st.ctx[:st.n], hold - 1)      # a held width: at least hold-1 nodes
         t_prop = self._clock()
         plan = g.choose(tree, hold or budget, n_past, self._prev_width, gated=not hold)
+        if (drafting or probe) and not self._plain:     # the hold chooser's evidence (core/hold.py)
+            g.judge_hold(tree, budget, n_past)
         if probe and plan.n_nodes:         # blocked by the guard: judged, not verified
             self.guard.start_probe(st.n - 1, tree.tokens[plan.nodes], plan.node_parent, g.chosen_cost(plan.n_nodes))
             plan = g.plain()

@@ -17,9 +17,10 @@ import numpy as np
 
 from edgespec.calibration.curve import CostCurve
 from edgespec.core.config import SPLIT_KV_FREE_CELLS, EngineConfig
+from edgespec.core.hold import HoldChooser
 from edgespec.core.plan import StepPlan
 from edgespec.core.stepcost import Prior, StepCosts
-from edgespec.drafters.tree import N_SOURCES, DraftTree, source_name
+from edgespec.drafters.tree import N_SOURCES, SOURCE_FILLER, DraftTree, source_name
 from edgespec.kernels.tree import N_SCORE_BUCKETS, SCORE_EDGES, learn_step, plan_step, shadow_learn
 
 SHADOW_KEEP = 16      # proposals judged at once: deeper than any draft the engine verifies
@@ -145,6 +146,9 @@ class Gate:
         self._spar = np.zeros(n, np.int32)
         self._nacc = np.zeros(n, np.bool_)      # learn_step's, per chosen node
         self._ntest = np.zeros(n, np.bool_)
+        self._planned = 0                        # nodes plan_step judged in the last choose()
+        self._hold_step: tuple | None = None     # the hold chooser's plan of this step (judge_hold)
+        self._overhead = self.overhead_rel
         self._plain = StepPlan.plain()
         self._laid = StepPlan.plain()           # refilled with views of the scratch by every drafting choose()
         self._m = 0
@@ -170,6 +174,7 @@ class Gate:
         # the learned costs start afresh with a new curve (their ratios are to it)
         self.steps = StepCosts(cost.ts if cost is not None else [1], n) if self.timed and self.config.learn_costs else None
         self._priors: dict = {}
+        self.hold = HoldChooser(self.config.max_nodes)      # its evidence is in these costs' units
 
     def prior(self, n_past: int) -> Prior:
         """The calibrated costs of a decode laid after n_past cells (needs a
@@ -214,6 +219,7 @@ class Gate:
         tokens wide): the plan of its batch, n_nodes = 0 a plain one-token
         step.  gated=False takes the budget-1 likeliest nodes (a held width)."""
         m = len(tree)
+        self._planned = 0
         if m == 0 or budget < 2:
             return self._plain
         self._alloc(m)
@@ -227,7 +233,35 @@ class Gate:
         self._overhead = self.overhead_rel if cfg.gate_overhead is None else cfg.gate_overhead
         k, nl = plan_step(tree.parents, tree.probs, tree.source, (acc.n_c, acc.a_c, acc.n_f, acc.a_f),
                           acc.K0, acc.K1, self._table, self._overhead, lim, gated, self._scratch)
+        self._planned = m
         return self._lay(k, nl) if k else self._plain
+
+    def held_width(self, budget: int) -> int:
+        """The width the hold chooser holds now with `budget` slots left (0:
+        none; always 0 with EngineConfig.hold_choice off)."""
+        return self.hold.width(budget) if self.config.hold_choice else 0
+
+    def judge_hold(self, tree: DraftTree, budget: int, n_past: int) -> None:
+        """Show the hold chooser (core/hold.py) this step's proposal, just
+        gated by choose(), with the learned costs of alternating and steady
+        widths (StepCosts.widths).  Nothing where the costs are not
+        shape-sensitive (it then holds nothing), a width is fixed
+        (EngineConfig.hold_width) or hold_choice is off."""
+        cfg = self.config
+        if not self.shape_sensitive or self.steps is None or cfg.hold_width or not cfg.hold_choice:
+            if self.hold.held:
+                self.hold.drop()
+            return
+        m = self._planned
+        order = np.flatnonzero(tree.source[:m] != SOURCE_FILLER) if m else np.zeros(0, np.int64)
+        order = order[np.argsort(-self._q[order], kind="stable")]      # the likeliest first, as plan_step ranks
+        alt, steady = self.steps.widths(self.prior(n_past))
+        overhead = self.overhead_rel if cfg.gate_overhead is None else cfg.gate_overhead
+        ks, cost = self.hold.plan(self._q[order], steady, alt, overhead, min(budget, cfg.max_nodes))
+        if len(order):
+            self._hold_step = (order, ks, cost)      # decided with the shadow record (learn_shadow)
+        else:
+            self.hold.learn(ks, cost, np.zeros(0, np.bool_))
 
     def _lay(self, k: int, nl: int) -> StepPlan:
         """The drafting plan, refilled with views of plan_step's selection of
@@ -275,9 +309,10 @@ class Gate:
         verified = np.zeros(m, np.bool_)
         verified[plan.nodes] = True
         shadow.append((root, tree.tokens.copy(), tree.parents.copy(), tree.probs.copy(), tree.source.copy(),
-                       self._cond[:m].copy(), verified, np.zeros(m, np.int8)))
+                       self._cond[:m].copy(), verified, np.zeros(m, np.int8), self._hold_step))
+        self._hold_step = None
         if len(shadow) > SHADOW_KEEP:
-            shadow.pop(0)
+            self._hold_decided(shadow.pop(0))       # judged on what is decided of it
 
     def learn_shadow(self, shadow: list, ctx: np.ndarray, n: int) -> list:
         """Credit the acceptance model with the recorded proposals' nodes that
@@ -286,8 +321,17 @@ class Gate:
         acc = self.acceptance
         keep = []
         for rec in shadow:
-            root, tokens, parents, probs, source, cond, verified, state = rec
+            root, tokens, parents, probs, source, cond, verified, state, _ = rec
             if shadow_learn(tokens, parents, probs, source, cond, verified, state, ctx[root + 1:n],
                             acc.n_c, acc.a_c, acc.n_f, acc.a_f, acc.pred_sum):
                 keep.append(rec)
+            else:
+                self._hold_decided(rec)
         return keep
+
+    def _hold_decided(self, rec) -> None:
+        """Show the hold chooser what a shadow record's proposal turned out
+        to be worth under each candidate (where judge_hold planned it)."""
+        if rec[8] is not None:
+            order, ks, cost = rec[8]
+            self.hold.learn(ks, cost, rec[7][order] == 1)

@@ -195,6 +195,20 @@ class StepCosts:
         out[0], out[1] = 0.0, one
         return out, sens
 
+    def widths(self, prior: Prior) -> tuple[np.ndarray, np.ndarray]:
+        """The learned costs of a batch of T tokens (T = 0..max_t) that
+        changes width (alternating, with its share of the return to plain
+        decoding: the run of batches pays it once) and of one that keeps it
+        (steady, which never returns), in units of the learned plain step
+        (index 1: the plain step in both)."""
+        ra, rs, r1, raf = self.ratios()
+        n = len(prior.alt)
+        back = max(0.0, (2.0 * prior.alt[1] + prior.after) * raf - 2.0 * prior.alt[1] * r1)
+        alt = (prior.alt * ra[:n] + back / max(1.0, self.run)) / r1
+        steady = prior.steady * rs[:n] / r1
+        alt[:2] = steady[:2] = (0.0, prior.alt[1])
+        return alt, steady
+
     @staticmethod
     def shape_sensitive(alt: np.ndarray, steady: np.ndarray) -> bool:
         """Steady widths markedly cheaper than changing ones (over T = 2..16)."""
