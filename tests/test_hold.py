@@ -88,7 +88,7 @@ def test_gate_on_a_cpu_curve_never_judges():
     and nothing is held, however well drafts do."""
     ts = [1, 2, 4, 8, 16, 32, 48]
     cost = CostCurve(ts, [1.0, 1.05, 1.1, 1.3, 1.8, 2.9, 4.0], 0.01, {"prefix": 300})
-    g = Gate(EngineConfig(), cost)
+    g = Gate(EngineConfig(hold_choice=True), cost)
     tree = DraftTree(np.arange(10, 20, dtype=np.int32), np.arange(-1, 9), np.full(10, 0.99, np.float32),
                      np.zeros(10, np.int32))
     for i in range(5 * PATIENCE):
@@ -104,7 +104,7 @@ def test_gate_on_a_shape_curve_judges():
     """The same gate on the H200's shape files (steady widths far cheaper)
     is shape-sensitive and plans each step for the chooser."""
     from edgespec.replay.simulator import shape_curve
-    g = Gate(EngineConfig(), shape_curve(os.path.join(H200, "cost-smollm2")))
+    g = Gate(EngineConfig(hold_choice=True), shape_curve(os.path.join(H200, "cost-smollm2")))
     tree = DraftTree(np.arange(10, 20, dtype=np.int32), np.arange(-1, 9), np.full(10, 0.99, np.float32),
                      np.zeros(10, np.int32))
     g.choose(tree, 48, 300, 1)
@@ -124,7 +124,7 @@ def _replay_code_edits(model) -> dict:
     spec.loader.exec_module(tool)
     shapes = os.path.join(H200, "cost-smollm2")
     argv = [os.path.join(H200, "code-hold-4.jsonl"), "--prompts", os.path.join(H200, "code-4-prompts.jsonl"),
-            "--model", model.model_path, "--methods", "default,suffix@hold2,suffix@hold4", "--cost", shapes,
+            "--model", model.model_path, "--methods", "suffix,suffix@holdcost,suffix@hold2,suffix@hold4", "--cost", shapes,
             "--overhead-ms", "0.25", "--gate-overhead", "0.1", "--draft-ms", "0.1", "--json"]
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
@@ -133,22 +133,12 @@ def _replay_code_edits(model) -> dict:
 
 
 @pytest.mark.model
-def test_replay_default_chooses_on_code_edits(model):
-    """The replay of `default` with the chooser reproduces the recorded
-    outputs (replay() checks every token) and runs well ahead of `none`."""
+def test_replay_holdcost_chooses_on_code_edits(model):
+    """The replay of `suffix@holdcost` (the width chosen by cost) reproduces
+    the recorded outputs (replay() checks every token) and runs well ahead of
+    `none`.  (Issue 51's target, within 3% of the best fixed hold, is not met:
+    on these 4 prompts it models 1.82x against suffix@hold4's 2.00x; the
+    chooser credits the free choice's deep batches too well.)"""
     by = _replay_code_edits(model)
     assert by["none"]["modelled_speedup"] == 1.0
-    assert by["default"]["modelled_speedup"] >= 1.5
-
-
-@pytest.mark.model
-@pytest.mark.xfail(strict=True, reason="issue 51 item 3, open: on these 4 prompts default models 1.82x against "
-                                       "suffix@hold4's 2.00x (the chooser credits the free choice's deep batches "
-                                       "too well); strict, so that reaching the target fails here until this "
-                                       "mark is removed")
-def test_replay_default_near_best_hold_on_code_edits(model):
-    """The target of issue 51: `default` within 3% of the best of
-    suffix@hold2 and suffix@hold4 on the recorded code edits."""
-    by = _replay_code_edits(model)
-    best = max(by["suffix@hold2"]["modelled_speedup"], by["suffix@hold4"]["modelled_speedup"])
-    assert by["default"]["modelled_speedup"] >= 0.97 * best
+    assert by["suffix@holdcost"]["modelled_speedup"] >= 1.5

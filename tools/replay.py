@@ -42,7 +42,8 @@ sees those numbers, so the methods stay comparable.  Methods with a lossy verifi
 their bench figures are printed as they are, as are those of peers and
 NAME+memory methods.  The bench's method names replay as the bench ran them:
 ``default`` as the drafter the results file's header says it resolved to,
-``NAME@holdN`` with a held batch width of N (EngineConfig.hold_width).
+``NAME@holdN`` with a held batch width of N (EngineConfig.hold_width), ``NAME@holdcost``
+with the width chosen by cost (EngineConfig.hold_choice).
 
 Printed per curve and category: tokens per step and modelled speedup over
 `none` (c(T) per decode plus the engine's per-step work), and beside them,
@@ -67,7 +68,7 @@ from edgespec.app.api import SpecModel
 from edgespec.bench.prompts import load_prompts
 from edgespec.bench.results import read_results
 from edgespec.calibration.curve import CostCurve
-from edgespec.app.specs import drafter_from_spec, hold_width, split_verify
+from edgespec.app.specs import HOLD_COST, drafter_from_spec, engine_settings, hold_width, split_verify
 from edgespec.bench.methods import is_peer, with_memory
 from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine
@@ -240,7 +241,7 @@ def main(argv=None) -> int:
             eng = Engine(be, d, cost, EngineConfig(max_nodes=int(head["max_nodes"]), gate_overhead=a.gate_overhead,
                                                    shadow=not a.no_shadow, history_cap=a.history_cap,
                                                    learn_costs=not a.static_costs, guard=not a.static_costs,
-                                                   hold_width=_replayable(meth.removeprefix("oracle-"), head)[1]))
+                                                   **_replayable(meth.removeprefix("oracle-"), head)[1]))
             out = replay(eng, be, reqs, max_tokens)
             for i, r in enumerate(out):
                 # scale the c(T) model by this prompt's measured plain decode time, so
@@ -262,21 +263,22 @@ def main(argv=None) -> int:
     return 0
 
 
-def _replayable(meth: str, head: dict) -> tuple[str, int] | None:
-    """(drafter spec, held batch width or 0) that a bench method replays as:
+def _replayable(meth: str, head: dict) -> tuple[str, dict] | None:
+    """(drafter spec, EngineConfig fields) that a bench method replays as:
     `default` the drafter the bench's header says it resolved to (else
-    generate's default), NAME@holdN NAME with a held width of N; None for a
+    generate's default), NAME@holdN NAME with a held width of N,
+    NAME@holdcost NAME with the width chosen by cost; None for a
     method whose output leaves the record (a lossy verification mode), one
     with a memory of earlier answers, and another program (a peer)."""
     if meth == "default":
         from edgespec.app.settings import RunConfig
-        return (head.get("default") or {}).get("drafter") or RunConfig.defaults().drafter, 0
+        return (head.get("default") or {}).get("drafter") or RunConfig.defaults().drafter, {}
     if is_peer(meth) or with_memory(meth):
         return None
     base, mode = split_verify(meth)
     if mode is None:
-        return meth, 0
-    return (base, hold_width(mode)) if hold_width(mode) else None
+        return meth, {}
+    return (base, engine_settings(mode)) if hold_width(mode) or mode == HOLD_COST else None
 
 
 def _sums(rows) -> dict:

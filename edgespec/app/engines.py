@@ -23,7 +23,7 @@ from edgespec.calibration.exactness import ExactnessReport, load_or_check_exactn
 from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine
 from edgespec.core.verify import VerifyConfig
-from edgespec.app.specs import drafter_from_spec, hold_width
+from edgespec.app.specs import drafter_from_spec, engine_settings
 from edgespec.errors import ConfigError
 from edgespec.memory import close_memory, open_memory
 
@@ -168,10 +168,7 @@ class ModelEngines:
             if isinstance(drafter, str):
                 d, mode = drafter_from_spec(drafter, n_vocab=self.vocab.n_vocab, model_path=self.model_path,
                                             corpora=self.corpora, memory_store=self.memory)
-                if hold_width(mode):      # wider than max_nodes: EngineConfig's ConfigError
-                    config = dataclasses.replace(self.config, hold_width=hold_width(mode))
-                elif mode:
-                    config = dataclasses.replace(self.config, verify=VerifyConfig(mode))
+                config = dataclasses.replace(self.config, **engine_settings(mode))
             else:
                 d = drafter
             d.warmup()

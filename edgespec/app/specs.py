@@ -1,8 +1,10 @@
-"""Drafter specs with an engine mode: `auto+aasd@relaxed`, `suffix@hold4`.
+"""Drafter specs with an engine mode: `auto+aasd@relaxed`, `suffix@hold4`, `suffix@holdcost`.
 
 A spec is a drafter name with switches (drafters.parse_drafter_name) and,
 after '@', a setting of the engine that runs it: a verification mode
-(core/verify.py) or a held batch width (EngineConfig.hold_width).  The app
+(core/verify.py), a held batch width (EngineConfig.hold_width) or `holdcost`,
+the width held where the learned costs say it pays (EngineConfig.hold_choice,
+core/hold.py; experimental, off by default).  The app
 resolves both halves (app/engines.py), so the drafters know nothing of the
 engine.
 """
@@ -18,9 +20,23 @@ def split_verify(spec: str) -> tuple[str, str | None]:
     experimental held batch width of N tokens (EngineConfig.hold_width);
     ConfigError for an unknown mode."""
     base, sep, mode = spec.partition("@")
-    if sep and not hold_width(mode):
+    if sep and not hold_width(mode) and mode != HOLD_COST:
         VerifyConfig(mode)
     return base, (mode if sep else None)
+
+
+HOLD_COST = "holdcost"
+
+
+def engine_settings(mode: str | None) -> dict:
+    """The EngineConfig fields an '@mode' sets: {} for none."""
+    if not mode:
+        return {}
+    if mode == HOLD_COST:
+        return {"hold_choice": True}
+    if hold_width(mode):        # wider than max_nodes: EngineConfig's ConfigError
+        return {"hold_width": hold_width(mode)}
+    return {"verify": VerifyConfig(mode)}
 
 
 def hold_width(mode: str | None) -> int:

@@ -54,11 +54,14 @@ class EngineConfig:
         llama.cpp replays one captured graph instead of capturing a new one at
         each change of width; verification is unchanged (exact).  The gate
         and the guard do not decide then; plain decoding (`none`) never pads.
-    hold_choice: where no width is fixed, let the costs choose one (core/hold.py):
+    hold_choice: experimental, off by default (spec `@holdcost`: `suffix@holdcost`):
+        where no width is fixed, let the costs choose one (core/hold.py):
         where the learned steady widths cost markedly less than changing ones
         (CUDA's captured graphs) and holding 2, 4 or 8 tokens would yield more
         tokens per second than the gate's free choice, the engine holds that
-        width; elsewhere (every CPU curve) it never holds.  False: never.
+        width; elsewhere (every CPU curve) it never holds.  Off until a device
+        run confirms it: in the modelled H200 replay it slowed code edits under
+        two of the three cost files (BENCHMARKS.md).
     """
     max_nodes: int = 48
     cost_gate: bool = True
@@ -73,7 +76,7 @@ class EngineConfig:
     learn_costs: bool = True
     guard: bool = True
     hold_width: int = 0
-    hold_choice: bool = True
+    hold_choice: bool = False
 
     def __post_init__(self):
         if not (1 <= self.max_nodes <= 256):
