@@ -13,6 +13,8 @@ step and the batch layout.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from edgespec.calibration.curve import CostCurve
@@ -23,6 +25,19 @@ from edgespec.drafters.tree import N_SOURCES, DraftTree, source_name
 from edgespec.kernels.tree import N_SCORE_BUCKETS, SCORE_EDGES, learn_step, plan_step, shadow_learn
 
 SHADOW_KEEP = 16      # proposals judged at once: deeper than any draft the engine verifies
+
+
+class ShadowRecord(NamedTuple):
+    """One step's whole proposal, kept until the committed tokens decide its
+    nodes (Gate.record_shadow, Gate.learn_shadow; kernels/tree.py's shadow_learn)."""
+    root: int                 # context index of the step's pending token
+    tokens: np.ndarray        # the tree's arrays (copies)
+    parents: np.ndarray
+    probs: np.ndarray
+    source: np.ndarray
+    cond: np.ndarray          # the gate's conditional probabilities of the nodes then
+    verified: np.ndarray      # the nodes the step verified (learn_step counted those)
+    state: np.ndarray         # per node: 0 undecided, 1 matched, 2 not (shadow_learn keeps it)
 COST_BUCKET = 128     # the cost gate's table is re-interpolated every 128 context cells
 
 
@@ -274,8 +289,8 @@ class Gate:
         m = len(tree)
         verified = np.zeros(m, np.bool_)
         verified[plan.nodes] = True
-        shadow.append((root, tree.tokens.copy(), tree.parents.copy(), tree.probs.copy(), tree.source.copy(),
-                       self._cond[:m].copy(), verified, np.zeros(m, np.int8)))
+        shadow.append(ShadowRecord(root, tree.tokens.copy(), tree.parents.copy(), tree.probs.copy(),
+                                   tree.source.copy(), self._cond[:m].copy(), verified, np.zeros(m, np.int8)))
         if len(shadow) > SHADOW_KEEP:
             shadow.pop(0)
 
@@ -286,8 +301,7 @@ class Gate:
         acc = self.acceptance
         keep = []
         for rec in shadow:
-            root, tokens, parents, probs, source, cond, verified, state = rec
-            if shadow_learn(tokens, parents, probs, source, cond, verified, state, ctx[root + 1:n],
-                            acc.n_c, acc.a_c, acc.n_f, acc.a_f, acc.pred_sum):
+            if shadow_learn(rec.tokens, rec.parents, rec.probs, rec.source, rec.cond, rec.verified, rec.state,
+                            ctx[rec.root + 1:n], acc.n_c, acc.a_c, acc.n_f, acc.a_f, acc.pred_sum):
                 keep.append(rec)
         return keep
