@@ -4,6 +4,7 @@ from edgespec.app.concurrency import Stream, StreamChunk
 from edgespec.app.compat import Llama
 from edgespec.app.settings import RunConfig
 from edgespec.core.config import EngineConfig
+from edgespec.core.params import Request
 from edgespec.core.result import GenerationResult
 from edgespec.core.stream import Chunk
 from edgespec.errors import (BackendError, BenchError, ConfigError, CorpusError, EdgespecError, EmbeddingsError,
@@ -12,7 +13,7 @@ from edgespec.drafters.tree import DraftTree
 from edgespec.core.verify import SamplingConfig
 from edgespec.version import __version__
 
-__all__ = ["SpecModel", "RunConfig", "Stream", "StreamChunk", "Chunk", "SamplingConfig", "GenerationResult", "EngineConfig",
+__all__ = ["SpecModel", "RunConfig", "Stream", "StreamChunk", "Chunk", "SamplingConfig", "Request", "GenerationResult", "EngineConfig",
            "DraftTree", "Llama", "EdgespecError", "ConfigError", "PromptTooLongError", "ModelFileError",
            "CorpusError", "EmbeddingsError", "BenchError", "BackendError", "ModelLoadError", "ModelBusyError",
            "ModelClosedError", "__version__"]

@@ -85,6 +85,7 @@ def target_corpus(path: str, args: dict) -> str:
     from edgespec.drafters import make_drafter
     from edgespec.core.config import EngineConfig
     from edgespec.core.engine import Engine, drain
+    from edgespec.core.params import Request
 
     m = _model(args["model"])
     c = Corpus.load(path, vocab=m.vocab)
@@ -92,7 +93,8 @@ def target_corpus(path: str, args: dict) -> str:
     for name in ("suffix", "trigram", "adjacency", "auto"):
         d = make_drafter(name, n_vocab=m.vocab.n_vocab, corpora=[c], model_path=m.model_path)
         eng = Engine(m.backend, d, None, EngineConfig(max_nodes=32, cost_gate=False))
-        r = drain(eng.run(m.prompt_tokens(args["prompt"]), max_tokens=args.get("max_tokens", 8)))
+        r = drain(eng.run(Request(m.prompt_tokens(args["prompt"]), max_tokens=args.get("max_tokens", 8),
+                                  reuse_prefix=False)))
         out.append(f"{name} {r.n_generated}")
     return ", ".join(out)
 

@@ -13,6 +13,7 @@ from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine, drain
 from edgespec.errors import ConfigError
 from edgespec.core.verify import SamplingConfig
+from edgespec.core.params import Request
 
 from conftest import OracleDrafter
 
@@ -106,7 +107,7 @@ def test_forced_text_is_drafted_and_accepted(model):
         eng = Engine(model.backend, drafter, model.cost, EngineConfig(cost_gate=False, forced_drafts=forced))
         g = Grammar(model.vocab, gbnf)
         try:
-            runs[drafter.name, forced] = drain(eng.run(toks, max_tokens=32, grammar=g))
+            runs[drafter.name, forced] = drain(eng.run(Request(toks, max_tokens=32, grammar=g, reuse_prefix=False)))
         finally:
             g.close()
     plain, off, fast = runs["none", True], runs["silent", False], runs["silent", True]
@@ -236,7 +237,7 @@ def test_oracle_trees_under_a_grammar(model):
         eng = Engine(model.backend, d, model.cost, EngineConfig(max_nodes=32, cost_gate=False, forced_drafts=False))
         g = Grammar(model.vocab, gbnf)
         try:
-            r = drain(eng.run(toks, max_tokens=64, grammar=g))
+            r = drain(eng.run(Request(toks, max_tokens=64, grammar=g, reuse_prefix=False)))
         finally:
             g.close()
         assert r.tokens == ref.tokens, shape

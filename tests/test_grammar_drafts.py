@@ -9,6 +9,7 @@ from edgespec.core.engine import Engine, drain
 from edgespec.core.grammar_drafts import GrammarDrafts, label_end, match_ends
 from edgespec.backend.grammar import Grammar, gbnf_for
 from edgespec.drafters import Drafter
+from edgespec.core.params import Request
 
 PROMPT = "From: Priya Raman <priya@example.org>\nSubject: Moving the review\nOrder ID: A-17\n"
 
@@ -94,7 +95,7 @@ def test_copied_and_labelled_values_are_accepted_and_change_nothing(model):
         eng = Engine(model.backend, drafter, model.cost, EngineConfig(cost_gate=False))
         g = Grammar(model.vocab, gbnf_for(json_schema=schema))
         try:
-            runs[drafter.name] = drain(eng.run(prompt, max_tokens=48, grammar=g))
+            runs[drafter.name] = drain(eng.run(Request(prompt, max_tokens=48, grammar=g, reuse_prefix=False)))
         finally:
             g.close()
     plain, fast = runs["none"], runs["silent"]

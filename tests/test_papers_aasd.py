@@ -18,6 +18,7 @@ from edgespec.core.engine import Engine, drain
 from edgespec.drafters.tree import SOURCE_ALIGN, SOURCE_BRANCH, SOURCE_CONTEXT, SOURCE_PROMPT, DraftTree
 from edgespec.core.relaxed import aasd_threshold, relaxed_accepts, relaxed_path
 from edgespec.core.verify import VerifyConfig
+from edgespec.core.params import Request
 
 from conftest import dev_prompts, trie_slots
 from test_anchor import branch_tree, rankings
@@ -199,7 +200,7 @@ def test_conditional_verification_relaxes_prompt_and_aligned_sources_only(model)
 
     def run(source):
         eng = Engine(model.backend, _Fixed(tok, source), model.cost, cfg)
-        res = drain(eng.run(toks, max_tokens=24))
+        res = drain(eng.run(Request(toks, max_tokens=24, reuse_prefix=False)))
         eng.reset()
         return res
 

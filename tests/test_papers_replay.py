@@ -10,6 +10,7 @@ import pytest
 
 from edgespec.kernels.topk import row_entropy, topk_rows_vals
 from edgespec.replay.simulator import ReplayBackend, Teacher, gpu_curve, tail_for_entropy
+from edgespec.core.params import Request
 
 from conftest import AMD
 
@@ -119,7 +120,7 @@ def test_teacher_backed_replay_matches_the_real_engine(model):
         ref = model.generate(toks, max_tokens=48 + 32, drafter="none", record_topk=8)
         reqs.append(ReplayRequest(str(i), row["category"], toks, np.asarray(ref.tokens, np.int32),
                                   ref.stop_reason == "stop", ref.topk))
-        res = drain(eng.run(toks, max_tokens=48))
+        res = drain(eng.run(Request(toks, max_tokens=48, reuse_prefix=False)))
         assert res.tokens == ref.tokens[:48]
         real.append((res.n_steps, res.n_draft_nodes, res.n_draft_accepted))
     eng.reset()

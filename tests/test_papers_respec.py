@@ -20,6 +20,7 @@ from edgespec.kernels.topk import row_entropy
 from edgespec.drafters.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
 from edgespec.core.relaxed import relaxed_path
 from edgespec.core.verify import VerifyConfig
+from edgespec.core.params import Request
 
 from conftest import dev_prompts, trie_slots
 
@@ -312,7 +313,7 @@ def test_relaxed_attempts_are_bounded_by_phi_per_step(model):
         cfg = dataclasses.replace(model.config, cost_gate=False,
                                   verify=VerifyConfig("relaxed", phi=phi, **anything))
         eng = Engine(model.backend, _Chain(chain, source), model.cost, cfg)
-        res = drain(eng.run(toks, max_tokens=24))
+        res = drain(eng.run(Request(toks, max_tokens=24, reuse_prefix=False)))
         eng.reset()
         return res
 

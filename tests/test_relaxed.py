@@ -13,6 +13,7 @@ from edgespec.core.engine import Engine, drain
 from edgespec.drafters.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
 from edgespec.core.relaxed import relaxed_accepts, relaxed_path
 from edgespec.core.verify import SamplingConfig, VerifyConfig, rouge_l
+from edgespec.core.params import Request
 
 from conftest import dev_prompts
 
@@ -120,7 +121,7 @@ def test_only_retrieved_drafts_are_relaxed(model):
 
     def run(source):
         eng = Engine(model.backend, _FixedDrafter(tok, source), model.cost, cfg)
-        res = drain(eng.run(toks, max_tokens=24))
+        res = drain(eng.run(Request(toks, max_tokens=24, reuse_prefix=False)))
         eng.reset()
         return res
 
@@ -130,4 +131,4 @@ def test_only_retrieved_drafts_are_relaxed(model):
     assert r.n_relaxed > 0 and tok in r.tokens and r.tokens != ref.tokens
     eng = Engine(model.backend, _FixedDrafter(tok, SOURCE_CONTEXT), model.cost, cfg)
     with pytest.raises(ValueError, match="greedy"):
-        next(eng.run(toks, max_tokens=4, sampling=SamplingConfig(temperature=0.7, seed=1)))
+        next(eng.run(Request(toks, max_tokens=4, sampling=SamplingConfig(temperature=0.7, seed=1), reuse_prefix=False)))

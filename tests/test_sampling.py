@@ -14,6 +14,7 @@ from edgespec.core.verify import sample_token, sampling_distribution
 
 from conftest import OracleDrafter
 from edgespec.core.engine import drain
+from edgespec.core.params import Request
 
 
 def chi2_critical(dof: int, alpha: float = 1e-3) -> float:
@@ -49,7 +50,7 @@ def test_same_seed_gives_same_text_as_plain_sampling(model, shape):
         ref = model.generate(toks, max_tokens=48, sampling=cfg, drafter="none")
         drafter = OracleDrafter(len(toks), ref.tokens, shape, model.backend.n_vocab, seed=seed)
         eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=24, cost_gate=False))
-        res = drain(eng.run(toks, max_tokens=48, sampling=cfg))
+        res = drain(eng.run(Request(toks, max_tokens=48, sampling=cfg, reuse_prefix=False)))
         assert res.tokens == ref.tokens
         assert res.n_draft_accepted > 5
 

@@ -37,6 +37,7 @@ from edgespec.calibration.kernelchoice import setting as kernels_setting
 from edgespec.core.engine import cancel_check, drain
 from edgespec.core.result import GenerationResult
 from edgespec.core.logprobs import check_top
+from edgespec.core.params import DEFAULT, Request, token_limit
 from edgespec.core.verify import SamplingConfig
 from edgespec.errors import ConfigError, ModelBusyError, ModelClosedError
 from edgespec.memory import close_memory
@@ -269,41 +270,43 @@ class SpecModel(ModelEngines):
                 raise ConfigError("this model has no chat template; use raw prompts (--raw)")
             return chat_tokens(self.vocab, list(prompt))
 
-    def check_request(self, prompt_tokens, max_tokens: int = 256, sampling: SamplingConfig | None = None) -> None:
+    def check_request(self, prompt_tokens, max_tokens: int | None = DEFAULT.max_tokens,
+                      sampling: SamplingConfig | None = None) -> None:
         """Raise ConfigError (PromptTooLongError when the prompt does not fit the
         context) for a request that cannot run, without waiting for the model:
         a server checks a request this way before queueing it."""
         with self._gate.using():
-            self.engine.check_request(len(prompt_tokens), max_tokens, sampling or SamplingConfig())
+            limit = token_limit(max_tokens, self.backend.n_ctx, len(prompt_tokens))
+            self.engine.check_request(len(prompt_tokens), limit, sampling or SamplingConfig())
 
     # ------------------------------------------------------------ generate
-    def _start(self, prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter, record_topk,
-               cancel, prediction, stop_event: threading.Event, logprobs: int | None = None,
-               constraint: tuple = (None, None)):
+    def _start(self, request: Request, stop_event: threading.Event):
         """With the model held: the engine generator of one request and what to
-        do when it ends."""
-        user_cancel = cancel_check(cancel)
+        do when it ends.  The engine gets the request with the parts only this
+        layer resolves: the prompt as token ids, the grammar compiled, the
+        cancel check that also sees close() and a closed stream."""
+        user_cancel = cancel_check(request.cancel)
         closing = self._closing
 
         def is_cancelled() -> bool:
             return closing.is_set() or stop_event.is_set() or (user_cancel is not None and bool(user_cancel()))
 
-        toks = self.prompt_tokens(prompt, raw=raw)
-        sampling = sampling or SamplingConfig()
+        toks = self.prompt_tokens(request.prompt, raw=request.raw)
         pred = None
+        prediction = request.prediction
         if prediction is not None and len(prediction):
             pred = (self.tokenize(prediction, add_special=False) if isinstance(prediction, str)
                     else np.asarray(prediction, np.int32))
-        engine = self._engine_for(drafter if drafter is not None else self._drafter, prediction=pred is not None)
-        gbnf = constraint_gbnf(*constraint)
-        engine.check_request(len(toks), max_tokens, sampling, gbnf is not None)
-        check_top(logprobs)
+        drafter = request.drafter if request.drafter is not None else self._drafter
+        engine = self._engine_for(drafter, prediction=pred is not None)
+        gbnf = constraint_gbnf(request.grammar, request.json_schema)
+        limit = token_limit(request.max_tokens, self.backend.n_ctx, len(toks))
+        engine.check_request(len(toks), limit, request.sampling, gbnf is not None)
+        check_top(request.logprobs)
         grammar = Grammar(self.vocab, gbnf) if gbnf is not None else None
         if pred is not None:
             engine.drafter.set_prediction(pred)
-        gen = engine.run(toks, max_tokens=max_tokens, sampling=sampling, stop=list(stop or []),
-                         reuse_prefix=reuse_prefix, record_topk=record_topk, cancel=is_cancelled,
-                         logprobs=logprobs, grammar=grammar)
+        gen = engine.run(request.but(prompt=toks, grammar=grammar, json_schema=None, cancel=is_cancelled))
 
         def on_end():
             if pred is not None:
@@ -312,69 +315,28 @@ class SpecModel(ModelEngines):
                 grammar.close()
         return gen, on_end
 
-    def generate(self, prompt, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
-                 stop: Sequence[str] | None = None, raw: bool = False, drafter=None,
-                 reuse_prefix: bool = False, on_text=None, on_chunk=None, record_topk: int = 0,
-                 cancel=None, prediction=None, wait: bool = True,
-                 timeout: float | None = None, logprobs: int | None = None,
-                 grammar: str | None = None, json_schema=None) -> GenerationResult:
-        """Generate a completion; returns a GenerationResult (text, tokens, timings).
-
-        prompt: a string (one user message in the chat template unless raw), a
-            messages list, or token ids.
-        on_text(str) receives the text as it is accepted, on_chunk(Chunk) each
-            step's chunk (text, tokens, which of them were accepted drafts).
-        reuse_prefix: keep the KV cache of the longest common prefix with what
-            the model holds from the previous request (chat turns).
-        cancel: a threading.Event or a callable returning True to stop, checked
-            before every step: the result then has stop_reason "cancelled".
-        prediction: text (or token ids) the answer is expected to repeat, e.g.
-            the code being edited: drafted from as well (still lossless).
-        wait / timeout: see the class doc (ModelBusyError).
-        record_topk: K > 0 also returns the model's top-K ids at every generated
-            position (result.topk; used by the bench to make replays exact).
-        logprobs: N in 0..20 also returns every generated token's
-            log-probability under the model (before temperature and the other
-            samplers) and the N likeliest tokens there: result.logprobs, a list
-            of edgespec.core.logprobs.TokenLogprob (token, logprob, top).
-        grammar: a GBNF grammar (llama.cpp's format) the answer must follow;
-        json_schema: a JSON schema (dict or JSON text; True or {} for any JSON
-            object) it must follow instead, through llama.cpp's converter.
-            Every committed token, accepted drafts included, is the model's
-            choice among the tokens the grammar admits there."""
+    def run(self, request: Request, *, on_text=None, on_chunk=None, wait: bool = True,
+            timeout: float | None = None) -> GenerationResult:
+        """Run one Request (edgespec.core.params documents its options) to the
+        end; generate() with the request as one value."""
         stop_event = threading.Event()
         with self._request(wait, timeout):
-            gen, on_end = self._start(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter,
-                                      record_topk, cancel, prediction, stop_event, logprobs,
-                                      (grammar, json_schema))
+            gen, on_end = self._start(request, stop_event)
             try:
                 return drain(gen, on_text, on_chunk)
             finally:
                 gen.close()
                 on_end()
 
-    def stream(self, prompt, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
-               stop: Sequence[str] | None = None, raw: bool = False, drafter=None,
-               reuse_prefix: bool = False, record_topk: int = 0, cancel=None, prediction=None,
-               wait: bool = True, timeout: float | None = None, logprobs: int | None = None,
-               grammar: str | None = None, json_schema=None) -> Stream:
-        """generate() as an iterator of StreamChunks: text, token ids and which of
-        them were accepted drafts after every step (with logprobs=N, their
-        log-probabilities: chunk.logprobs); the last chunk has finish_reason
-        and the whole GenerationResult (chunk.result).
-
-        The model is held from this call until the stream is exhausted or
-        closed (stream.close(), `with model.stream(...) as s:`); a bad request
-        raises here, not on the first chunk."""
+    def run_stream(self, request: Request, *, wait: bool = True, timeout: float | None = None) -> Stream:
+        """stream() with the request as one value (a Request)."""
         stop_event = threading.Event()
         self._gate.acquire(wait, timeout)
         entered = False
         try:
             self._pacer.enter()
             entered = True
-            gen, on_end = self._start(prompt, max_tokens, sampling, stop, raw, reuse_prefix, drafter,
-                                      record_topk, cancel, prediction, stop_event, logprobs,
-                                      (grammar, json_schema))
+            gen, on_end = self._start(request, stop_event)
 
             def end() -> None:
                 try:
@@ -397,18 +359,62 @@ class SpecModel(ModelEngines):
             raise ModelClosedError("this SpecModel was closed")
         return s
 
-    def chat(self, messages: Messages, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
-             stop: Sequence[str] | None = None, drafter=None, reuse_prefix: bool = True, on_text=None,
-             on_chunk=None, cancel=None, prediction=None, wait: bool = True,
-             timeout: float | None = None, logprobs: int | None = None,
+    def generate(self, prompt, *, max_tokens: int | None = DEFAULT.max_tokens,
+                 sampling: SamplingConfig | None = None, stop: Sequence[str] | None = None,
+                 raw: bool = DEFAULT.raw, drafter=None, reuse_prefix: bool = DEFAULT.reuse_prefix, on_text=None,
+                 on_chunk=None, record_topk: int = DEFAULT.record_topk, cancel=None, prediction=None,
+                 wait: bool = True, timeout: float | None = None, logprobs: int | None = None,
+                 grammar: str | None = None, json_schema=None) -> GenerationResult:
+        """Generate a completion; returns a GenerationResult (text, tokens, timings).
+
+        The request's options are the fields of edgespec.core.params.Request,
+        where each is documented with its default: prompt (a string, one user
+        message in the chat template unless raw; a messages list; token ids),
+        max_tokens, sampling, stop, raw, drafter, reuse_prefix (on: the KV
+        cache of the longest common prefix with the previous request is kept),
+        record_topk, cancel (stop_reason "cancelled"), prediction, logprobs
+        (result.logprobs: edgespec.core.logprobs.TokenLogprob per token),
+        grammar (GBNF) or json_schema.  run(Request(...)) is the same call.
+        on_text(str) receives the text as it is accepted, on_chunk(Chunk) each
+            step's chunk (text, tokens, which of them were accepted drafts).
+        wait / timeout: see the class doc (ModelBusyError)."""
+        return self.run(Request(prompt, max_tokens=max_tokens, sampling=sampling, stop=stop, raw=raw,
+                                drafter=drafter, reuse_prefix=reuse_prefix, record_topk=record_topk, cancel=cancel,
+                                prediction=prediction, logprobs=logprobs, grammar=grammar, json_schema=json_schema),
+                        on_text=on_text, on_chunk=on_chunk, wait=wait, timeout=timeout)
+
+    def stream(self, prompt, *, max_tokens: int | None = DEFAULT.max_tokens,
+               sampling: SamplingConfig | None = None, stop: Sequence[str] | None = None,
+               raw: bool = DEFAULT.raw, drafter=None, reuse_prefix: bool = DEFAULT.reuse_prefix,
+               record_topk: int = DEFAULT.record_topk, cancel=None, prediction=None, wait: bool = True,
+               timeout: float | None = None, logprobs: int | None = None, grammar: str | None = None,
+               json_schema=None) -> Stream:
+        """generate() as an iterator of StreamChunks: text, token ids and which of
+        them were accepted drafts after every step (with logprobs=N, their
+        log-probabilities: chunk.logprobs); the last chunk has finish_reason
+        and the whole GenerationResult (chunk.result).  run_stream(Request(...))
+        is the same call.
+
+        The model is held from this call until the stream is exhausted or
+        closed (stream.close(), `with model.stream(...) as s:`); a bad request
+        raises here, not on the first chunk."""
+        return self.run_stream(Request(prompt, max_tokens=max_tokens, sampling=sampling, stop=stop, raw=raw,
+                                       drafter=drafter, reuse_prefix=reuse_prefix, record_topk=record_topk,
+                                       cancel=cancel, prediction=prediction, logprobs=logprobs, grammar=grammar,
+                                       json_schema=json_schema), wait=wait, timeout=timeout)
+
+    def chat(self, messages: Messages, *, max_tokens: int | None = DEFAULT.max_tokens,
+             sampling: SamplingConfig | None = None, stop: Sequence[str] | None = None, drafter=None,
+             reuse_prefix: bool = DEFAULT.reuse_prefix, on_text=None, on_chunk=None, cancel=None,
+             prediction=None, wait: bool = True, timeout: float | None = None, logprobs: int | None = None,
              grammar: str | None = None, json_schema=None) -> GenerationResult:
         """One chat turn over the whole message list, reusing the KV cache of the
         earlier turns (the common token prefix is not decoded again).  A list that
         does not fit the context raises PromptTooLongError; fit_messages() trims one."""
-        return self.generate(list(messages), max_tokens=max_tokens, sampling=sampling, stop=stop,
-                             drafter=drafter, reuse_prefix=reuse_prefix, on_text=on_text, on_chunk=on_chunk,
-                             cancel=cancel, prediction=prediction, wait=wait, timeout=timeout, logprobs=logprobs,
-                             grammar=grammar, json_schema=json_schema)
+        return self.run(Request(list(messages), max_tokens=max_tokens, sampling=sampling, stop=stop,
+                                drafter=drafter, reuse_prefix=reuse_prefix, cancel=cancel, prediction=prediction,
+                                logprobs=logprobs, grammar=grammar, json_schema=json_schema),
+                        on_text=on_text, on_chunk=on_chunk, wait=wait, timeout=timeout)
 
     def fit_messages(self, messages: Messages, reserve: int = 0) -> tuple[list, int]:
         """The conversation trimmed to fit the context with `reserve` tokens left

@@ -55,6 +55,7 @@ from edgespec.app.api import SpecModel
 from edgespec.app.openai_format import chat_chunk, chat_response, completion_response, new_id
 from edgespec.errors import ConfigError
 from edgespec.core.logprobs import LogprobFormatter, check_top
+from edgespec.core.params import Request
 from edgespec.app.structured import grammar_text, response_format_schema, schema_gbnf
 from edgespec.core.verify import SamplingConfig
 
@@ -192,9 +193,9 @@ class Llama:
         """The finished GenerationResult, or (stream) a Stream of the request
         (grammar: GBNF text the answer follows)."""
         stop = [stop] if isinstance(stop, str) else list(stop or [])
-        kw = dict(max_tokens=self._max_tokens(max_tokens, len(toks)), sampling=sampling, stop=stop,
-                  reuse_prefix=True, logprobs=logprobs, grammar=grammar)
-        return self._model.stream(toks, **kw) if stream else self._model.generate(toks, **kw)
+        request = Request(toks, max_tokens=self._max_tokens(max_tokens, len(toks)), sampling=sampling, stop=stop,
+                          logprobs=logprobs, grammar=grammar)
+        return self._model.run_stream(request) if stream else self._model.run(request)
 
     def create_completion(self, prompt, suffix=None, max_tokens: int | None = 16, temperature: float = 0.8,
                           top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0, logprobs=None,

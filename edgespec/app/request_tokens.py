@@ -92,13 +92,12 @@ class RequestTokenizer:
     def tokens(self, req: dict) -> tuple[np.ndarray, np.ndarray | None]:
         """The prompt's and the prediction's tokens, checked against the
         context and the limits (runs beside the model thread); sets
-        req["max_tokens"] where the request left it out, and req["gbnf"]."""
+        req["gbnf"].  A max_tokens of None stays (Request.max_tokens: until
+        the end of the turn or a full context)."""
         m = self.model
         where = "messages" if req["chat"] else "prompt"
         try:
             toks = self._prompt_tokens(req, where)
-            if req["max_tokens"] is None:        # until the end of the turn or a full context
-                req["max_tokens"] = max(1, m.n_ctx - len(toks))
             m.check_request(toks, req["max_tokens"], req["sampling"])
             pred = self._prediction_tokens(req["prediction"]) if req["prediction"] else None
             req["gbnf"] = _grammar(req)

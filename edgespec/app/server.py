@@ -12,11 +12,10 @@ Starlette routes on uvicorn (the `serve` extra).  Endpoints:
 
 Requests run one at a time on one model thread, from a FIFO queue of at most
 `max_queue` waiting requests (a full queue answers 503 with Retry-After).  A
-client that disconnects has its generation cancelled before the next step.  A
-request whose prompt extends the previous request's prompt (the next turn of
-the same conversation) keeps the KV cache of their common prefix; any other
-request starts from an empty cache, so its answer does not depend on what was
-served before it.
+client that disconnects has its generation cancelled before the next step.  Every
+request keeps the KV cache of the longest prefix its prompt shares with what
+the model holds from the request before (edgespec.core.params.Request's
+reuse_prefix, on by default).
 
 Every response has `timings` with llama-server's field names (prompt_n,
 prompt_ms, predicted_n, predicted_ms, predicted_per_second, draft_n,
@@ -54,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import signal
@@ -62,7 +62,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
-import numpy as np
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -73,6 +72,8 @@ from edgespec.app.answers import Answers
 from edgespec.app.guard import Access, Guard, error_body
 from edgespec.app.request_fields import Limits, RequestError, RequestParser, parse_json, shutting_down
 from edgespec.app.request_tokens import RequestTokenizer
+from edgespec.core import params
+from edgespec.core.verify import SamplingConfig
 from edgespec.errors import ConfigError, ModelClosedError
 
 log = logging.getLogger("edgespec.app.server")
@@ -107,8 +108,9 @@ class Server:
         self.max_queue = max_queue
         self.n_ctx = model.n_ctx
         self.limits = (limits or Limits()).resolve(self.n_ctx)
-        self.defaults = {"max_tokens": None, "temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
-                         "seed": None, "stop": [], "drafter": None, **(defaults or {})}
+        # the sampling defaults are SamplingConfig's; max_tokens None: until the end of the turn or a full context
+        self.defaults = {"max_tokens": None, **dataclasses.asdict(SamplingConfig()), "stop": [], "drafter": None,
+                         **(defaults or {})}
         self.parser = RequestParser(model, model_id, self.defaults, self.limits)
         self.tokenizer = RequestTokenizer(model, self.limits)
         self.answers = Answers(model, self.defaults, lambda: self._draining)
@@ -116,7 +118,6 @@ class Server:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-model")
         self._pending = 0                    # running + queued requests (event loop thread only)
         self._avg_s = 2.0                    # moving average of a request's time, for Retry-After
-        self._last_prompt: np.ndarray | None = None     # the model thread's
         self._stats_lock = threading.Lock()
         self.stats = {"completed": 0, "cancelled": 0, "failed": 0, "rejected_busy": 0, "rejected_bad": 0,
                       "last_cancelled_tokens": None}
@@ -306,7 +307,6 @@ class Server:
                 self._run(req, cancel, emit)
                 took = time.perf_counter() - t0
         except Exception as e:
-            self._last_prompt = None
             if isinstance(e, ModelClosedError):
                 err = shutting_down()
             elif isinstance(e, ConfigError):     # llama.cpp refused the grammar, or the like
@@ -323,13 +323,10 @@ class Server:
             loop.call_soon_threadsafe(self._release, took)
 
     def _run(self, req: dict, cancel: threading.Event, emit) -> None:
-        toks = req["tokens"]
-        last = self._last_prompt
-        extends = last is not None and len(toks) > len(last) and np.array_equal(toks[:len(last)], last)
-        with self.model.stream(toks, max_tokens=req["max_tokens"], sampling=req["sampling"], stop=req["stop"],
-                               drafter=self.defaults["drafter"], reuse_prefix=bool(extends), cancel=cancel,
-                               prediction=req["prediction"], logprobs=req["logprobs"], grammar=req["gbnf"]) as s:
-            self._last_prompt = toks
+        request = params.Request(req["tokens"], max_tokens=req["max_tokens"], sampling=req["sampling"],
+                                 stop=req["stop"], drafter=self.defaults["drafter"], cancel=cancel,
+                                 prediction=req["prediction"], logprobs=req["logprobs"], grammar=req["gbnf"])
+        with self.model.run_stream(request) as s:
             emit(("started", None))
             for c in s:
                 emit(("chunk", c))

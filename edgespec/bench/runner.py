@@ -39,6 +39,7 @@ from edgespec.bench.methods import (DEFAULT_MEMORY, LLAMA_METHODS, SERVER_METHOD
                                     resolve_default, server_binary, split_peer, with_memory)
 from edgespec.bench.peer_server import SERVER_METHODS as _SERVER_ARGS
 from edgespec.bench.prompts import BenchPrompt, Constraint, constraint_summary, prompt_constraint
+from edgespec.core.params import Request
 from edgespec.core.verify import rouge_l
 from edgespec.errors import BenchError
 
@@ -204,8 +205,10 @@ class _Methods:
             drafter = self.drafter(m)
             self.engine(m)
             kw = {} if c is None else {"json_schema": c.json_schema, "grammar": c.grammar}
-            r = self.model.generate(tokens, max_tokens=n_tok, drafter=drafter,
-                                    record_topk=8 if m == "none" else 0, **kw).to_dict()
+            # each prompt prefilled whole, as the recorded runs were (no prefix kept from the prompt before)
+            request = Request(tokens, max_tokens=n_tok, drafter=drafter, record_topk=8 if m == "none" else 0,
+                              reuse_prefix=False, **kw)
+            r = self.model.run(request).to_dict()
             r["tokens"] = [int(t) for t in r["tokens"]]
             return r
         if peer[0] in SERVER_METHODS:

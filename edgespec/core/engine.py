@@ -40,6 +40,7 @@ from edgespec.core.feedback import DrafterFeedback
 from edgespec.core.gate import AcceptanceModel, Gate
 from edgespec.core.guard import SpeedGuard
 from edgespec.core.logprobs import check_top, token_logprobs
+from edgespec.core.params import Request, token_limit
 from edgespec.core.plan import StepPlan
 from edgespec.core.request import RunState, chunks, count_sources, finish
 from edgespec.core.result import GenerationResult
@@ -120,29 +121,22 @@ class Engine:
         return dict(zip([0] + path[:-1], path))
 
     # --------------------------------------------------------------------- run
-    def run(self, prompt: np.ndarray, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
-            stop: list[str] | None = None, reuse_prefix: bool = False, record_topk: int = 0,
-            cancel=None, logprobs: int | None = None, grammar=None):
+    def run(self, request: Request):
         """Generator: yields a Chunk after the first token and after every step;
         its return value (StopIteration.value) is the GenerationResult.  Closing
         the generator early (or an exception such as KeyboardInterrupt) leaves
         the KV cache consistent.
 
-        record_topk: K > 0 stores the model's K most likely tokens at every
-        generated position in GenerationResult.topk (for the offline replay).
-        cancel: a threading.Event or a callable, checked between prefill chunks
-        and before every step; once set the answer ends with stop_reason
-        "cancelled" and the KV cache holds exactly what was committed.
-        logprobs: N in 0..20 also reports every generated token's
-        log-probability and the N likeliest tokens there (edgespec.core.logprobs),
-        in the chunks and in GenerationResult.logprobs.
-        grammar: a backend Grammar (edgespec.backend.grammar) the answer must
-        follow: every committed token is the model's choice among the tokens
-        it admits, drafts included; its state advances with the answer."""
-        is_cancelled = cancel_check(cancel)
-        check_top(logprobs)
-        st = self._start(prompt, max_tokens, sampling or SamplingConfig(), stop, reuse_prefix, record_topk,
-                         is_cancelled, logprobs, grammar)
+        request: a Request (core/params.py documents every option) whose prompt
+        is token ids and whose grammar, if any, is a backend Grammar
+        (edgespec.backend.grammar): every committed token is the model's
+        choice among the tokens it admits, drafts included; its state advances
+        with the answer.  The engine reads prompt, max_tokens, sampling, stop,
+        reuse_prefix, record_topk, cancel, logprobs and grammar; the request
+        stays in the state (RunState.request)."""
+        is_cancelled = cancel_check(request.cancel)
+        check_top(request.logprobs)
+        st = self._start(request, is_cancelled)
         be = self.backend
         try:
             yield from chunks(st, 0)
@@ -182,24 +176,26 @@ class Engine:
         if not vcfg.exact and constrained:
             raise ConfigError(f"--verify {vcfg.mode} cannot be combined with a grammar")
 
-    def _start(self, prompt, max_tokens: int, sampling: SamplingConfig, stop, reuse_prefix: bool,
-               record_topk: int, is_cancelled, logprobs: int | None = None, grammar=None) -> RunState:
+    def _start(self, request: Request, is_cancelled) -> RunState:
         """Check the request, reuse the common prefix of the KV cache, prefill
         the rest and choose the first token."""
-        prompt = self._prompt_array(prompt)
-        self.check_request(len(prompt), max_tokens, sampling, grammar is not None)
-        st = RunState(prompt=prompt, sampling=sampling, max_tokens=max_tokens, record_topk=record_topk,
-                      out=TextStream(self.backend.vocab, stop or []), t_start=time.perf_counter())
+        prompt = self._prompt_array(request.prompt)
+        grammar = request.grammar
+        max_tokens = token_limit(request.max_tokens, self.backend.n_ctx, len(prompt))
+        self.check_request(len(prompt), max_tokens, request.sampling, grammar is not None)
+        st = RunState(request=request, prompt=prompt, max_tokens=max_tokens,
+                      out=TextStream(self.backend.vocab, list(request.stop)), t_start=time.perf_counter())
         if self.config.history_cap is not None:
             self.acceptance.shrink(self.config.history_cap)
+        sampling = request.sampling
         st.rng = np.random.default_rng(sampling.seed) if not sampling.greedy else None
-        if logprobs is not None:
-            st.n_logprobs, st.lp = logprobs, []
+        if request.logprobs is not None:
+            st.n_logprobs, st.lp = request.logprobs, []
         st.grammar = grammar
         if grammar is not None and self.config.forced_drafts and not self._plain:
             st.gdrafts = GrammarDrafts(grammar, self.backend.vocab, self.backend.vocab.detokenize(prompt))
         st.topk_walk = bool(self._feedback.topk) and sampling.greedy and grammar is None
-        self._reuse_prefix(st, reuse_prefix)
+        self._reuse_prefix(st, request.reuse_prefix)
         pre, hid = self._prefill(st, is_cancelled)
         if st.stop_reason is not None:      # cancelled during the prefill
             return st

@@ -13,6 +13,8 @@ step and the batch layout.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from edgespec.calibration.curve import CostCurve
@@ -24,6 +26,22 @@ from edgespec.drafters.tree import N_SOURCES, SOURCE_FILLER, DraftTree, source_n
 from edgespec.kernels.tree import N_SCORE_BUCKETS, SCORE_EDGES, learn_step, plan_step, shadow_learn
 
 SHADOW_KEEP = 16      # proposals judged at once: deeper than any draft the engine verifies
+
+
+class ShadowRecord(NamedTuple):
+    """One step's whole proposal, kept until the committed tokens decide its
+    nodes (Gate.record_shadow, Gate.learn_shadow; kernels/tree.py's shadow_learn)."""
+    root: int                 # context index of the step's pending token
+    tokens: np.ndarray        # the tree's arrays (copies)
+    parents: np.ndarray
+    probs: np.ndarray
+    source: np.ndarray
+    cond: np.ndarray          # the gate's conditional probabilities of the nodes then
+    verified: np.ndarray      # the nodes the step verified (learn_step counted those)
+    state: np.ndarray         # per node: 0 undecided, 1 matched, 2 not (shadow_learn keeps it)
+    hold_step: tuple | None = None    # the hold chooser's plan of this step (judge_hold), if any
+
+
 COST_BUCKET = 128     # the cost gate's table is re-interpolated every 128 context cells
 
 
@@ -308,8 +326,9 @@ class Gate:
         m = len(tree)
         verified = np.zeros(m, np.bool_)
         verified[plan.nodes] = True
-        shadow.append((root, tree.tokens.copy(), tree.parents.copy(), tree.probs.copy(), tree.source.copy(),
-                       self._cond[:m].copy(), verified, np.zeros(m, np.int8), self._hold_step))
+        shadow.append(ShadowRecord(root, tree.tokens.copy(), tree.parents.copy(), tree.probs.copy(),
+                                   tree.source.copy(), self._cond[:m].copy(), verified, np.zeros(m, np.int8),
+                                   self._hold_step))
         self._hold_step = None
         if len(shadow) > SHADOW_KEEP:
             self._hold_decided(shadow.pop(0))       # judged on what is decided of it
@@ -321,9 +340,8 @@ class Gate:
         acc = self.acceptance
         keep = []
         for rec in shadow:
-            root, tokens, parents, probs, source, cond, verified, state, _ = rec
-            if shadow_learn(tokens, parents, probs, source, cond, verified, state, ctx[root + 1:n],
-                            acc.n_c, acc.a_c, acc.n_f, acc.a_f, acc.pred_sum):
+            if shadow_learn(rec.tokens, rec.parents, rec.probs, rec.source, rec.cond, rec.verified, rec.state,
+                            ctx[rec.root + 1:n], acc.n_c, acc.a_c, acc.n_f, acc.a_f, acc.pred_sum):
                 keep.append(rec)
             else:
                 self._hold_decided(rec)
@@ -332,6 +350,6 @@ class Gate:
     def _hold_decided(self, rec) -> None:
         """Show the hold chooser what a shadow record's proposal turned out
         to be worth under each candidate (where judge_hold planned it)."""
-        if rec[8] is not None:
-            order, ks, cost = rec[8]
-            self.hold.learn(ks, cost, rec[7][order] == 1)
+        if rec.hold_step is not None:
+            order, ks, cost = rec.hold_step
+            self.hold.learn(ks, cost, rec.state[order] == 1)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from edgespec.core.params import Request
 from edgespec.core.result import GenerationResult, sum_accepted
 from edgespec.core.stream import Chunk, TextStream
 from edgespec.drafters.tree import source_name
@@ -22,14 +23,13 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False)
 class RunState:
-    """The request's prompt and settings, its answer so far (the context, the
-    committed tokens, the text), what passes from one step to the next (the
-    pending token, a carried chain, proposals still being judged) and the
-    counts its GenerationResult reports."""
+    """The request (the value Engine.run took) and its prompt as checked token
+    ids, its answer so far (the context, the committed tokens, the text), what
+    passes from one step to the next (the pending token, a carried chain,
+    proposals still being judged) and the counts its GenerationResult reports."""
+    request: Request
     prompt: np.ndarray
-    sampling: SamplingConfig
-    max_tokens: int
-    record_topk: int
+    max_tokens: int                   # request.max_tokens, or with None the room the context leaves
     out: TextStream
     t_start: float
     rng: np.random.Generator | None = None
@@ -60,6 +60,14 @@ class RunState:
     gdrafts: GrammarDrafts | None = None   # its drafts, when the engine drafts under it
     n_logprobs: int = 0               # alternatives per token when logprobs are asked for (lp then)
     lp: list | None = None            # a TokenLogprob per token of `generated` (then)
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return self.request.sampling
+
+    @property
+    def record_topk(self) -> int:
+        return self.request.record_topk
 
 
 def count_sources(counts: dict, sources) -> None:

@@ -236,7 +236,6 @@ class SuffixDrafter(Drafter):
         self._chain_p = np.zeros(c.max_depth, np.float32)
         self._chain_par = np.arange(-1, c.max_depth - 1, dtype=np.int32)
         self._chain_src = np.zeros(c.max_depth, np.int8)
-        self.anchor_hook = None     # (ctx, n, ends, lens, k) -> k: reorders / cuts the matches (rerank)
 
     def use_key(self, k: int) -> None:
         """With ``feedback``: the next proposals retrieve every earlier
@@ -280,13 +279,10 @@ class SuffixDrafter(Drafter):
 
     def _context_tree(self, ctx, n, max_nodes, cur) -> int:
         """The continuation tree of the context's own matches, built into `cur`
-        (after the anchor hook, the position EMA and feedback have filtered
-        them); returns its node count."""
+        (after the position EMA and feedback have filtered them); returns its node count."""
         c = self.config
         k = _k.find_suffix_matches(ctx, n, c.min_match, c.max_match, c.max_matches,
                                    self._ends, self._lens)
-        if k and self.anchor_hook is not None:
-            k = self.anchor_hook(ctx, n, self._ends, self._lens, k)
         if c.position_ema:
             self._last = []
             if k:

@@ -48,6 +48,7 @@ from edgespec.drafters.base import Drafter
 from edgespec.core.engine import drain
 from edgespec.core.gate import CostBuckets, cost_table_at, prior_at
 from edgespec.drafters.tree import DraftTree
+from edgespec.core.params import Request
 from edgespec.replay.steps import StepTerms
 
 _OFF_TEXT = 0
@@ -487,7 +488,7 @@ def replay(engine, backend: ReplayBackend, requests, max_tokens: int, check: boo
         backend.model_s = 0.0
         w0, d0 = backend.n_width_changes, backend.n_decodes
         t0 = time.perf_counter()
-        res = drain(engine.run(r.prompt, max_tokens=max_tokens))
+        res = drain(engine.run(Request(r.prompt, max_tokens=max_tokens, reuse_prefix=False)))
         wall = time.perf_counter() - t0
         if check and list(res.tokens) != [int(t) for t in r.output[:max_tokens]]:
             raise AssertionError(f"replay of {r.key} diverged from the recorded output")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from edgespec.app.cli.options import complete_model, user_errors
+from edgespec.app.cli.options import REQUEST, complete_model, user_errors
 
 DEFAULT_TARGETS = ("edgespec", "llama-server", "llama-server-ngram-simple", "llama-server-ngram-mod")
 
@@ -33,7 +33,7 @@ def _progress(row: dict) -> None:
               help="Threads of every started server (default: each server's own default).")
 @click.option("-c", "--ctx", "n_ctx", type=click.IntRange(min=512), default=8192, show_default=True,
               help="Context of every started server (Aider's prompts run to 2,000 tokens before the answer).")
-@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=REQUEST.max_tokens, show_default=True,
               help="max_tokens of the requests that have none (Aider sends none: without a cap an answer "
                    "may run to the end of the context).")
 @click.option("--out", "out_path", default="sessions.jsonl", show_default=True, type=click.Path(dir_okay=False),

@@ -1,8 +1,8 @@
 """`edgespec generate`: one answer to one prompt, streamed, with --stats or --json.
 
-Also generate_defaults, what the command runs with no options (the bench's
-method `default` runs the same), so those defaults are read from the
-command's own options rather than written twice.
+What the command runs with no options is RunConfig.defaults() (app/settings.py)
+and the request value's defaults (core/params.py's Request); the bench's
+method `default` reads the same (bench/methods.py's resolve_default).
 """
 from __future__ import annotations
 

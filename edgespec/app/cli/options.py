@@ -20,6 +20,7 @@ from edgespec.calibration.kernelchoice import ENV as KERNELS_ENV
 from edgespec.drafters.registry import help_text as drafters_help
 from edgespec.app.settings import DEFAULTS, RunConfig
 from edgespec.app.specs import check_drafter_name
+from edgespec.core.params import DEFAULT as REQUEST
 
 
 def log_settings(ctx=None) -> dict:
@@ -229,21 +230,26 @@ def memory_setting(memory_file, no_memory):
     return False if no_memory else (memory_file or True)
 
 
+SAMPLING = REQUEST.sampling         # the request options' defaults are edgespec.core.params.Request's
+
+
 def generation_options(f):
     """Drafter, sampling and engine options shared by generate, chat and serve
     (the run settings reach the command as `config`: run_config_options)."""
     opts = [
-        click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+        click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=REQUEST.max_tokens,
+                     show_default=True,
                      help="Most tokens to generate (per answer in chat)."),
         click.option("--drafter", type=DrafterSpec(), default=DEFAULTS.drafter, show_default=True,
                      help=f"Draft proposer: {drafters_help()}.  NAME-noX / NAME+X switch a component "
                           "off / on (auto-notrigram), NAME-nocorpus ignores --corpus, NAME@holdN holds the "
                           "batch width (docs/cli.md)."),
-        click.option("--temp", "--temperature", "temperature", type=float, default=0.0, show_default=True,
-                     help="0 = greedy (output identical to --drafter none); > 0 samples."),
-        click.option("--top-k", type=int, default=40, show_default=True, help="Sampling: keep the k most likely tokens (0 = off)."),
-        click.option("--top-p", type=float, default=0.95, show_default=True, help="Sampling: nucleus mass (1.0 = off)."),
-        click.option("--min-p", type=float, default=0.05, show_default=True,
+        click.option("--temp", "--temperature", "temperature", type=float, default=SAMPLING.temperature,
+                     show_default=True, help="0 = greedy (output identical to --drafter none); > 0 samples."),
+        click.option("--top-k", type=int, default=SAMPLING.top_k, show_default=True,
+                     help="Sampling: keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", type=float, default=SAMPLING.top_p, show_default=True, help="Sampling: nucleus mass (1.0 = off)."),
+        click.option("--min-p", type=float, default=SAMPLING.min_p, show_default=True,
                      help="Sampling: drop tokens below min_p x the top one (0 = off)."),
         click.option("--seed", type=int, default=None, help="Sampling seed (default: fresh randomness)."),
         click.option("--max-nodes", type=click.IntRange(1, 256), default=DEFAULTS.max_nodes, show_default=True,

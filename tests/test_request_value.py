@@ -1,0 +1,126 @@
+"""The request value (edgespec.core.params.Request): every request option's
+default is written once, on the value; SpecModel's keyword methods, the CLI
+and the server read their defaults from it; an option set on the value
+reaches the engine (SmolLM2); docs/architecture.md names only fields that
+exist."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec.app.api import SpecModel
+from edgespec.core.params import DEFAULT, Request
+from edgespec.core.verify import SamplingConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "edgespec"
+
+# the defaults a request option has, as they would be typed again; each may
+# appear only where it is defined (path relative to edgespec/)
+WRITTEN_ONCE = {
+    r"max_tokens\b[^\n,()]*?=\s*256\b": "core/params.py",
+    r"--max-tokens.{0,60}default=256": None,
+    r"\btop_p\b[^\n,()]*?[=:]\s*0\.95\b": "core/verify.py",
+    r"\bmin_p\b[^\n,()]*?[=:]\s*0\.05\b": "core/verify.py",
+    r"\btop_k\b[^\n,()]*?[=:]\s*40\b": "core/verify.py",
+}
+# llama_cpp.Llama's own signature, which the drop-in mirrors with that library's
+# defaults (its temperature is 0.8): not edgespec's request defaults
+MIRRORS = {"app/compat.py"}
+
+
+def _sources():
+    for p in sorted(SRC.rglob("*.py")):
+        rel = p.relative_to(SRC).as_posix()
+        if rel not in MIRRORS:
+            yield rel, p.read_text()
+
+
+@pytest.mark.parametrize("pattern", sorted(WRITTEN_ONCE))
+def test_request_defaults_are_written_once(pattern):
+    where = sorted(rel for rel, text in _sources() if re.search(pattern, text))
+    home = WRITTEN_ONCE[pattern]
+    assert where == ([home] if home else []), f"{pattern!r} is written in {where}"
+
+
+def test_default_request_is_documented_and_frozen():
+    r = Request([1, 2, 3])
+    assert r.max_tokens == 256 and r.reuse_prefix is True and r.sampling == SamplingConfig()
+    assert r.stop == () and Request([1], stop=["a"]).stop == ("a",) and Request([1], sampling=None).sampling.greedy
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.max_tokens = 5            # type: ignore[misc]
+    assert r.but(max_tokens=5).max_tokens == 5 and r.max_tokens == 256
+    # every field carries its documentation (a string right after it in the class body)
+    src = inspect.getsource(Request)
+    for f in dataclasses.fields(Request):
+        assert re.search(rf"\n    {f.name}: [^\n]+\n    \"\"\"", src), f"Request.{f.name} has no docstring"
+
+
+@pytest.mark.parametrize("method", ["generate", "stream", "chat"])
+def test_keyword_defaults_are_the_values(method):
+    """SpecModel's public keywords default to what Request defaults to (None
+    where the value fills the default in: sampling)."""
+    params = inspect.signature(getattr(SpecModel, method)).parameters
+    names = {f.name for f in dataclasses.fields(Request)}
+    shared = [n for n in params if n in names and n != "prompt"]
+    assert {"max_tokens", "sampling", "stop", "logprobs", "reuse_prefix", "grammar"} <= set(shared)
+    for n in shared:
+        want = getattr(DEFAULT, n)
+        got = params[n].default
+        assert got == want or (got is None and n in ("sampling", "stop")), (method, n, got, want)
+
+
+def test_cli_and_server_defaults_are_the_values():
+    from click.testing import CliRunner
+
+    import edgespec.app.cli as cli
+    out = CliRunner().invoke(cli.main, ["generate", "--help"], terminal_width=200).output
+    assert re.search(r"--max-tokens\D+\[default: 256\b", out, re.S), out
+    assert "[default: 0.95]" in out and "[default: 0.05]" in out
+    src = (SRC / "app" / "server.py").read_text()
+    assert "dataclasses.asdict(SamplingConfig())" in src
+
+
+def test_request_options_reach_the_engine(model):
+    """A Request run whole: max_tokens caps the answer, logprobs reports N
+    alternatives per token, the same value through stream, and generate()'s
+    keywords build the same request."""
+    toks = model.prompt_tokens("Name three colours.")
+    req = Request(toks, max_tokens=5, logprobs=2, drafter="none")
+    r = model.run(req)
+    assert r.n_generated == 5 and r.stop_reason == "length"
+    assert len(r.logprobs) == 5 and all(len(t.top) == 2 for t in r.logprobs)
+    assert [t.token for t in r.logprobs] == r.tokens
+    with model.run_stream(req.but(max_tokens=3, logprobs=None)) as s:
+        chunks = list(s)
+    last = chunks[-1].result
+    assert last.n_generated == 3 and last.logprobs is None and last.tokens == r.tokens[:3]
+    g = model.generate(toks, max_tokens=5, logprobs=2, drafter="none")
+    assert g.tokens == r.tokens and np.allclose([t.logprob for t in g.logprobs], [t.logprob for t in r.logprobs])
+    # reuse_prefix on by default: the same prompt again keeps its prefix in the KV cache
+    assert g.n_reused_tokens > 0
+    assert model.run(req.but(reuse_prefix=False)).n_reused_tokens == 0
+
+
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def test_architecture_names_fields_that_exist():
+    """The 'how to add' section of docs/architecture.md names Request and
+    RunConfig fields and drafter registry entries: they exist."""
+    from edgespec.app.settings import RunConfig
+    text = DOC.read_text()
+    section = text[text.index("## How to add"):]
+    req = set(re.findall(r"`Request\.(\w+)`", section))
+    run = set(re.findall(r"`RunConfig\.(\w+)`", section))
+    assert req and run
+    assert req <= {f.name for f in dataclasses.fields(Request)}, req
+    assert run <= {f.name for f in dataclasses.fields(RunConfig)}, run
+    for path in re.findall(r"`((?:edgespec/)?(?:core|app|drafters|backend|bench)/[\w/]+\.py)`", text):
+        p = ROOT / path if path.startswith("edgespec/") else SRC / path
+        assert p.exists(), path
