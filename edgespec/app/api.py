@@ -37,6 +37,7 @@ from edgespec.calibration.kernelchoice import setting as kernels_setting
 from edgespec.core.engine import cancel_check, drain
 from edgespec.core.result import GenerationResult
 from edgespec.core.logprobs import check_top
+from edgespec.core.prefix_cache import PrefixCache
 from edgespec.core.verify import SamplingConfig
 from edgespec.errors import ConfigError, ModelBusyError, ModelClosedError
 from edgespec.memory import close_memory
@@ -93,6 +94,7 @@ class SpecModel(ModelEngines):
                                     max_leaves=None, cache_type_k=c.cache_type_k, verbose=c.verbose,
                                     rpc=rpc, tensor_split=c.tensor_split, load_progress=load_progress,
                                     rpc_output=c.rpc_output, **kernel_options(fast))
+        self.prefix_cache = PrefixCache(int(c.prompt_cache_mib * 2**20)) if c.prompt_cache_mib else None
         try:
             self._setup(c.drafter, c.max_nodes, c.cost_gate, c.calibrate, progress, c.corpora, c.verify, c.memory)
         except BaseException:      # a bad corpus, drafter or setting, a failed calibration, Ctrl-C
@@ -165,13 +167,15 @@ class SpecModel(ModelEngines):
     # ------------------------------------------------------------- drafters
     def new_session(self) -> None:
         """Forget what the engines learned: acceptance statistics, the drafters'
-        memory of earlier requests, the KV cache.  The next request runs as on a
+        memory of earlier requests, the KV cache and the prompt cache.  The next request runs as on a
         freshly loaded model (same backend, corpora and cost curve, no reload).
         Drafters given as objects rather than names are built anew only by name,
         so their own memory stays.  The memory store (`memory`) is kept:
         memory.clear() empties it."""
         with self._request():
             self.backend.reset()
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()
             self._engines = {}
             self.engine = self._engine_for(self._drafter)
 
@@ -314,7 +318,7 @@ class SpecModel(ModelEngines):
 
     def generate(self, prompt, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
                  stop: Sequence[str] | None = None, raw: bool = False, drafter=None,
-                 reuse_prefix: bool = False, on_text=None, on_chunk=None, record_topk: int = 0,
+                 reuse_prefix: bool = True, on_text=None, on_chunk=None, record_topk: int = 0,
                  cancel=None, prediction=None, wait: bool = True,
                  timeout: float | None = None, logprobs: int | None = None,
                  grammar: str | None = None, json_schema=None) -> GenerationResult:
@@ -324,8 +328,12 @@ class SpecModel(ModelEngines):
             messages list, or token ids.
         on_text(str) receives the text as it is accepted, on_chunk(Chunk) each
             step's chunk (text, tokens, which of them were accepted drafts).
-        reuse_prefix: keep the KV cache of the longest common prefix with what
-            the model holds from the previous request (chat turns).
+        reuse_prefix: keep the KV cells of the longest common prefix with what
+            the model holds from the previous request, or with a prefix kept
+            in the prompt cache (RunConfig.prompt_cache_mib), and prefill only
+            the rest (on by default; False prefills the whole prompt).  The
+            cells of a prefix do not depend on what followed it, so with exact
+            kernels the answer does not depend on it (docs/serving.md).
         cancel: a threading.Event or a callable returning True to stop, checked
             before every step: the result then has stop_reason "cancelled".
         prediction: text (or token ids) the answer is expected to repeat, e.g.
@@ -355,7 +363,7 @@ class SpecModel(ModelEngines):
 
     def stream(self, prompt, *, max_tokens: int = 256, sampling: SamplingConfig | None = None,
                stop: Sequence[str] | None = None, raw: bool = False, drafter=None,
-               reuse_prefix: bool = False, record_topk: int = 0, cancel=None, prediction=None,
+               reuse_prefix: bool = True, record_topk: int = 0, cancel=None, prediction=None,
                wait: bool = True, timeout: float | None = None, logprobs: int | None = None,
                grammar: str | None = None, json_schema=None) -> Stream:
         """generate() as an iterator of StreamChunks: text, token ids and which of

@@ -325,6 +325,12 @@ class ReplayBackend:
     def rollback(self) -> None:
         pass
 
+    def save_state(self) -> np.ndarray:      # a replay has no cells: its tokens stand for them
+        return self.kv_tokens[:self.n_past].view(np.uint8).copy()
+
+    def restore_state(self, state: np.ndarray, tokens: np.ndarray) -> None:
+        self.n_past, self.kv_tokens = len(tokens), np.array(tokens, np.int32)
+
     def prefill(self, tokens, want_last_logits: bool = True, topk_out=None, cancel=None, hidden_out=None) -> None:
         n = len(tokens)
         a, tch = self.n_past, self.teacher
