@@ -179,12 +179,14 @@ def test_the_server_reports_cached_tokens(model, caplog):
             # the second rewrites the first's last message; it gives no max_tokens (a stop string ends it)
             for q, extra in ((QUESTIONS[0], {"max_tokens": 8}), (QUESTIONS[1], {"stop": [" "]})):
                 r = client.post("/v1/chat/completions", json={"messages": convo(q), **extra})
-                assert r.status_code == 200 and r.headers["X-Queue-Position"] == "0"
+                # (the model thread gives its slot back just after an answer, on the test client's loop)
+                assert r.status_code == 200 and r.headers["X-Queue-Position"] in ("0", "1")
                 answers.append(r.json())
         t = answers[1]["timings"]
         shared = common_prefix(*(model.prompt_tokens(convo(q)) for q in QUESTIONS[:2]), 10**6)
         assert t["cache_n"] == shared and t["prompt_n"] == answers[1]["usage"]["prompt_tokens"] - shared
-        lines = [rec.getMessage() for rec in caplog.records if rec.name == "edgespec.app.server"]
+        lines = [rec.getMessage() for rec in caplog.records
+                 if rec.name == "edgespec.app.server" and rec.getMessage().startswith("request: prompt")]
         assert len(lines) == 2 and f"({shared} cached)" in lines[1] and "no max_tokens given" in lines[1], lines
         assert "no max_tokens" not in lines[0]
         metrics = client.get("/metrics").text

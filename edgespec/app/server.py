@@ -341,9 +341,9 @@ class Server:
                                prediction=req["prediction"], logprobs=req["logprobs"], grammar=req["gbnf"]) as s:
             emit(("started", None))
             for c in s:
-                emit(("chunk", c))
-                if c.result is not None:
+                if c.result is not None:        # counted and logged before the client has the answer
                     self._ended(c.result, req["max_tokens"] == max(1, self.n_ctx - len(toks)))   # request_tokens' default
+                emit(("chunk", c))
 
     def _ended(self, r, to_end: bool) -> None:
         """Count and log a generation that ended (to_end: its request gave no
