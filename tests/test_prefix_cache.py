@@ -55,7 +55,7 @@ def fresh(model, prompt) -> list[int]:
 
 def check_history_independence(model, drafter: str = "none") -> None:
     """Prompts sharing all, some and none of their tokens with the one before,
-    after a cancelled request, and after a side request (the conversation's
+    the next turn of a conversation, after a cancelled request, and after a side request (the conversation's
     prefix restored from the host cache): every answer equals a fresh one."""
     model.use_drafter(drafter)
     a, a2, a3 = (model.prompt_tokens(convo(q)) for q in QUESTIONS[:3])
@@ -63,12 +63,18 @@ def check_history_independence(model, drafter: str = "none") -> None:
     shared = common_prefix(a, a2, len(a2))
     assert shared > 200 and common_prefix(a, side, len(side)) < 20
     refs = {name: fresh(model, p) for name, p in (("a", a), ("a2", a2), ("a3", a3), ("side", side))}
+    # the next turn: its prefix holds the answer's cells, decoded one step at a time, not prefilled
+    turn = model.prompt_tokens(convo(QUESTIONS[0]) + [{"role": "assistant", "content": model.detokenize(refs["a"])},
+                                                      {"role": "user", "content": "Say it again, shorter."}])
+    refs["turn"] = fresh(model, turn)
     with prompt_cache(model, 64 << 20) as pc:
         model.backend.reset()                                             # nothing live to save
         r = model.generate(a, max_tokens=MAX_TOKENS)
         assert r.tokens == refs["a"]
         again = model.generate(a, max_tokens=MAX_TOKENS)                  # all shared
         assert again.tokens == refs["a"] and again.n_reused_tokens == len(a) - 1
+        nxt = model.generate(turn, max_tokens=MAX_TOKENS)
+        assert nxt.tokens == refs["turn"] and nxt.n_reused_tokens > len(a)
         some = model.generate(a2, max_tokens=MAX_TOKENS)                  # the system prompt shared
         assert some.tokens == refs["a2"] and some.n_reused_tokens == shared
         other = model.generate(side, max_tokens=MAX_TOKENS)               # (almost) nothing shared
