@@ -332,7 +332,10 @@ class Server:
             with self._jobs_lock:
                 if self._running is cancel:
                     self._running = None
-            loop.call_soon_threadsafe(self._release, took)
+            try:
+                loop.call_soon_threadsafe(self._release, took)
+            except RuntimeError:        # its loop has ended (a test client's loop per request): nothing else runs there
+                self._release(took)
 
     def _run(self, req: dict, cancel: threading.Event, emit) -> None:
         toks = req["tokens"]
