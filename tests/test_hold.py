@@ -103,7 +103,7 @@ def test_gate_on_a_cpu_curve_never_judges():
 def test_gate_on_a_shape_curve_judges():
     """The same gate on the H200's shape files (steady widths far cheaper)
     is shape-sensitive and plans each step for the chooser."""
-    from edgespec.replay.simulator import shape_curve
+    from edgespec.replay.curves import shape_curve
     g = Gate(EngineConfig(hold_choice=True), shape_curve(os.path.join(H200, "cost-smollm2")))
     tree = DraftTree(np.arange(10, 20, dtype=np.int32), np.arange(-1, 9), np.full(10, 0.99, np.float32),
                      np.zeros(10, np.int32))

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from edgespec.kernels.topk import row_entropy, topk_rows_vals
-from edgespec.replay.simulator import ReplayBackend, Teacher, gpu_curve, tail_for_entropy
+from edgespec.replay.curves import gpu_curve
+from edgespec.replay.simulator import ReplayBackend, Teacher, tail_for_entropy
 from edgespec.core.params import Request
 
 from conftest import AMD

@@ -218,7 +218,7 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
         ({"model": mid, "messages": msg, "top_p": 0}, 400, "invalid_value"),
         ({"model": mid, "messages": msg, "stream": "yes"}, 400, "invalid_type"),
         ({"model": mid, "messages": msg, "n": 2}, 400, "unsupported"),
-        ({"model": "gpt-4o", "messages": msg}, 404, "model_not_found"),
+        ({"model": ["gpt-4o"], "messages": msg}, 400, "invalid_type"),
         ({"model": mid, "messages": [{"role": "user", "content": "word " * (CTX + 50)}]}, 400,
          "context_length_exceeded"),
         ({"model": mid, "messages": msg, "prediction": {"type": "file"}}, 400, "invalid_type"),
@@ -236,10 +236,24 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
     assert st == 401 and json.loads(raw)["error"]["code"] == "invalid_api_key"
     with pytest.raises(openai.BadRequestError):
         chat(server, "Hi", max_tokens=4, temperature=3)
-    with pytest.raises(openai.NotFoundError):
-        client(server).chat.completions.create(model="nope", messages=msg)
     assert proc.poll() is None
     assert chat(server, "Hi", max_tokens=4).choices[0].message.content
+
+
+def test_another_model_name_is_answered_by_the_served_model(server):
+    """Apps let users type the model's name (Continue's model:, Aider's
+    openai/<name>): with one model served, any name is answered by it, and
+    the answer names the served model (as llama-server does)."""
+    base, mid, _ = server
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for name, path, body in (("gpt-4o", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+                             ("openai/qwen", "/v1/completions", {"prompt": "Hi"})):
+        st, _, raw = request(base, "POST", path, {"model": name, "max_tokens": 3, **body}, auth)
+        assert st == 200, raw
+        assert json.loads(raw)["model"] == mid != name
+    r = client(server).chat.completions.create(model="nope", messages=[{"role": "user", "content": "Hi"}],
+                                               max_tokens=3)
+    assert r.model == mid
 
 
 def test_a_full_queue_gets_503_with_retry_after(server):

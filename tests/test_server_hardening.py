@@ -122,7 +122,7 @@ MALFORMED = [     # body, status, code, param
     ({"messages": MSG, "tools": [{"type": "function"}]}, 400, "unsupported", "tools"),
     ({"messages": MSG, "n": 2}, 400, "unsupported", "n"),
     ({"messages": MSG, "stream_options": {"include_usage": "yes"}}, 400, "invalid_type", "stream_options"),
-    ({"model": "gpt-\ud800", "messages": MSG}, 404, "model_not_found", "model"),
+    ({"model": {"id": "gpt-4o"}, "messages": MSG}, 400, "invalid_type", "model"),
 ]
 MALFORMED_COMPLETIONS = [
     ({"prompt": [1, 2, 2**40]}, "invalid_value"),

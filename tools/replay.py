@@ -22,13 +22,13 @@ at every context (``--flat SLOPE`` is the same), a JSON file ({"ts": [...], "rel
 or PREFIX naming a GPU check's PREFIX-steady.json and PREFIX-alternating.json
 (tools/gpu/: batch widths kept steady and alternating with one-token decodes,
 and the one-token decode after a batch, as measured; the replay then charges
-each decode by its shape, edgespec.replay.simulator.shape_curve, and times
+each decode by its shape, edgespec.replay.curves.shape_curve, and times
 steps in that machine's seconds, the engine's work per step counted as the
 --overhead-ms given; where PREFIX-steady.json holds a "step" key, the
 device's extra per decode fitted by tools/fit_step_costs.py is charged on
 top, edgespec.replay.steps).  Beyond the
 published T = 8 the GPU curves are extrapolated linearly from c(4)..c(8)
-(edgespec.replay.simulator.gpu_curve); the engine's own work per step is counted as
+(edgespec.replay.curves.gpu_curve); the engine's own work per step is counted as
 measured on this machine, relative to this machine's plain step.
 
 Drafters that read more of the model than its greedy tokens (the prefill's
@@ -73,8 +73,8 @@ from edgespec.bench.methods import is_peer, with_memory
 from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine
 from edgespec.drafters.mechanisms import schedule
-from edgespec.replay.simulator import (GPU_CURVES, OracleDrafter, ReplayBackend, ReplayRequest, Teacher, curve_from_file,
-                                     gpu_curve, replay, shape_curve, teacher_pass)
+from edgespec.replay.curves import GPU_CURVES, curve_from_file, gpu_curve, shape_curve
+from edgespec.replay.simulator import OracleDrafter, ReplayBackend, ReplayRequest, Teacher, replay, teacher_pass
 from edgespec.replay.steps import load_terms
 
 

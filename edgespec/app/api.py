@@ -38,6 +38,7 @@ from edgespec.core.engine import cancel_check, drain
 from edgespec.core.result import GenerationResult
 from edgespec.core.logprobs import check_top
 from edgespec.core.params import DEFAULT, Request, token_limit
+from edgespec.core.prefix_cache import PrefixCache
 from edgespec.core.verify import SamplingConfig
 from edgespec.errors import ConfigError, ModelBusyError, ModelClosedError
 from edgespec.memory import close_memory
@@ -94,6 +95,7 @@ class SpecModel(ModelEngines):
                                     max_leaves=None, cache_type_k=c.cache_type_k, verbose=c.verbose,
                                     rpc=rpc, tensor_split=c.tensor_split, load_progress=load_progress,
                                     rpc_output=c.rpc_output, **kernel_options(fast))
+        self.prefix_cache = PrefixCache(int(c.prompt_cache_mib * 2**20)) if c.prompt_cache_mib else None
         try:
             self._setup(c.drafter, c.max_nodes, c.cost_gate, c.calibrate, progress, c.corpora, c.verify, c.memory)
         except BaseException:      # a bad corpus, drafter or setting, a failed calibration, Ctrl-C
@@ -166,13 +168,15 @@ class SpecModel(ModelEngines):
     # ------------------------------------------------------------- drafters
     def new_session(self) -> None:
         """Forget what the engines learned: acceptance statistics, the drafters'
-        memory of earlier requests, the KV cache.  The next request runs as on a
+        memory of earlier requests, the KV cache and the prompt cache.  The next request runs as on a
         freshly loaded model (same backend, corpora and cost curve, no reload).
         Drafters given as objects rather than names are built anew only by name,
         so their own memory stays.  The memory store (`memory`) is kept:
         memory.clear() empties it."""
         with self._request():
             self.backend.reset()
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()
             self._engines = {}
             self.engine = self._engine_for(self._drafter)
 

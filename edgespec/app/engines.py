@@ -6,7 +6,7 @@ curve c(T); where c(T) and the exactness verdict come from (the cache, a
 foreground measurement, the built-in curve while a background thread measures
 between requests) and the switch of every engine to a new curve.  ModelEngines
 is SpecModel's base class: it works on the attributes SpecModel's constructor
-sets (backend, model_path, _engines, _calibration) and sets the rest
+sets (backend, model_path, prefix_cache, _engines, _calibration) and sets the rest
 (vocab, corpora, cost, exactness, config, engine) in _setup.
 """
 from __future__ import annotations
@@ -162,6 +162,7 @@ class ModelEngines:
                 d.warmup()
                 self._engines[("prediction", key)] = Engine(self.backend, d, self.cost, base.config)
                 self._engines[("prediction", key)].memory = self.memory
+                self._engines[("prediction", key)].prefix_cache = self.prefix_cache
             return self._engines[("prediction", key)]
         if key not in self._engines:
             config = self.config
@@ -174,5 +175,6 @@ class ModelEngines:
             d.warmup()
             self._engines[key] = Engine(self.backend, d, self.cost, config)
             self._engines[key].memory = self.memory
+            self._engines[key].prefix_cache = self.prefix_cache
         return self._engines[key]
 

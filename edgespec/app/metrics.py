@@ -6,8 +6,11 @@ several servers in one process count apart.  Counters (exposed with the
 
     edgespec_requests{endpoint, status}       HTTP requests answered
     edgespec_generations{stop_reason}         generations ended: stop, length, cancelled
+    edgespec_generations_to_context_end       ... of them without max_tokens (they may run to
+                                              the end of the turn or of the context)
     edgespec_prompt_tokens                    prompt tokens of ended generations
-    edgespec_prompt_tokens_cached             ... of them reused from the KV cache
+    edgespec_prompt_tokens_cached             ... of them reused from the KV cache (the live
+                                              one or the prompt cache): llama-server's cache_n
     edgespec_generated_tokens                 tokens generated
     edgespec_draft_tokens                     draft tokens verified (proposed by the
                                               drafter and kept by the cost gate)
@@ -16,7 +19,9 @@ several servers in one process count apart.  Counters (exposed with the
     edgespec_prefill_seconds                  time in prefill
     edgespec_decode_seconds                   time in decoding (drafting and verification)
 
-Gauges: edgespec_queue_depth (requests waiting), edgespec_requests_running.
+Gauges: edgespec_queue_depth (requests waiting), edgespec_requests_running,
+edgespec_prompt_cache_bytes and edgespec_prompt_cache_entries (the saved
+prefixes of edgespec.core.prefix_cache, 0 when it is off).
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ from typing import Callable
 class ServerMetrics:
     """The counters of one server; observe() takes a finished GenerationResult."""
 
-    def __init__(self, queue_depth: Callable[[], float], running: Callable[[], float]):
+    def __init__(self, queue_depth: Callable[[], float], running: Callable[[], float],
+                 prompt_cache: Callable[[], dict] = dict):
         from prometheus_client import CollectorRegistry, Counter, Gauge
         self.registry = r = CollectorRegistry()
         self.requests = Counter("edgespec_requests", "HTTP requests answered, by endpoint and status",
@@ -36,6 +42,9 @@ class ServerMetrics:
         self.prompt_tokens = Counter("edgespec_prompt_tokens", "Prompt tokens of ended generations", registry=r)
         self.prompt_cached = Counter("edgespec_prompt_tokens_cached",
                                      "Prompt tokens reused from the KV cache instead of decoded", registry=r)
+        self.to_end = Counter("edgespec_generations_to_context_end",
+                              "Generations whose request gave no max_tokens (they may run to the end of the context)",
+                              registry=r)
         self.generated = Counter("edgespec_generated_tokens", "Tokens generated", registry=r)
         self.drafted = Counter("edgespec_draft_tokens", "Draft tokens verified (proposed and kept by the cost gate)",
                                registry=r)
@@ -46,13 +55,19 @@ class ServerMetrics:
                                 registry=r)
         Gauge("edgespec_queue_depth", "Requests waiting for the model", registry=r).set_function(queue_depth)
         Gauge("edgespec_requests_running", "Requests running on the model", registry=r).set_function(running)
+        Gauge("edgespec_prompt_cache_bytes", "Bytes of KV state held by the prompt cache",
+              registry=r).set_function(lambda: prompt_cache().get("bytes", 0))
+        Gauge("edgespec_prompt_cache_entries", "Prompt prefixes saved in the prompt cache",
+              registry=r).set_function(lambda: prompt_cache().get("entries", 0))
 
     def request(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint, str(status)).inc()
 
-    def observe(self, r) -> None:
-        """Count a finished generation (an engine GenerationResult)."""
+    def observe(self, r, to_end: bool = False) -> None:
+        """Count a finished generation (an engine GenerationResult; to_end: its request gave no max_tokens)."""
         self.generations.labels(r.stop_reason).inc()
+        if to_end:
+            self.to_end.inc()
         self.prompt_tokens.inc(r.n_prompt_tokens)
         self.prompt_cached.inc(r.n_reused_tokens)
         self.generated.inc(r.n_generated)

@@ -292,7 +292,6 @@ class RequestParser:
 
     def __init__(self, model, model_id: str, defaults: dict, limits: Limits):
         self.model, self.model_id, self.defaults, self.limits = model, model_id, defaults, limits
-        self.aliases = {model_id, model.model_path, model.model_path.rsplit("/", 1)[-1]}
         self.n_ctx, self.n_vocab = model.n_ctx, model.vocab.n_vocab
 
     @functools.cached_property
@@ -302,10 +301,10 @@ class RequestParser:
     def parse(self, body: dict, chat: bool) -> dict:
         d = self.defaults
         _check_fields(body, chat)
-        model = body.get("model")
-        if model is not None and (not isinstance(model, str) or model not in self.aliases):
-            raise RequestError(404, f"the model {_show(model)} does not exist; this server runs "
-                               f"{self.model_id!a}", "model", "model_not_found")
+        # one model is served: whatever name the app sends (Continue's model:, Aider's openai/<name>)
+        # is answered by it, and the answer names it (llama-server does the same)
+        if body.get("model") is not None and not isinstance(body["model"], str):
+            raise RequestError(400, "model must be a string (the model's name)", "model", "invalid_type")
         max_tokens = _integer(body, "max_completion_tokens", 1, None)
         max_tokens = _integer(body, "max_tokens", 1, max_tokens or d["max_tokens"])    # None: see request_tokens
         stream = body.get("stream", False)

@@ -11,11 +11,18 @@ Starlette routes on uvicorn (the `serve` extra).  Endpoints:
     POST /v1/completions        OpenAI (legacy) text completions, likewise
 
 Requests run one at a time on one model thread, from a FIFO queue of at most
-`max_queue` waiting requests (a full queue answers 503 with Retry-After).  A
-client that disconnects has its generation cancelled before the next step.  Every
-request keeps the KV cache of the longest prefix its prompt shares with what
-the model holds from the request before (edgespec.core.params.Request's
-reuse_prefix, on by default).
+`max_queue` waiting requests (a full queue answers 503 with Retry-After);
+every answer's X-Queue-Position header says how many requests were ahead of
+it when it was admitted (0: it ran at once), /metrics has the queue's depth.
+A client that disconnects has its generation cancelled before the next step.
+Every request keeps the KV cells of the longest prefix its prompt shares with
+the live cache or with a prefix saved in the model's prompt cache
+(edgespec.core.prefix_cache) and prefills only the rest (`cache_n`); the
+cells of a prefix do not depend on what followed it, so with exact kernels
+an answer does not depend on what was served before it.  The log has a line
+per request: prompt and cached tokens, prefill time, tokens generated, and
+whether the request ran without max_tokens (to the end of its turn or of the
+context).
 
 Every response has `timings` with llama-server's field names (prompt_n,
 prompt_ms, predicted_n, predicted_ms, predicted_per_second, draft_n,
@@ -173,7 +180,9 @@ class Server:
         """This server's Prometheus counters, or None without prometheus-client."""
         try:
             from edgespec.app.metrics import ServerMetrics
-            return ServerMetrics(lambda: max(0, self._pending - 1), lambda: min(1, self._pending))
+            cache = getattr(self.model, "prefix_cache", None)
+            return ServerMetrics(lambda: max(0, self._pending - 1), lambda: min(1, self._pending),
+                                 cache.stats if cache is not None else dict)
         except ImportError:
             return None
 
@@ -222,7 +231,7 @@ class Server:
         first, the tokenizer only for a request that holds a queue slot."""
         try:
             req = self.parser.parse(await self._body(request), chat)
-            self._admit()
+            ahead = self._admit()
         except RequestError as e:
             if e.status != 503:
                 self._count("rejected_bad")
@@ -238,10 +247,15 @@ class Server:
             if e.status != 503:
                 self._count("rejected_bad")
             return e.response()
-        return await self._queue(request, req)
+        response = await self._queue(request, req, ahead)
+        response.headers["X-Queue-Position"] = str(ahead)
+        return response
 
-    async def _queue(self, request: Request, req: dict):
-        """Hand an admitted request to the model thread and answer it."""
+    async def _queue(self, request: Request, req: dict, ahead: int = 0):
+        """Hand an admitted request to the model thread and answer it (ahead:
+        the requests running or waiting before it)."""
+        if ahead:
+            log.info("request queued: %d ahead of it (the running one and %d waiting)", ahead, ahead - 1)
         if self._draining:
             self._release(None)
             return shutting_down().response()
@@ -275,13 +289,15 @@ class Server:
         Guard), parsed beside the event loop."""
         return await run_in_threadpool(parse_json, await request.body())
 
-    def _admit(self) -> None:
+    def _admit(self) -> int:
+        """Take a place in the queue (503 with Retry-After when it is full); returns how many requests are ahead."""
         if self._pending >= self.max_queue + 1:
             self._count("rejected_busy")
             wait = max(1, math.ceil(self._avg_s * self._pending))
             raise RequestError(503, f"the server is busy ({self._pending - 1} requests queued); retry later",
                                None, "server_busy", "server_error", {"Retry-After": str(wait)})
         self._pending += 1
+        return self._pending - 1
 
     def _release(self, seconds: float | None) -> None:
         self._pending -= 1
@@ -320,7 +336,10 @@ class Server:
             with self._jobs_lock:
                 if self._running is cancel:
                     self._running = None
-            loop.call_soon_threadsafe(self._release, took)
+            try:
+                loop.call_soon_threadsafe(self._release, took)
+            except RuntimeError:        # its loop has ended (a test client's loop per request): nothing else runs there
+                self._release(took)
 
     def _run(self, req: dict, cancel: threading.Event, emit) -> None:
         request = params.Request(req["tokens"], max_tokens=req["max_tokens"], sampling=req["sampling"],
@@ -329,12 +348,20 @@ class Server:
         with self.model.run_stream(request) as s:
             emit(("started", None))
             for c in s:
+                if c.result is not None:        # counted and logged before the client has the answer
+                    self._ended(c.result, req["max_tokens"] is None)     # runs to the end of its turn or the context
                 emit(("chunk", c))
-                if c.result is not None:
-                    r = c.result
-                    self._count("cancelled" if r.stop_reason == "cancelled" else "completed", r.n_generated)
-                    if self.metrics is not None:
-                        self.metrics.observe(r)
+
+    def _ended(self, r, to_end: bool) -> None:
+        """Count and log a generation that ended (to_end: its request gave no
+        max_tokens, so it could run to the end of the context)."""
+        self._count("cancelled" if r.stop_reason == "cancelled" else "completed", r.n_generated)
+        if self.metrics is not None:
+            self.metrics.observe(r, to_end)
+        log.info("request: prompt %d tokens (%d cached), prefill %.0f ms; generated %d tokens in %.2f s "
+                 "(%.1f tok/s), stop: %s%s", r.n_prompt_tokens, r.n_reused_tokens, r.prefill_s * 1e3,
+                 r.n_generated, r.decode_s, r.tokens_per_s, r.stop_reason,
+                 "; no max_tokens given: ran until the end of its turn or of the context" if to_end else "")
 
     def begin_shutdown(self) -> None:
         """On the event loop when the server stops: admit nothing more, answer
@@ -371,6 +398,16 @@ def _uvicorn_server(config, app: Server):
     return _Server(config)
 
 
+def _log_to_stderr() -> None:
+    """The server's lines (a request's tokens and times, its queue position) on stderr, once."""
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s edgespec serve: %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def serve(model, *, host: str = "127.0.0.1", port: int = 8080, model_id: str, api_key: str | None = None,
           max_queue: int = 16, defaults: dict | None = None, log_level: str = "info", limits: Limits | None = None,
           allow_hosts=(), cors=()) -> None:
@@ -379,6 +416,7 @@ def serve(model, *, host: str = "127.0.0.1", port: int = 8080, model_id: str, ap
 
     server = Server(model, model_id=model_id, max_queue=max_queue, defaults=defaults, limits=limits,
                     access=Access(host, allow_hosts, cors, api_key))
+    _log_to_stderr()
     # uvicorn ends the running request after this (a backstop: begin_shutdown cancels it before)
     grace = server.limits.shutdown_timeout + 10
     config = uvicorn.Config(server.app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace)

@@ -73,6 +73,11 @@ class RunConfig:
     memory: the memory of earlier requests (docs/memory.md): True: in this
         process; a path: kept in that file too; False: off; a MemoryStore:
         that store (shared between models of one tokenizer).
+    prompt_cache_mib: host memory (MiB) for the KV cells of earlier prompts'
+        prefixes, beside the live cache: a request starts from the longest
+        prefix of its prompt held in either (edgespec.core.prefix_cache;
+        docs/serving.md says what a token costs).  0 turns it off (the live
+        cache's common prefix is still reused).
     verbose: llama.cpp's own log on stderr.
     """
     drafter: Any = "suffix"
@@ -90,6 +95,7 @@ class RunConfig:
     tensor_split: Any = None
     rpc_output: str = "local"
     memory: Any = True
+    prompt_cache_mib: float = 256
     verbose: bool = False
 
     def __post_init__(self):
@@ -98,6 +104,8 @@ class RunConfig:
         object.__setattr__(self, "corpora", tuple(self.corpora))
         if self.calibrate not in (True, False, "background"):
             raise ConfigError(f"calibrate must be True, False or 'background', not {self.calibrate!r}")
+        if not self.prompt_cache_mib >= 0:
+            raise ConfigError(f"prompt_cache_mib must be >= 0, not {self.prompt_cache_mib!r}")
         if self.rpc_output not in RPC_OUTPUTS:     # checked here without workers too (the backend: with them)
             raise ConfigError(f"rpc_output must be one of {', '.join(RPC_OUTPUTS)}, not {self.rpc_output!r}")
 

@@ -43,12 +43,12 @@ from edgespec.backend import ggml
 from edgespec.backend.layer_tap import LayerTap, attach_tap, tap_block
 from edgespec.backend.process import (CACHE_TYPES_K, auto_cache_type_k, clear_recent_log, default_threads,
                                       gpu_offload_available, init_backend, recent_errors)
+from edgespec.backend.seqstate import SeqState
 from edgespec.backend.vocab import Vocab
 
 EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
-# llama.cpp rounds every context size up to a multiple of 256 KV cells (the
-# padding of its KV cache), so 256 is the smallest context there is (a smaller
-# request is refused, not rounded up silently)
+# llama.cpp rounds every context size up to a multiple of 256 KV cells (its padding), so 256 is
+# the smallest context there is (a smaller request is refused, not rounded up silently)
 MIN_CTX = 256
 
 
@@ -130,8 +130,9 @@ def _check_request(n_ctx: int, n_gpu_layers: int, max_nodes: int, max_leaves: in
     return max_leaves
 
 
-class LlamaBackend:
-    """A loaded GGUF model with one context sized for tree verification.
+class LlamaBackend(SeqState):
+    """A loaded GGUF model with one context sized for tree verification
+    (save_state / restore_state: backend/seqstate.py).
 
     max_nodes: the most tokens one verification batch may hold (root + drafts).
     max_leaves: the most root-to-leaf paths one tree may have (KV sequences);
@@ -152,8 +153,7 @@ class LlamaBackend:
         self.max_nodes = max_nodes
         self.max_leaves = max_leaves
         self.n_batch = max(n_batch, max_nodes)
-        self.rpc = list(rpc or [])
-        self.tensor_split = list(tensor_split or [])
+        self.rpc, self.tensor_split = list(rpc or []), list(tensor_split or [])
         self.rpc_output = rpc_output
         # over RPC the workers' CPUs run the layers: exact as asked, and the
         # self-check (exactness.check_exactness) says whether it holds there

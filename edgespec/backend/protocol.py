@@ -44,6 +44,14 @@ class Backend(Protocol):
     def rollback(self) -> None:
         """Drop every cell beyond the committed prefix (an interrupted step)."""
 
+    def save_state(self) -> np.ndarray:
+        """The committed prefix's KV cells as uint8 bytes, for restore_state
+        (core/prefix_cache.py keeps several in host memory)."""
+
+    def restore_state(self, state: np.ndarray, tokens: np.ndarray) -> None:
+        """Replace the whole cache with a save_state() result; `tokens` are its
+        tokens (they become kv_tokens and n_past their count)."""
+
     def prefill(self, tokens: np.ndarray, want_last_logits: bool = True,
                 topk_out: tuple[np.ndarray, np.ndarray] | None = None, cancel=None,
                 hidden_out: np.ndarray | None = None) -> None:

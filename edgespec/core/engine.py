@@ -42,6 +42,7 @@ from edgespec.core.guard import SpeedGuard
 from edgespec.core.logprobs import check_top, token_logprobs
 from edgespec.core.params import Request, token_limit
 from edgespec.core.plan import StepPlan
+from edgespec.core.prefix_cache import PrefixCache, common_prefix
 from edgespec.core.request import RunState, chunks, count_sources, finish
 from edgespec.core.result import GenerationResult
 from edgespec.core.stream import TextStream
@@ -85,6 +86,7 @@ class Engine:
         self._plain_other = 0.0                 # EMA: seconds of a plain step outside decode and drafting
         self.memory = None
         """A store every request's answer is added to when it ends (edgespec.memory.MemoryStore)."""
+        self.prefix_cache: PrefixCache | None = None     # saved KV prefixes, shared by a backend's engines
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -218,14 +220,14 @@ class Engine:
         return np.ascontiguousarray(ids, dtype=np.int32)
 
     def _reuse_prefix(self, st: RunState, reuse_prefix: bool) -> None:
-        """With reuse_prefix, keep the KV cells of the longest prefix the cache
-        and the prompt share (all but the prompt's last token at most, whose
+        """With reuse_prefix, keep the KV cells of the longest prefix the cache (or a saved one:
+        core/prefix_cache.py) and the prompt share (all but the prompt's last token at most, whose
         logits choose the first token); drop every other cell."""
-        be, prompt = self.backend, st.prompt
-        if reuse_prefix and len(self.kv_tokens):
-            m = min(len(self.kv_tokens), len(prompt) - 1)
-            neq = np.nonzero(self.kv_tokens[:m] != prompt[:m])[0]
-            st.n_common = int(neq[0]) if len(neq) else m
+        be, prompt, pc = self.backend, st.prompt, self.prefix_cache
+        if pc is not None:
+            st.n_common = pc.choose(be, prompt, reuse_prefix)
+        elif reuse_prefix:
+            st.n_common = common_prefix(self.kv_tokens, prompt, len(prompt) - 1)
         if st.n_common == 0:
             be.reset()
         else:

@@ -51,8 +51,11 @@ class Request:
     drafter: Any = None
     """A drafter name or object for this request only (None: the model's)."""
     reuse_prefix: bool = True
-    """Keep the KV cache of the longest prefix the prompt shares with what the
-    model holds from the previous request; False prefills the whole prompt."""
+    """Keep the KV cells of the longest prefix the prompt shares with what the
+    model holds (the live cache, or a prefix saved in the prompt cache:
+    core/prefix_cache.py) and prefill only the rest; False prefills the whole
+    prompt.  A prefix's cells do not depend on what followed it, so under
+    exact kernels the answer does not depend on earlier requests."""
     cancel: Any = None
     """A threading.Event or a callable returning True to stop, checked before
     every step and between prefill chunks (stop_reason "cancelled")."""

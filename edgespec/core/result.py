@@ -20,7 +20,7 @@ class GenerationResult:
     decode_s: float
     tokens_per_s: float
     stop_reason: str
-    n_reused_tokens: int = 0
+    n_reused_tokens: int = 0      # prompt tokens whose KV cells were reused, not prefilled (cache_n)
     n_draft_steps: int = 0        # steps that verified at least one draft node
     n_draft_nodes: int = 0        # draft nodes verified in all
     n_draft_accepted: int = 0     # draft tokens committed
@@ -47,9 +47,10 @@ class GenerationResult:
         return d
 
     def summary(self) -> str:
+        cached = f" ({self.n_reused_tokens} more cached)" if self.n_reused_tokens else ""
         return (f"{self.n_generated} tokens in {self.decode_s:.2f}s ({self.tokens_per_s:.1f} tok/s), "
-                f"{self.mean_accepted:.2f} tokens/step, prefill {self.n_prompt_tokens} tokens in {self.prefill_s:.2f}s, "
-                f"stop: {self.stop_reason}")
+                f"{self.mean_accepted:.2f} tokens/step, prefill {self.n_prompt_tokens - self.n_reused_tokens} "
+                f"tokens in {self.prefill_s:.2f}s{cached}, stop: {self.stop_reason}")
 
 
 def sum_accepted(n_steps: int, n_draft_accepted: int) -> float:

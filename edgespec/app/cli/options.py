@@ -205,7 +205,7 @@ def memory_options(f):
 
 
 RUN_OPTIONS = ("drafter", "corpora", "verify", "n_ctx", "n_gpu_layers", "n_threads", "cache_type_k", "kernels",
-               "max_nodes")
+               "max_nodes", "prompt_cache_mib")
 """The options named as RunConfig's fields (app/settings.py)."""
 
 
@@ -257,6 +257,11 @@ def generation_options(f):
         click.option("--no-gate", is_flag=True, help="Verify every proposed node (up to --max-nodes) instead of "
                                                      "only those the cost gate expects to pay; for studies."),
         click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+        click.option("--prompt-cache-mib", type=click.FloatRange(min=0), default=DEFAULTS.prompt_cache_mib,
+                     show_default=True,
+                     help="Host memory (MiB) for the KV cells of earlier prompts' prefixes: a request starts "
+                          "from the longest prefix of its prompt held there or in the live cache (0 = off; "
+                          "docs/serving.md)."),
         click.option("--verify", type=click.Choice(("exact", "relaxed", "entropy", "entropy_inv")), default=DEFAULTS.verify,
                      show_default=True,
                      help="exact = lossless. relaxed (ReSpec), entropy (AASD) and entropy_inv are LOSSY opt-ins "

@@ -1,0 +1,138 @@
+"""Prompt prefixes kept across requests: the live KV cache and saved ones.
+
+An app's requests share long prefixes without extending each other (a
+rewritten last message, the same system prompt and examples for every task,
+a title or tags asked for between two turns).  Before each request the
+engine keeps the longest common prefix (LCP) of the prompt with the tokens
+whose KV cells the backend holds (`common_prefix`); a PrefixCache adds
+several saved conversations in host memory, each a (tokens, KV state) entry
+the backend saves and restores (Backend.save_state / restore_state: llama.cpp's
+per-sequence state), bounded by a byte budget and evicted least recently
+used.
+
+The policy (PrefixCache.choose, at a request's start): the longest match
+among the live cache and the saved entries wins; a saved entry is restored
+only when it matches at least `min_gain` tokens more than the live cache
+(restoring costs a copy of its cells).  Before the live cache is replaced or
+cut by `min_gain` tokens or more, it is saved, when it holds that many tokens
+and no saved entry already starts with all of them; an entry whose tokens
+are a prefix of the new one is dropped (the new one matches every prompt at
+least as far).
+
+The KV cells of a prefix do not depend on what follows it, so with exact
+kernels an answer does not depend on which of these the prefix came from
+(tests/test_prefix_cache.py).  The cache holds no lock of its own: the engine
+uses it inside a request, and a model runs one request at a time
+(app/concurrency.py's Turnstile).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+
+from edgespec.errors import BackendError
+
+MIN_GAIN = 64       # tokens: a smaller difference is prefilled rather than restored or saved
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
+    """Length of the longest common prefix of a and b, at most `limit`."""
+    m = max(0, min(len(a), len(b), limit))
+    neq = np.nonzero(a[:m] != b[:m])[0]
+    return int(neq[0]) if len(neq) else m
+
+
+@dataclasses.dataclass
+class Entry:
+    tokens: np.ndarray      # int32: the tokens whose KV cells `state` holds, from position 0
+    state: np.ndarray       # uint8: the backend's save_state()
+
+
+class PrefixCache:
+    """Saved KV prefixes, at most `budget_bytes` of state in all (see the module doc)."""
+
+    def __init__(self, budget_bytes: int, min_gain: int = MIN_GAIN):
+        self.budget = int(budget_bytes)
+        self.min_gain = int(min_gain)
+        self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()   # oldest use first
+        self._next_key = 0
+        self.n_bytes = 0
+        self.n_saved = self.n_restored = self.n_evicted = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.n_bytes = 0
+
+    def choose(self, backend, prompt: np.ndarray, reuse: bool) -> int:
+        """Before a request: leave in the backend the cells of the longest
+        prefix of `prompt` (all but its last token at most) that the live cache
+        or a saved entry holds, saving the live cache first when it is worth
+        keeping.  Returns that prefix's length (the caller truncates to it);
+        reuse False: 0 (the live cache may still be saved)."""
+        limit = len(prompt) - 1
+        live = backend.kv_tokens[:backend.n_past]
+        n_live = common_prefix(live, prompt, limit) if reuse else 0
+        key, n_best = None, n_live + self.min_gain - 1
+        if reuse:
+            for k, e in self.entries.items():
+                n = common_prefix(e.tokens, prompt, limit)
+                if n > n_best:
+                    key, n_best = k, n
+        kept = n_live if key is None else 0
+        if len(live) - kept >= self.min_gain:
+            self._save(backend, live, keep=key)
+        if key is None:
+            return n_live
+        return self._restore(backend, key, n_best)
+
+    def _restore(self, backend, key: int, n: int) -> int:
+        """Put entry `key` into the backend (it becomes the most recently used); n, or 0 if that failed."""
+        e = self.entries[key]
+        self.entries.move_to_end(key)
+        try:
+            backend.restore_state(e.state, e.tokens)
+        except BackendError:        # the backend refused the state: forget it, prefill instead
+            self._drop(key)
+            backend.reset()
+            return 0
+        self.n_restored += 1
+        return n
+
+    def _save(self, backend, live: np.ndarray, keep: int | None = None) -> None:
+        """Keep the live cache's cells as the most recently used entry (unless
+        an entry already holds them), within the budget, evicting the least
+        recently used entries but `keep` (the one about to be restored)."""
+        for k, e in self.entries.items():
+            if len(e.tokens) >= len(live) and np.array_equal(e.tokens[:len(live)], live):
+                self.entries.move_to_end(k)
+                return
+        state = backend.save_state()
+        if state.nbytes > self.budget:
+            return
+        for k in [k for k, e in self.entries.items()
+                  if k != keep and len(e.tokens) < len(live) and np.array_equal(live[:len(e.tokens)], e.tokens)]:
+            self._drop(k)
+        for k in [k for k in self.entries if k != keep]:
+            if self.n_bytes + state.nbytes <= self.budget:
+                break
+            self._drop(k)
+            self.n_evicted += 1
+        if self.n_bytes + state.nbytes > self.budget:
+            return
+        self.entries[self._next_key] = Entry(live.copy(), state)
+        self._next_key += 1
+        self.n_bytes += state.nbytes
+        self.n_saved += 1
+
+    def _drop(self, key: int) -> None:
+        self.n_bytes -= self.entries.pop(key).state.nbytes
+
+    def stats(self) -> dict:
+        """Entries, bytes held, the budget, and how many saves, restores and evictions so far."""
+        return {"entries": len(self.entries), "bytes": self.n_bytes, "budget_bytes": self.budget,
+                "saved": self.n_saved, "restored": self.n_restored, "evicted": self.n_evicted}
