@@ -199,5 +199,13 @@ def test_the_server_reports_cached_tokens(model, caplog):
         assert f"edgespec_prompt_tokens_cached_total {float(t['cache_n'] + answers[0]['timings']['cache_n'])}" \
             in metrics
         assert "edgespec_generations_to_context_end_total 1.0" in metrics
+        # llama-server's cache_prompt: false prefills the whole prompt; a non-boolean is refused
+        body = {"messages": convo(QUESTIONS[1]), "max_tokens": 4}
+        again = client.post("/v1/chat/completions", json={**body, "cache_prompt": False}).json()
+        assert again["timings"]["cache_n"] == 0 and again["timings"]["prompt_n"] == again["usage"]["prompt_tokens"]
+        assert client.post("/v1/chat/completions", json={**body, "cache_prompt": True}).json()["timings"]["cache_n"] \
+            == again["usage"]["prompt_tokens"] - 1          # all but the last token, whose logits choose the first
+        bad = client.post("/v1/chat/completions", json={**body, "cache_prompt": "no"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_prompt"
     finally:
         s._worker.shutdown(wait=True)

@@ -35,7 +35,7 @@ INT_MAX = 2**31 - 1        # the largest count, id or top_k a request may give
 # template to render them) they are accepted only off.
 HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_k", "top_p",
             "min_p", "seed", "stop", "stream", "stream_options", "prediction", "logprobs", "top_logprobs",
-            "response_format", "grammar", "json_schema", "tools", "tool_choice",
+            "response_format", "grammar", "json_schema", "tools", "tool_choice", "cache_prompt",
             "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
 _NEUTRAL = {"frequency_penalty": (0,), "presence_penalty": (0,), "n": (1,), "best_of": (1,), "echo": (False,),
             "suffix": (None, ""), "logit_bias": (None, {}),
@@ -318,7 +318,10 @@ class RequestParser:
                                   top_k=_integer(body, "top_k", 0, d["top_k"]),
                                   top_p=_number(body, "top_p", 0.0, 1.0, d["top_p"], lo_open=True),
                                   min_p=_number(body, "min_p", 0.0, 0.999, d["min_p"]), seed=_seed(body, d["seed"]))
-        req = {"chat": chat, "stream": stream, "include_usage": bool(opts.get("include_usage")),
+        reuse = body.get("cache_prompt", d.get("cache_prompt", True))     # llama-server's name for prefix reuse
+        if not isinstance(reuse, bool):
+            raise RequestError(400, "cache_prompt must be a boolean", "cache_prompt", "invalid_type")
+        req = {"chat": chat, "stream": stream, "include_usage": bool(opts.get("include_usage")), "reuse_prefix": reuse,
                "max_tokens": max_tokens, "stop": _stop(body, d["stop"], self.limits),
                "sampling": sampling, "prediction": _prediction(body), "model": self.model_id,
                "logprobs": _logprobs(body, chat), "constraint": _constraint(body), "tools": None}

@@ -117,7 +117,7 @@ class Server:
         self.limits = (limits or Limits()).resolve(self.n_ctx)
         # the sampling defaults are SamplingConfig's; max_tokens None: until the end of the turn or a full context
         self.defaults = {"max_tokens": None, **dataclasses.asdict(SamplingConfig()), "stop": [], "drafter": None,
-                         **(defaults or {})}
+                         "cache_prompt": True, **(defaults or {})}
         self.parser = RequestParser(model, model_id, self.defaults, self.limits)
         self.tokenizer = RequestTokenizer(model, self.limits)
         self.answers = Answers(model, self.defaults, lambda: self._draining)
@@ -344,6 +344,7 @@ class Server:
     def _run(self, req: dict, cancel: threading.Event, emit) -> None:
         request = params.Request(req["tokens"], max_tokens=req["max_tokens"], sampling=req["sampling"],
                                  stop=req["stop"], drafter=self.defaults["drafter"], cancel=cancel,
+                                 reuse_prefix=req["reuse_prefix"],
                                  prediction=req["prediction"], logprobs=req["logprobs"], grammar=req["gbnf"])
         with self.model.run_stream(request) as s:
             emit(("started", None))

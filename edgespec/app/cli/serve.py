@@ -69,9 +69,12 @@ def _read_key_file(path: str) -> str:
               help="Requests that may wait while one runs; more get 503 with Retry-After.")
 @click.option("--model-id", default=None, help="The model's name in /v1/models (default: the file's name "
                                                "without .gguf).")
+@click.option("--no-cache-prompt", "cache_prompt", is_flag=True, flag_value=False, default=True,
+              help="Prefill every prompt whole unless its request says cache_prompt: true (by default every "
+                   "request reuses the longest prefix the model holds; docs/serving.md).")
 @serve_guard_options
 def serve(model, max_tokens, temperature, top_k, top_p, min_p, seed, stop, config, host, port, api_key, max_queue,
-          model_id, api_key_file, allow_host, cors, **limits):
+          model_id, cache_prompt, api_key_file, allow_host, cors, **limits):
     """Serve MODEL over an OpenAI-compatible HTTP API, with a chat page at /.
 
     POST /v1/chat/completions and /v1/completions (streamed or not), GET
@@ -106,7 +109,7 @@ def serve(model, max_tokens, temperature, top_k, top_p, min_p, seed, stop, confi
     if click.get_current_context().get_parameter_source("max_tokens") == click.core.ParameterSource.DEFAULT:
         max_tokens = None
     defaults = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-                "min_p": min_p, "seed": seed, "stop": list(stop), "drafter": config.drafter}
+                "min_p": min_p, "seed": seed, "stop": list(stop), "drafter": config.drafter, "cache_prompt": cache_prompt}
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it may use it", err=True)
     click.echo(f"edgespec serve: {name} (drafter {config.drafter}) on http://{host}:{port}/  (chat page at /, "
