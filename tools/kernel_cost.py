@@ -18,7 +18,9 @@ Settings: default (both off, as edgespec runs), tiled (GGML_CPU_TILED_MM=1),
 repack (use_extra_bufts on), both, noflash (flash attention off, f16 K cache,
 tiled product off), and fast: edgespec's --kernels fast, what plain llama.cpp
 runs with the same threads but no repacking (tiled product on, flash attention
-off, f16 K cache), not exact (batched logits differ from one-token ones).  Run
+off, f16 K cache), not exact (batched logits differ from one-token ones), and
+fastfa: fast with flash attention at llama.cpp's auto (on), as llama-server
+runs by default.  Run
 it on an idle machine: these are timings.  --threads as in edgespec (default:
 one per physical core).
 """
@@ -36,7 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # name: (GGML_CPU_TILED_MM, repack, flash attention (None: llama.cpp's auto), K cache (None: edgespec's))
 SETTINGS = {"default": ("0", False, None, None), "tiled": ("1", False, None, None),
             "repack": ("0", True, None, None), "both": ("1", True, None, None),
-            "noflash": ("0", False, False, "f16"), "fast": ("1", False, False, "f16")}
+            "noflash": ("0", False, False, "f16"), "fast": ("1", False, False, "f16"),
+            "fastfa": ("1", False, None, "f16")}
 
 
 def measure(path: str, setting: str, threads, n_prompt: int, n_decode: int, batch: int, reps: int) -> dict:
