@@ -131,15 +131,21 @@ def figure(files: str, expr: str, filters: str = "") -> str:
     raise ValueError(f"unknown computation {expr}")
 
 
-def _markers():
-    """(doc, line number, visible text before the marker, files, expr, filters) of every marker."""
-    out = []
+def _doc_lines():
+    """(doc, line number, line) of every line of README.md, BENCHMARKS.md and docs/*.md."""
     for doc in DOCS:
         with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
-                for m in MARKER.finditer(line):
-                    before = COMMENT.sub("", line[:m.start()])
-                    out.append((doc, n, before, m.group(1), m.group(2), m.group(3)))
+                yield doc, n, line
+
+
+def _markers():
+    """(doc, line number, visible text before the marker, files, expr, filters) of every marker."""
+    out = []
+    for doc, n, line in _doc_lines():
+        for m in MARKER.finditer(line):
+            before = COMMENT.sub("", line[:m.start()])
+            out.append((doc, n, before, m.group(1), m.group(2), m.group(3)))
     return out
 
 
@@ -213,12 +219,10 @@ def _prose(text: str) -> list[str]:
 
 def test_modelled_figures_say_so_and_name_their_cost_file():
     bad = []
-    for doc in DOCS:
-        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                for m in MODELLED.finditer(line):
-                    if "modelled" not in COMMENT.sub("", line) or not os.path.isfile(os.path.join(ROOT, m.group(1))):
-                        bad.append(f"{doc}:{n}: {m.group(1)}")
+    for doc, n, line in _doc_lines():
+        for m in MODELLED.finditer(line):
+            if "modelled" not in COMMENT.sub("", line) or not os.path.isfile(os.path.join(ROOT, m.group(1))):
+                bad.append(f"{doc}:{n}: {m.group(1)}")
     assert not bad, bad
 
 
@@ -254,13 +258,11 @@ def test_every_ratio_in_the_current_benchmarks_carries_a_marker():
 
 def test_notes_say_what_they_mark():
     bad = []
-    for doc in DOCS:
-        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                for m in NOTE.finditer(line):
-                    visible = COMMENT.sub("", line)
-                    if m.group(1) == "nofile" and "no results file" not in visible:
-                        bad.append(f"{doc}:{n}: nofile on a line that does not say 'no results file'")
-                    if m.group(1) == "target" and "target" not in COMMENT.sub("", line[:m.start()])[-120:].lower():
-                        bad.append(f"{doc}:{n}: target marker with no 'target' in the 120 visible characters before it")
+    for doc, n, line in _doc_lines():
+        for m in NOTE.finditer(line):
+            visible = COMMENT.sub("", line)
+            if m.group(1) == "nofile" and "no results file" not in visible:
+                bad.append(f"{doc}:{n}: nofile on a line that does not say 'no results file'")
+            if m.group(1) == "target" and "target" not in COMMENT.sub("", line[:m.start()])[-120:].lower():
+                bad.append(f"{doc}:{n}: target marker with no 'target' in the 120 visible characters before it")
     assert not bad, "\n".join(bad)
