@@ -459,3 +459,20 @@ def test_run_config_refuses_what_is_no_setting():
     with pytest.raises(ConfigError, match="a list of corpus paths"):
         RunConfig(corpora="a.corpus")
     assert RunConfig(corpora=["a", "b"]).corpora == ("a", "b")
+
+
+def test_run_config_makes_the_engine_config():
+    """EngineConfig comes from RunConfig in one place (engine_config), which
+    checks its ranges once, when the RunConfig is made: --max-nodes 300 is
+    refused before a model loads."""
+    from edgespec.app.settings import RunConfig
+    from edgespec.core.config import EngineConfig
+    from edgespec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"max_nodes must be in 1\.\.256"):
+        RunConfig(max_nodes=300)
+    with pytest.raises(ConfigError, match="verify mode"):
+        RunConfig(verify="bogus")
+    e = RunConfig(max_nodes=40, cost_gate=False, verify="relaxed").engine_config(batch_cap=32)
+    assert (e.max_nodes, e.cost_gate, e.verify.mode) == (32, False, "relaxed")
+    assert RunConfig().engine_config() == EngineConfig()

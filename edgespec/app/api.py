@@ -97,7 +97,7 @@ class SpecModel(ModelEngines):
                                     rpc_output=c.rpc_output, **kernel_options(fast))
         self.prefix_cache = PrefixCache(int(c.prompt_cache_mib * 2**20)) if c.prompt_cache_mib else None
         try:
-            self._setup(c.drafter, c.max_nodes, c.cost_gate, c.calibrate, progress, c.corpora, c.verify, c.memory)
+            self._setup(c, progress)
         except BaseException:      # a bad corpus, drafter or setting, a failed calibration, Ctrl-C
             self._gate.closed = True
             self.backend.close()

@@ -6,7 +6,9 @@ as its fields override it); the CLI's options build one (app/cli/options.py
 `default` read their defaults from it, so a default changes in one place.
 Names follow llama.cpp's where it has the concept (n_ctx, n_gpu_layers,
 n_threads); the engine's own defaults (the largest batch, the gate) stay in
-core/config.py's EngineConfig and are read from it.
+core/config.py's EngineConfig and are read from it, and `engine_config()` is
+the one place that makes an EngineConfig from a RunConfig (it checks their
+ranges, once, when a RunConfig is made).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any
 from edgespec.backend.ggml import RPC_OUTPUTS
 from edgespec.calibration.kernelchoice import setting as kernels_setting   # $EDGESPEC_KERNELS, else auto
 from edgespec.core.config import EngineConfig
+from edgespec.core.verify import VerifyConfig
 from edgespec.errors import ConfigError
 
 
@@ -108,6 +111,15 @@ class RunConfig:
             raise ConfigError(f"prompt_cache_mib must be >= 0, not {self.prompt_cache_mib!r}")
         if self.rpc_output not in RPC_OUTPUTS:     # checked here without workers too (the backend: with them)
             raise ConfigError(f"rpc_output must be one of {', '.join(RPC_OUTPUTS)}, not {self.rpc_output!r}")
+        self.engine_config()           # max_nodes' range and verify's mode: EngineConfig checks them
+
+    def engine_config(self, batch_cap: int | None = None) -> EngineConfig:
+        """The engine's settings of this run: max_nodes (at most `batch_cap`, the
+        backend's largest batch), cost_gate and verify (a mode's name or a
+        VerifyConfig); the rest at EngineConfig's defaults."""
+        verify = VerifyConfig(self.verify) if isinstance(self.verify, str) else (self.verify or VerifyConfig())
+        max_nodes = self.max_nodes if batch_cap is None else min(self.max_nodes, batch_cap)
+        return EngineConfig(max_nodes=max_nodes, cost_gate=self.cost_gate, verify=verify)
 
     @classmethod
     def defaults(cls) -> "RunConfig":

@@ -252,7 +252,7 @@ def generation_options(f):
         click.option("--min-p", type=float, default=SAMPLING.min_p, show_default=True,
                      help="Sampling: drop tokens below min_p x the top one (0 = off)."),
         click.option("--seed", type=int, default=None, help="Sampling seed (default: fresh randomness)."),
-        click.option("--max-nodes", type=click.IntRange(1, 256), default=DEFAULTS.max_nodes, show_default=True,
+        click.option("--max-nodes", type=int, default=DEFAULTS.max_nodes, show_default=True,
                      help="Largest verification batch (pending token + drafts)."),
         click.option("--no-gate", is_flag=True, help="Verify every proposed node (up to --max-nodes) instead of "
                                                      "only those the cost gate expects to pay; for studies."),
