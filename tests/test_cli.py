@@ -476,3 +476,21 @@ def test_run_config_makes_the_engine_config():
     e = RunConfig(max_nodes=40, cost_gate=False, verify="relaxed").engine_config(batch_cap=32)
     assert (e.max_nodes, e.cost_gate, e.verify.mode) == (32, False, "relaxed")
     assert RunConfig().engine_config() == EngineConfig()
+
+
+def test_run_config_makes_the_backend_settings():
+    """The backend's settings come from RunConfig in one value
+    (backend_settings), whose defaults RunConfig reads (n_ctx's once)."""
+    from edgespec.app.settings import RunConfig
+    from edgespec.backend.llama import EXACT_MAX_BATCH
+    from edgespec.backend.settings import BackendSettings
+
+    assert RunConfig().n_ctx == BackendSettings().n_ctx
+    b = RunConfig(n_ctx=1024, n_threads=3, max_nodes=16, rpc="h:1,h:2", rpc_output="remote",
+                  verbose=True).backend_settings("fast")
+    assert (b.n_ctx, b.n_threads, b.max_nodes, b.max_leaves, b.verbose) == (1024, 3, EXACT_MAX_BATCH, None, True)
+    assert (b.rpc, b.rpc_output, b.exact, b.flash_attn, b.tiled_mm) == (["h:1", "h:2"], "remote", False, False, "1")
+    g = RunConfig(n_gpu_layers=-1).backend_settings("fast")          # fast changes nothing on a GPU
+    assert (g.exact, g.flash_attn, g.tiled_mm) == (True, None, "0")
+    with pytest.raises(TypeError):
+        BackendSettings().but(ctx=1)

@@ -16,7 +16,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from edgespec.backend.ggml import RPC_OUTPUTS
+from edgespec.backend.ggml import RPC_OUTPUTS, parse_endpoints
+from edgespec.backend.llama import EXACT_MAX_BATCH
+from edgespec.backend.process import kernel_options
+from edgespec.backend.settings import BackendSettings
 from edgespec.calibration.kernelchoice import setting as kernels_setting   # $EDGESPEC_KERNELS, else auto
 from edgespec.core.config import EngineConfig
 from edgespec.core.verify import VerifyConfig
@@ -86,7 +89,7 @@ class RunConfig:
     drafter: Any = "suffix"
     corpora: tuple = ()
     verify: Any = "exact"
-    n_ctx: int = 4096
+    n_ctx: int = BackendSettings.n_ctx
     n_gpu_layers: int = 0
     n_threads: int | None = None
     cache_type_k: str | None = "auto"
@@ -112,6 +115,16 @@ class RunConfig:
         if self.rpc_output not in RPC_OUTPUTS:     # checked here without workers too (the backend: with them)
             raise ConfigError(f"rpc_output must be one of {', '.join(RPC_OUTPUTS)}, not {self.rpc_output!r}")
         self.engine_config()           # max_nodes' range and verify's mode: EngineConfig checks them
+
+    def backend_settings(self, kernels: str) -> BackendSettings:
+        """The backend's settings of this run, with `kernels` resolved ("exact"
+        or "fast"; fast changes nothing with layers on a GPU).  The backend's
+        batch holds at least EXACT_MAX_BATCH tokens whatever max_nodes says."""
+        fast = kernels == "fast" and not self.n_gpu_layers
+        return BackendSettings(n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, n_threads=self.n_threads,
+                               max_nodes=max(EXACT_MAX_BATCH, self.max_nodes), max_leaves=None,
+                               cache_type_k=self.cache_type_k, verbose=self.verbose, rpc=parse_endpoints(self.rpc),
+                               tensor_split=self.tensor_split, rpc_output=self.rpc_output, **kernel_options(fast))
 
     def engine_config(self, batch_cap: int | None = None) -> EngineConfig:
         """The engine's settings of this run: max_nodes (at most `batch_cap`, the
