@@ -494,3 +494,21 @@ def test_run_config_makes_the_backend_settings():
     assert (g.exact, g.flash_attn, g.tiled_mm) == (True, None, "0")
     with pytest.raises(TypeError):
         BackendSettings().but(ctx=1)
+
+
+def test_run_config_resolves_the_kernels(monkeypatch):
+    """kernels "auto" is resolved in one place (RunConfig.resolve_kernels):
+    timed only on a CPU, llama.cpp's defaults ("exact") with layers on a GPU
+    or on RPC workers, a named setting as named."""
+    from edgespec.app.settings import RunConfig
+    from edgespec.calibration.kernelchoice import ENV
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert RunConfig(kernels="auto").times_kernels() and RunConfig(kernels=None).times_kernels()
+    assert not RunConfig(kernels="auto", rpc="h:1").times_kernels()
+    assert not RunConfig(kernels="auto", n_gpu_layers=-1).times_kernels()
+    assert RunConfig(kernels="auto", n_gpu_layers=-1).resolve_kernels("no.gguf") == ("exact", None)
+    assert RunConfig(kernels="fast").resolve_kernels("no.gguf") == ("fast", None)
+    monkeypatch.setenv(ENV, "fast")
+    assert not RunConfig(kernels=None).times_kernels()
+    assert RunConfig(kernels=None).resolve_kernels("no.gguf") == ("fast", None)

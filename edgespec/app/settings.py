@@ -18,8 +18,9 @@ from typing import Any
 
 from edgespec.backend.ggml import RPC_OUTPUTS, parse_endpoints
 from edgespec.backend.llama import EXACT_MAX_BATCH
-from edgespec.backend.process import kernel_options
+from edgespec.backend.process import default_threads, kernel_options
 from edgespec.backend.settings import BackendSettings
+from edgespec.calibration.kernelchoice import KernelPrice, resolve
 from edgespec.calibration.kernelchoice import setting as kernels_setting   # $EDGESPEC_KERNELS, else auto
 from edgespec.core.config import EngineConfig
 from edgespec.core.verify import VerifyConfig
@@ -115,6 +116,24 @@ class RunConfig:
         if self.rpc_output not in RPC_OUTPUTS:     # checked here without workers too (the backend: with them)
             raise ConfigError(f"rpc_output must be one of {', '.join(RPC_OUTPUTS)}, not {self.rpc_output!r}")
         self.engine_config()           # max_nodes' range and verify's mode: EngineConfig checks them
+
+    @property
+    def offloaded(self) -> bool:
+        """Layers on a GPU or on RPC workers (the kernel setting then changes nothing)."""
+        return bool(self.n_gpu_layers or parse_endpoints(self.rpc))
+
+    def times_kernels(self) -> bool:
+        """Whether the kernels are chosen by timing exact against fast ones
+        here: kernels "auto" (as set or from $EDGESPEC_KERNELS) on a CPU."""
+        return kernels_setting(self.kernels) == "auto" and not self.offloaded
+
+    def resolve_kernels(self, model_path: str, measure: bool | None = None) -> tuple[str, KernelPrice | None]:
+        """The kernels this run loads `model_path` with ("exact" or "fast") and
+        the price behind an "auto" choice (edgespec.calibration.kernelchoice.resolve):
+        measured when not cached if `measure` (None: when calibrate is True),
+        else exact until measured."""
+        return resolve(self.kernels, model_path, self.n_threads or default_threads(), gpu=self.offloaded,
+                       measure=self.calibrate is True if measure is None else measure)
 
     def backend_settings(self, kernels: str) -> BackendSettings:
         """The backend's settings of this run, with `kernels` resolved ("exact"

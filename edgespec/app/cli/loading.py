@@ -39,9 +39,7 @@ def load_model(model, config: RunConfig):
     config = config.but(rpc=rpc["rpc"] or None, tensor_split=rpc["tensor_split"] or None,
                         rpc_output=rpc["rpc_output"], verbose=log["verbose"])
     with user_errors():
-        from edgespec.calibration.kernelchoice import setting
-        if setting(config.kernels) == "auto" and config.calibrate is True and not config.n_gpu_layers \
-                and not config.rpc:
+        if config.times_kernels() and config.calibrate is True:
             measure_kernel_price(model, config.n_threads, remeasure=False)
         one_line_warnings()
         return SpecModel(model, config=config, load_progress=_upload_bar(config.rpc) if config.rpc else None,
