@@ -448,6 +448,33 @@ def test_generate_options_make_the_run_config(monkeypatch):
     assert seen[1]["config"] == RunConfig.defaults().but(n_ctx=1024, cost_gate=False, memory=False)
 
 
+def test_rpc_and_verbose_options_reach_the_run_config(monkeypatch):
+    """--rpc, --tensor-split, --rpc-output and --verbose are run settings
+    like the others, and generate, calibrate and bench make their RunConfig
+    from the same shared options (run_config_options)."""
+    from click import BadParameter
+
+    from edgespec.app.cli.bench import bench
+    from edgespec.app.cli.calibrate import calibrate
+    from edgespec.app.cli.generate import generate
+    from edgespec.app.cli.options import RUN_OPTIONS, run_config_options
+    from edgespec.calibration.kernelchoice import ENV
+
+    monkeypatch.delenv(ENV, raising=False)
+    args = ["--rpc", "h:1,h:2", "-ts", "1/3", "--rpc-output", "remote", "--ctx", "1024", "--verbose"]
+    configs = []
+    for cmd, extra in ((generate, ["hello"]), (calibrate, []), (bench, ["--prompts", "p.jsonl"])):
+        with cmd.make_context(cmd.name, args + extra) as ctx:
+            run_config_options(lambda **kw: configs.append(kw["config"]))(
+                **{k: v for k, v in ctx.params.items() if k in RUN_OPTIONS})
+    c = configs[0]
+    assert (c.rpc, c.tensor_split, c.rpc_output, c.n_ctx, c.verbose) == (["h:1", "h:2"], [1.0, 3.0], "remote",
+                                                                          1024, True)
+    assert configs[1] == c and configs[2] == c
+    with pytest.raises(BadParameter, match="HOST:PORT"):
+        generate.make_context("generate", ["--rpc", "h:x", "hello"])
+
+
 def test_run_config_refuses_what_is_no_setting():
     from edgespec.app.settings import RunConfig
     from edgespec.errors import ConfigError
