@@ -6,9 +6,12 @@ as its fields override it); the CLI's options build one (app/cli/options.py
 `default` read their defaults from it, so a default changes in one place.
 Names follow llama.cpp's where it has the concept (n_ctx, n_gpu_layers,
 n_threads); the engine's own defaults (the largest batch, the gate) stay in
-core/config.py's EngineConfig and are read from it, and `engine_config()` is
-the one place that makes an EngineConfig from a RunConfig (it checks their
-ranges, once, when a RunConfig is made).
+core/config.py's EngineConfig and the backend's (the context size) in
+backend/settings.py's BackendSettings, and are read from them.  A RunConfig
+is passed whole: `engine_config()` and `backend_settings()` are the one place
+each that makes the engine's and the backend's settings of it (the engine's
+ranges are checked, once, when a RunConfig is made), and `resolve_kernels()`
+the one place that resolves kernels "auto".
 """
 from __future__ import annotations
 
