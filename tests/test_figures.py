@@ -15,8 +15,17 @@ decode time) and one computation:
     identical:A  A's answers identical to none's: "41/48"
     ci:A         the 95% interval of A's speedup over none: "1.96-2.41"
 
+or, on a bench-sessions results file (edgespec bench-sessions, docs/sessions.md):
+
+    swall:A/B    B's wall time over A's, summed over the sessions: "1.15x"
+    swall:A      A's wall seconds, summed: "62.9"
+    sttft:A      A's median time to first token of the follow-up chat requests, ms: "3834"
+    scached:A    A's cached share of the prompt tokens, percent: "35%"
+    sidentical:A/B  A's answers equal to B's, of the requests both answered: "19/21"
+
 then filters: category=C[,C...] (those categories only), repeat=N (that pass),
-requests=A-B (requests A to B of the file's order, counted from 1).
+requests=A-B (requests A to B of the file's order, counted from 1); on a
+sessions file session=NAME[,NAME...] (those sessions only).
 Modelled figures (a replay, not a timed run) carry
 <!-- modelled COSTFILE --> instead, on a line that says "modelled"; a figure
 whose run kept no results file carries <!-- nofile --> on a line that says
@@ -57,8 +66,43 @@ def _rows(files: str) -> list[dict]:
     return _cache[files]
 
 
+def _session_figure(path: str, expr: str, filters: str) -> str:
+    """A figure of a bench-sessions results file (see the module doc)."""
+    from statistics import median
+
+    from edgespec.bench.sessions import read_results as read_sessions
+    rows = read_sessions(os.path.join(ROOT, path))[1]
+    for f in filters.split():
+        key, value = f.split("=", 1)
+        if key != "session":
+            raise ValueError(f"unknown sessions filter {f}")
+        rows = [r for r in rows if r.get("session") in value.split(",")]
+    kind, _, arg = expr.partition(":")
+    of = lambda t, k: [r for r in rows if r.get("kind") == k and r["target"] == t]  # noqa: E731
+    wall = lambda t: sum(r["wall_s"] for r in of(t, "session"))  # noqa: E731
+    if kind == "swall" and "/" in arg:
+        a, b = arg.split("/")
+        return f"{wall(b) / wall(a):.2f}x"
+    if kind == "swall":
+        return f"{wall(arg):.1f}"
+    if kind == "sttft":
+        return f"{median(r['ttft_followup_ms'] for r in of(arg, 'session') if r['ttft_followup_ms'] is not None):.0f}"
+    if kind == "scached":
+        ss = of(arg, "session")
+        return f"{100 * sum(r['cache_n'] for r in ss) / sum(r['prompt_tokens'] for r in ss):.0f}%"
+    if kind == "sidentical":
+        a, b = arg.split("/")
+        ref = {(r["session"], r["index"]): r["text"] for r in of(b, "request") if r["status"] == 200}
+        got = [(r["session"], r["index"], r["text"]) for r in of(a, "request") if r["status"] == 200]
+        both = [t == ref[(s, i)] for s, i, t in got if (s, i) in ref]
+        return f"{sum(both)}/{len(both)}"
+    raise ValueError(f"unknown sessions computation {expr}")
+
+
 def figure(files: str, expr: str, filters: str = "") -> str:
     """The figure a marker names, formatted as the docs write it."""
+    if expr.split(":")[0] in ("swall", "sttft", "scached", "sidentical"):
+        return _session_figure(files, expr, filters)
     rows = _rows(files)
     for f in filters.split():
         key, value = f.split("=", 1)
@@ -87,15 +131,21 @@ def figure(files: str, expr: str, filters: str = "") -> str:
     raise ValueError(f"unknown computation {expr}")
 
 
-def _markers():
-    """(doc, line number, visible text before the marker, files, expr, filters) of every marker."""
-    out = []
+def _doc_lines():
+    """(doc, line number, line) of every line of README.md, BENCHMARKS.md and docs/*.md."""
     for doc in DOCS:
         with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
-                for m in MARKER.finditer(line):
-                    before = COMMENT.sub("", line[:m.start()])
-                    out.append((doc, n, before, m.group(1), m.group(2), m.group(3)))
+                yield doc, n, line
+
+
+def _markers():
+    """(doc, line number, visible text before the marker, files, expr, filters) of every marker."""
+    out = []
+    for doc, n, line in _doc_lines():
+        for m in MARKER.finditer(line):
+            before = COMMENT.sub("", line[:m.start()])
+            out.append((doc, n, before, m.group(1), m.group(2), m.group(3)))
     return out
 
 
@@ -169,12 +219,10 @@ def _prose(text: str) -> list[str]:
 
 def test_modelled_figures_say_so_and_name_their_cost_file():
     bad = []
-    for doc in DOCS:
-        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                for m in MODELLED.finditer(line):
-                    if "modelled" not in COMMENT.sub("", line) or not os.path.isfile(os.path.join(ROOT, m.group(1))):
-                        bad.append(f"{doc}:{n}: {m.group(1)}")
+    for doc, n, line in _doc_lines():
+        for m in MODELLED.finditer(line):
+            if "modelled" not in COMMENT.sub("", line) or not os.path.isfile(os.path.join(ROOT, m.group(1))):
+                bad.append(f"{doc}:{n}: {m.group(1)}")
     assert not bad, bad
 
 
@@ -210,13 +258,11 @@ def test_every_ratio_in_the_current_benchmarks_carries_a_marker():
 
 def test_notes_say_what_they_mark():
     bad = []
-    for doc in DOCS:
-        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                for m in NOTE.finditer(line):
-                    visible = COMMENT.sub("", line)
-                    if m.group(1) == "nofile" and "no results file" not in visible:
-                        bad.append(f"{doc}:{n}: nofile on a line that does not say 'no results file'")
-                    if m.group(1) == "target" and "target" not in COMMENT.sub("", line[:m.start()])[-120:].lower():
-                        bad.append(f"{doc}:{n}: target marker with no 'target' in the 120 visible characters before it")
+    for doc, n, line in _doc_lines():
+        for m in NOTE.finditer(line):
+            visible = COMMENT.sub("", line)
+            if m.group(1) == "nofile" and "no results file" not in visible:
+                bad.append(f"{doc}:{n}: nofile on a line that does not say 'no results file'")
+            if m.group(1) == "target" and "target" not in COMMENT.sub("", line[:m.start()])[-120:].lower():
+                bad.append(f"{doc}:{n}: target marker with no 'target' in the 120 visible characters before it")
     assert not bad, "\n".join(bad)

@@ -150,6 +150,28 @@ def test_the_budget_evicts_the_least_recently_used_prefix(model):
         assert len(pc) == 0 and pc.n_bytes == 0
 
 
+def test_a_background_calibration_slice_keeps_the_conversation(model):
+    """A background calibration's slice clears the KV cache; the Pacer first
+    saves the live conversation (SpecModel._keep_live_prefix), so the next
+    turn restores its prefix instead of prefilling it, with the same answer."""
+    from edgespec.calibration.background import Pacer
+    model.use_drafter("none")
+    first, turn = model.prompt_tokens(convo(QUESTIONS[0])), model.prompt_tokens(convo(QUESTIONS[1]))
+    want = model.generate(turn, max_tokens=8, reuse_prefix=False).tokens
+    with prompt_cache(model, 2**28) as pc:
+        model.generate(first, max_tokens=4)
+        pacer = Pacer(before_slice=model._keep_live_prefix)
+        pacer.enter()                       # a request used the backend since the last slice ...
+        pacer.exit()
+        assert pacer.pause() is True        # ... so the slice saves the live cells first
+        model.backend.reset()               # what the slice's measurement does to the KV cache
+        pacer.end()
+        assert len(pc) == 1
+        r = model.generate(turn, max_tokens=8)
+    shared = common_prefix(first, turn, len(turn) - 1)
+    assert shared >= 64 and r.n_reused_tokens == shared and r.tokens == want
+
+
 def test_restore_state_puts_back_the_saved_cells(model):
     """save_state / restore_state: after another prompt ran, the restored
     cells give the first prompt's next-token logits bit for bit."""

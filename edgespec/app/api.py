@@ -78,7 +78,7 @@ class SpecModel(ModelEngines):
         self._gate = Turnstile()
         self._closing = threading.Event()
         self._engines: dict = {}
-        self._pacer = Pacer(self._idle)
+        self._pacer = Pacer(self._idle, self._keep_live_prefix)
         self._calibration: BackgroundTask | None = None
         self.model_path = resolve_model(model_path)
         self.kernels_setting = kernels_setting(c.kernels)
@@ -109,6 +109,12 @@ class SpecModel(ModelEngines):
                 self._pacer.exit()
         finally:
             self._gate.release()
+
+    def _keep_live_prefix(self) -> None:
+        """Before a background calibration's slice clears the KV cache: keep
+        the live conversation in the prompt cache, so its next turn restores it."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.keep_live(self.backend)
 
     def _idle(self) -> bool:
         """Nobody holds or waits for the model (a background calibration may take a slice)."""

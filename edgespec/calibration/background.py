@@ -23,9 +23,12 @@ class Pacer:
     exit() around their use of the backend; the measurement calls pause()
     before each slice and end() after the last one."""
 
-    def __init__(self, idle=lambda: True):
+    def __init__(self, idle=lambda: True, before_slice=None):
         self._cond = threading.Condition()
         self._idle = idle          # True when nobody holds or waits for the model (SpecModel's gate)
+        # called (on the measuring thread, the backend its own) when a slice starts after requests
+        # used the backend: a slice clears the KV cache, so the live prefix is saved first
+        self._before_slice = before_slice
         self._requests = 0         # requests in enter()..exit()
         self._admitted = 0         # requests admitted so far
         self._seen = 0             # ... as of the measurement's last slice
@@ -59,7 +62,9 @@ class Pacer:
                 raise CalibrationStopped()
             self._slicing = True
             used, self._seen = self._admitted != self._seen, self._admitted
-            return used
+        if used and self._before_slice is not None:
+            self._before_slice()
+        return used
 
     def end(self) -> None:
         with self._cond:

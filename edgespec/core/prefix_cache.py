@@ -90,6 +90,13 @@ class PrefixCache:
             return n_live
         return self._restore(backend, key, n_best)
 
+    def keep_live(self, backend) -> None:
+        """Save the live cache's cells (when worth keeping) before something
+        else clears them (a background calibration's slice)."""
+        live = backend.kv_tokens[:backend.n_past]
+        if len(live) >= self.min_gain:
+            self._save(backend, live)
+
     def _restore(self, backend, key: int, n: int) -> int:
         """Put entry `key` into the backend (it becomes the most recently used); n, or 0 if that failed."""
         e = self.entries[key]
