@@ -448,6 +448,33 @@ def test_generate_options_make_the_run_config(monkeypatch):
     assert seen[1]["config"] == RunConfig.defaults().but(n_ctx=1024, cost_gate=False, memory=False)
 
 
+def test_rpc_and_verbose_options_reach_the_run_config(monkeypatch):
+    """--rpc, --tensor-split, --rpc-output and --verbose are run settings
+    like the others, and generate, calibrate and bench make their RunConfig
+    from the same shared options (run_config_options)."""
+    from click import BadParameter
+
+    from edgespec.app.cli.bench import bench
+    from edgespec.app.cli.calibrate import calibrate
+    from edgespec.app.cli.generate import generate
+    from edgespec.app.cli.options import RUN_OPTIONS, run_config_options
+    from edgespec.calibration.kernelchoice import ENV
+
+    monkeypatch.delenv(ENV, raising=False)
+    args = ["--rpc", "h:1,h:2", "-ts", "1/3", "--rpc-output", "remote", "--ctx", "1024", "--verbose"]
+    configs = []
+    for cmd, extra in ((generate, ["hello"]), (calibrate, []), (bench, ["--prompts", "p.jsonl"])):
+        with cmd.make_context(cmd.name, args + extra) as ctx:
+            run_config_options(lambda **kw: configs.append(kw["config"]))(
+                **{k: v for k, v in ctx.params.items() if k in RUN_OPTIONS})
+    c = configs[0]
+    assert (c.rpc, c.tensor_split, c.rpc_output, c.n_ctx, c.verbose) == (["h:1", "h:2"], [1.0, 3.0], "remote",
+                                                                          1024, True)
+    assert configs[1] == c and configs[2] == c
+    with pytest.raises(BadParameter, match="HOST:PORT"):
+        generate.make_context("generate", ["--rpc", "h:x", "hello"])
+
+
 def test_run_config_refuses_what_is_no_setting():
     from edgespec.app.settings import RunConfig
     from edgespec.errors import ConfigError
@@ -459,3 +486,56 @@ def test_run_config_refuses_what_is_no_setting():
     with pytest.raises(ConfigError, match="a list of corpus paths"):
         RunConfig(corpora="a.corpus")
     assert RunConfig(corpora=["a", "b"]).corpora == ("a", "b")
+
+
+def test_run_config_makes_the_engine_config():
+    """EngineConfig comes from RunConfig in one place (engine_config), which
+    checks its ranges once, when the RunConfig is made: --max-nodes 300 is
+    refused before a model loads."""
+    from edgespec.app.settings import RunConfig
+    from edgespec.core.config import EngineConfig
+    from edgespec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"max_nodes must be in 1\.\.256"):
+        RunConfig(max_nodes=300)
+    with pytest.raises(ConfigError, match="verify mode"):
+        RunConfig(verify="bogus")
+    e = RunConfig(max_nodes=40, cost_gate=False, verify="relaxed").engine_config(batch_cap=32)
+    assert (e.max_nodes, e.cost_gate, e.verify.mode) == (32, False, "relaxed")
+    assert RunConfig().engine_config() == EngineConfig()
+
+
+def test_run_config_makes_the_backend_settings():
+    """The backend's settings come from RunConfig in one value
+    (backend_settings), whose defaults RunConfig reads (n_ctx's once)."""
+    from edgespec.app.settings import RunConfig
+    from edgespec.backend.llama import EXACT_MAX_BATCH
+    from edgespec.backend.settings import BackendSettings
+
+    assert RunConfig().n_ctx == BackendSettings().n_ctx
+    b = RunConfig(n_ctx=1024, n_threads=3, max_nodes=16, rpc="h:1,h:2", rpc_output="remote",
+                  verbose=True).backend_settings("fast")
+    assert (b.n_ctx, b.n_threads, b.max_nodes, b.max_leaves, b.verbose) == (1024, 3, EXACT_MAX_BATCH, None, True)
+    assert (b.rpc, b.rpc_output, b.exact, b.flash_attn, b.tiled_mm) == (["h:1", "h:2"], "remote", False, False, "1")
+    g = RunConfig(n_gpu_layers=-1).backend_settings("fast")          # fast changes nothing on a GPU
+    assert (g.exact, g.flash_attn, g.tiled_mm) == (True, None, "0")
+    with pytest.raises(TypeError):
+        BackendSettings().but(ctx=1)
+
+
+def test_run_config_resolves_the_kernels(monkeypatch):
+    """kernels "auto" is resolved in one place (RunConfig.resolve_kernels):
+    timed only on a CPU, llama.cpp's defaults ("exact") with layers on a GPU
+    or on RPC workers, a named setting as named."""
+    from edgespec.app.settings import RunConfig
+    from edgespec.calibration.kernelchoice import ENV
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert RunConfig(kernels="auto").times_kernels() and RunConfig(kernels=None).times_kernels()
+    assert not RunConfig(kernels="auto", rpc="h:1").times_kernels()
+    assert not RunConfig(kernels="auto", n_gpu_layers=-1).times_kernels()
+    assert RunConfig(kernels="auto", n_gpu_layers=-1).resolve_kernels("no.gguf") == ("exact", None)
+    assert RunConfig(kernels="fast").resolve_kernels("no.gguf") == ("fast", None)
+    monkeypatch.setenv(ENV, "fast")
+    assert not RunConfig(kernels=None).times_kernels()
+    assert RunConfig(kernels=None).resolve_kernels("no.gguf") == ("fast", None)

@@ -111,8 +111,9 @@ DOC = ROOT / "docs" / "architecture.md"
 
 
 def test_architecture_names_fields_that_exist():
-    """The 'how to add' section of docs/architecture.md names Request and
-    RunConfig fields and drafter registry entries: they exist."""
+    """The 'how to add' section of docs/architecture.md names Request,
+    RunConfig (fields and the methods that pass it on), BackendSettings and
+    EngineConfig fields and drafter registry entries: they exist."""
     from edgespec.app.settings import RunConfig
     text = DOC.read_text()
     section = text[text.index("## How to add"):]
@@ -120,7 +121,13 @@ def test_architecture_names_fields_that_exist():
     run = set(re.findall(r"`RunConfig\.(\w+)`", section))
     assert req and run
     assert req <= {f.name for f in dataclasses.fields(Request)}, req
-    assert run <= {f.name for f in dataclasses.fields(RunConfig)}, run
+    methods = {n for n in vars(RunConfig) if callable(getattr(RunConfig, n))}
+    assert run <= {f.name for f in dataclasses.fields(RunConfig)} | methods, run
+    from edgespec.backend.settings import BackendSettings
+    from edgespec.core.config import EngineConfig
+    for cls in (BackendSettings, EngineConfig):
+        named = set(re.findall(rf"`{cls.__name__}\.(\w+)`", section))
+        assert named <= {f.name for f in dataclasses.fields(cls)}, named
     for path in re.findall(r"`((?:edgespec/)?(?:core|app|drafters|backend|bench)/[\w/]+\.py)`", text):
         p = ROOT / path if path.startswith("edgespec/") else SRC / path
         assert p.exists(), path

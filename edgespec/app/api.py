@@ -26,13 +26,10 @@ from edgespec.app.engines import ModelEngines
 from edgespec.app.settings import RunConfig
 from edgespec.app.structured import constraint_gbnf
 from edgespec.backend.chattokens import chat_tokens
-from edgespec.backend.ggml import parse_endpoints
 from edgespec.backend.grammar import Grammar
-from edgespec.backend.llama import EXACT_MAX_BATCH, LlamaBackend
-from edgespec.backend.process import default_threads, kernel_options
+from edgespec.backend.llama import LlamaBackend
 from edgespec.calibration.background import BackgroundTask, Pacer
 from edgespec.calibration.curve import CostCurve
-from edgespec.calibration.kernelchoice import resolve as resolve_kernels
 from edgespec.calibration.kernelchoice import setting as kernels_setting
 from edgespec.core.engine import cancel_check, drain
 from edgespec.core.result import GenerationResult
@@ -85,19 +82,11 @@ class SpecModel(ModelEngines):
         self._calibration: BackgroundTask | None = None
         self.model_path = resolve_model(model_path)
         self.kernels_setting = kernels_setting(c.kernels)
-        # "auto": the measured choice (edgespec.calibration.kernelchoice), exact until measured
-        rpc = parse_endpoints(c.rpc)
-        self.kernels, self.kernel_price = resolve_kernels(c.kernels, self.model_path, c.n_threads or default_threads(),
-                                                          gpu=bool(c.n_gpu_layers or rpc), measure=c.calibrate is True)
-        fast = self.kernels == "fast" and not c.n_gpu_layers
-        self.backend = LlamaBackend(self.model_path, n_ctx=c.n_ctx, n_gpu_layers=c.n_gpu_layers,
-                                    n_threads=c.n_threads, max_nodes=max(EXACT_MAX_BATCH, c.max_nodes),
-                                    max_leaves=None, cache_type_k=c.cache_type_k, verbose=c.verbose,
-                                    rpc=rpc, tensor_split=c.tensor_split, load_progress=load_progress,
-                                    rpc_output=c.rpc_output, **kernel_options(fast))
+        self.kernels, self.kernel_price = c.resolve_kernels(self.model_path)   # "auto": measured, else exact
+        self.backend = LlamaBackend(self.model_path, c.backend_settings(self.kernels), load_progress=load_progress)
         self.prefix_cache = PrefixCache(int(c.prompt_cache_mib * 2**20)) if c.prompt_cache_mib else None
         try:
-            self._setup(c.drafter, c.max_nodes, c.cost_gate, c.calibrate, progress, c.corpora, c.verify, c.memory)
+            self._setup(c, progress)
         except BaseException:      # a bad corpus, drafter or setting, a failed calibration, Ctrl-C
             self._gate.closed = True
             self.backend.close()

@@ -20,9 +20,8 @@ from edgespec.calibration.background import Pacer
 from edgespec.calibration.cache import CalibrationStopped, calibration_key
 from edgespec.calibration.curve import CostCurve, builtin_curve, cached_curve, load_or_measure, plan_contexts
 from edgespec.calibration.exactness import ExactnessReport, load_or_check_exactness
-from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine
-from edgespec.core.verify import VerifyConfig
+from edgespec.app.settings import RunConfig
 from edgespec.app.specs import drafter_from_spec, engine_settings
 from edgespec.errors import ConfigError
 from edgespec.memory import close_memory, open_memory
@@ -31,33 +30,31 @@ from edgespec.memory import close_memory, open_memory
 class ModelEngines:
     """SpecModel's engines and their calibration (see the module doc)."""
 
-    def _setup(self, drafter, max_nodes, cost_gate, calibrate, progress, corpora, verify, memory=False) -> None:
+    def _setup(self, run: RunConfig, progress) -> None:
         """Everything after the backend has loaded: the corpora, the memory
-        store, c(T) and the exactness verdict (by `calibrate`), the
-        EngineConfig and the default engine."""
+        store, c(T) and the exactness verdict (by run.calibrate), the
+        EngineConfig (run.engine_config) and the default engine."""
         self.vocab = self.backend.vocab
         self.corpora = []
-        if corpora:
+        if run.corpora:
             from edgespec.corpus.format import Corpus
-            self.corpora = [Corpus.load(p, vocab=self.vocab) for p in corpora]
-        self.memory = open_memory(memory, self.vocab)
-        if self.backend.exact and max_nodes > EXACT_MAX_BATCH:
+            self.corpora = [Corpus.load(p, vocab=self.vocab) for p in run.corpora]
+        self.memory = open_memory(run.memory, self.vocab)
+        if self.backend.exact and run.max_nodes > EXACT_MAX_BATCH:
             raise ConfigError(f"max_nodes must be <= {EXACT_MAX_BATCH} on CPU: larger batches take a llama.cpp "
                               "kernel whose numerics differ from one-token decoding")
         self.cost: CostCurve | None = None
         self.exactness: ExactnessReport | None = None
         self.calibration_error: BaseException | None = None
         self._calibration_state = "off"
-        if calibrate is True:
+        if run.calibrate is True:
             self.cost = self._calibrate(False, progress)
-        elif calibrate == "background":
+        elif run.calibrate == "background":
             self._from_cache_or_builtin()
         else:
             self.exactness = load_or_check_exactness(self.backend, self._calibration_key(), cached_only=True)
-        if isinstance(verify, str):
-            verify = VerifyConfig(verify)
-        self.config = EngineConfig(max_nodes=min(max_nodes, self.backend.max_nodes), cost_gate=cost_gate,
-                                   verify=verify or VerifyConfig())
+        self.config = run.engine_config(batch_cap=self.backend.max_nodes)
+        drafter = run.drafter
         self._drafter = drafter
         self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
         self.engine = self._engine_for(drafter)

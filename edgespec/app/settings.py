@@ -6,7 +6,12 @@ as its fields override it); the CLI's options build one (app/cli/options.py
 `default` read their defaults from it, so a default changes in one place.
 Names follow llama.cpp's where it has the concept (n_ctx, n_gpu_layers,
 n_threads); the engine's own defaults (the largest batch, the gate) stay in
-core/config.py's EngineConfig and are read from it.
+core/config.py's EngineConfig and the backend's (the context size) in
+backend/settings.py's BackendSettings, and are read from them.  A RunConfig
+is passed whole: `engine_config()` and `backend_settings()` are the one place
+each that makes the engine's and the backend's settings of it (the engine's
+ranges are checked, once, when a RunConfig is made), and `resolve_kernels()`
+the one place that resolves kernels "auto".
 """
 from __future__ import annotations
 
@@ -14,9 +19,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from edgespec.backend.ggml import RPC_OUTPUTS
+from edgespec.backend.ggml import RPC_OUTPUTS, parse_endpoints
+from edgespec.backend.llama import EXACT_MAX_BATCH
+from edgespec.backend.process import default_threads, kernel_options
+from edgespec.backend.settings import BackendSettings
+from edgespec.calibration.kernelchoice import KernelPrice, resolve
 from edgespec.calibration.kernelchoice import setting as kernels_setting   # $EDGESPEC_KERNELS, else auto
 from edgespec.core.config import EngineConfig
+from edgespec.core.verify import VerifyConfig
 from edgespec.errors import ConfigError
 
 
@@ -83,7 +93,7 @@ class RunConfig:
     drafter: Any = "suffix"
     corpora: tuple = ()
     verify: Any = "exact"
-    n_ctx: int = 4096
+    n_ctx: int = BackendSettings.n_ctx
     n_gpu_layers: int = 0
     n_threads: int | None = None
     cache_type_k: str | None = "auto"
@@ -108,6 +118,43 @@ class RunConfig:
             raise ConfigError(f"prompt_cache_mib must be >= 0, not {self.prompt_cache_mib!r}")
         if self.rpc_output not in RPC_OUTPUTS:     # checked here without workers too (the backend: with them)
             raise ConfigError(f"rpc_output must be one of {', '.join(RPC_OUTPUTS)}, not {self.rpc_output!r}")
+        self.engine_config()           # max_nodes' range and verify's mode: EngineConfig checks them
+
+    @property
+    def offloaded(self) -> bool:
+        """Layers on a GPU or on RPC workers (the kernel setting then changes nothing)."""
+        return bool(self.n_gpu_layers or parse_endpoints(self.rpc))
+
+    def times_kernels(self) -> bool:
+        """Whether the kernels are chosen by timing exact against fast ones
+        here: kernels "auto" (as set or from $EDGESPEC_KERNELS) on a CPU."""
+        return kernels_setting(self.kernels) == "auto" and not self.offloaded
+
+    def resolve_kernels(self, model_path: str, measure: bool | None = None) -> tuple[str, KernelPrice | None]:
+        """The kernels this run loads `model_path` with ("exact" or "fast") and
+        the price behind an "auto" choice (edgespec.calibration.kernelchoice.resolve):
+        measured when not cached if `measure` (None: when calibrate is True),
+        else exact until measured."""
+        return resolve(self.kernels, model_path, self.n_threads or default_threads(), gpu=self.offloaded,
+                       measure=self.calibrate is True if measure is None else measure)
+
+    def backend_settings(self, kernels: str) -> BackendSettings:
+        """The backend's settings of this run, with `kernels` resolved ("exact"
+        or "fast"; fast changes nothing with layers on a GPU).  The backend's
+        batch holds at least EXACT_MAX_BATCH tokens whatever max_nodes says."""
+        fast = kernels == "fast" and not self.n_gpu_layers
+        return BackendSettings(n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, n_threads=self.n_threads,
+                               max_nodes=max(EXACT_MAX_BATCH, self.max_nodes), max_leaves=None,
+                               cache_type_k=self.cache_type_k, verbose=self.verbose, rpc=parse_endpoints(self.rpc),
+                               tensor_split=self.tensor_split, rpc_output=self.rpc_output, **kernel_options(fast))
+
+    def engine_config(self, batch_cap: int | None = None) -> EngineConfig:
+        """The engine's settings of this run: max_nodes (at most `batch_cap`, the
+        backend's largest batch), cost_gate and verify (a mode's name or a
+        VerifyConfig); the rest at EngineConfig's defaults."""
+        verify = VerifyConfig(self.verify) if isinstance(self.verify, str) else (self.verify or VerifyConfig())
+        max_nodes = self.max_nodes if batch_cap is None else min(self.max_nodes, batch_cap)
+        return EngineConfig(max_nodes=max_nodes, cost_gate=self.cost_gate, verify=verify)
 
     @classmethod
     def defaults(cls) -> "RunConfig":

@@ -44,6 +44,7 @@ from edgespec.backend.layer_tap import LayerTap, attach_tap, tap_block
 from edgespec.backend.process import (CACHE_TYPES_K, auto_cache_type_k, clear_recent_log, default_threads,
                                       gpu_offload_available, init_backend, recent_errors)
 from edgespec.backend.seqstate import SeqState
+from edgespec.backend.settings import BackendSettings
 from edgespec.backend.vocab import Vocab
 
 EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
@@ -132,45 +133,40 @@ def _check_request(n_ctx: int, n_gpu_layers: int, max_nodes: int, max_leaves: in
 
 class LlamaBackend(SeqState):
     """A loaded GGUF model with one context sized for tree verification
-    (save_state / restore_state: backend/seqstate.py).
-
-    max_nodes: the most tokens one verification batch may hold (root + drafts).
-    max_leaves: the most root-to-leaf paths one tree may have (KV sequences);
-        None: as many as a tree of max_nodes can have (max_nodes - 1), within
-        llama.cpp's limit.
+    (save_state / restore_state: backend/seqstate.py), loaded with the
+    settings of a BackendSettings (backend/settings.py documents them).
     """
 
-    def __init__(self, model_path: str, *, n_ctx: int = 4096, n_gpu_layers: int = 0,
-                 n_threads: int | None = None, n_batch: int = 512, max_nodes: int = 64,
-                 max_leaves: int | None = 32, exact: bool = True, cache_type_k: str | None = None,
-                 cpu_repack: bool = False, flash_attn: bool | None = None, tiled_mm: str = "0",
-                 verbose: bool = False, rpc: list[str] | None = None, tensor_split: list[float] | None = None,
-                 load_progress=None, rpc_output: str = "local"):
-        max_leaves = _check_request(n_ctx, n_gpu_layers, max_nodes, max_leaves, rpc)
+    def __init__(self, model_path: str, settings: BackendSettings | None = None, *, load_progress=None,
+                 **changes):
+        """settings (BackendSettings; None: its defaults), with `changes` named as its fields."""
+        self.settings = s = (settings or BackendSettings()).but(**changes)
+        max_leaves = _check_request(s.n_ctx, s.n_gpu_layers, s.max_nodes, s.max_leaves, s.rpc)
         self.model_path = model_path
-        self.n_gpu_layers = n_gpu_layers
-        self.n_threads = n_threads or default_threads()
-        self.max_nodes = max_nodes
+        self.n_gpu_layers = n_gpu_layers = s.n_gpu_layers
+        self.n_threads = s.n_threads or default_threads()
+        self.max_nodes = s.max_nodes
         self.max_leaves = max_leaves
-        self.n_batch = max(n_batch, max_nodes)
-        self.rpc, self.tensor_split = list(rpc or []), list(tensor_split or [])
-        self.rpc_output = rpc_output
+        self.n_batch = max(s.n_batch, s.max_nodes)
+        self.rpc, self.tensor_split = list(s.rpc or []), list(s.tensor_split or [])
+        self.rpc_output = s.rpc_output
         # over RPC the workers' CPUs run the layers: exact as asked, and the
         # self-check (exactness.check_exactness) says whether it holds there
-        self.exact = exact and (n_gpu_layers == 0 or bool(self.rpc))
+        self.exact = s.exact and (n_gpu_layers == 0 or bool(self.rpc))
+        cache_type_k = s.cache_type_k
         if cache_type_k in (None, "auto"):
             cache_type_k = auto_cache_type_k(self.exact, self.n_threads)
         if cache_type_k not in CACHE_TYPES_K:
             raise ConfigError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), not {cache_type_k!r}")
         self.cache_type_k = cache_type_k
-        self.cpu_repack = bool(cpu_repack)
-        self.model = load_model(model_path, n_gpu_layers, verbose=verbose, cpu_repack=self.cpu_repack,
-                                tiled_mm=tiled_mm, rpc=self.rpc, tensor_split=self.tensor_split, rpc_output=rpc_output,
-                                load_progress=load_progress)
+        self.cpu_repack = bool(s.cpu_repack)
+        self.model = load_model(model_path, n_gpu_layers, verbose=s.verbose, cpu_repack=self.cpu_repack,
+                                tiled_mm=s.tiled_mm, rpc=self.rpc, tensor_split=self.tensor_split,
+                                rpc_output=s.rpc_output, load_progress=load_progress)
         self.vocab = Vocab(self.model)
         self.n_vocab = self.vocab.n_vocab
         self._tap: LayerTap | None = None     # a middle layer's hidden states (set_hidden(True, layer))
-        self._create_context(n_ctx, flash_attn)
+        self._create_context(s.n_ctx, s.flash_attn)
         self._create_batch()
         self._init_state()
 

@@ -114,11 +114,9 @@ def resolve_default(model) -> dict:
     d = RunConfig.defaults()
     be = model.backend
     threads = be.n_threads
-    gpu = bool(be.n_gpu_layers or getattr(be, "rpc", None))
-    kernels = d.kernels
-    if kernels == "auto":          # what generate would resolve it to here (the cached verdict)
-        from edgespec.calibration.kernelchoice import resolve
-        kernels, _ = resolve("auto", model.model_path, threads, gpu=gpu, measure=False)
+    # what generate would resolve the kernels to here, with this placement (an auto's cached verdict)
+    kernels, _ = d.but(n_threads=threads, n_gpu_layers=be.n_gpu_layers,
+                       rpc=getattr(be, "rpc", None) or None).resolve_kernels(model.model_path, measure=False)
     exact = kernels != "fast" and (not be.n_gpu_layers or bool(getattr(be, "rpc", None)))
     want = {"kernels": kernels,
             "cache_type_k": auto_cache_type_k(exact, threads) if d.cache_type_k == "auto" else d.cache_type_k,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import click
 
 from edgespec.app.cli.loading import load_model, with_chat_template
-from edgespec.app.settings import RunConfig
-from edgespec.app.cli.options import backend_options, complete_model, corpus_option, model_options, user_errors
+from edgespec.app.cli.options import (backend_options, complete_model, corpus_option, model_options,
+                                      run_config_options, user_errors)
 
 
 @click.command()
@@ -55,8 +55,9 @@ from edgespec.app.cli.options import backend_options, complete_model, corpus_opt
 @click.option("--memory", "memory_file", type=click.Path(dir_okay=False, exists=True), default=None,
               help="The memory store the NAME+memory methods start from (each its own copy; the file is read, "
                    "never written).  Without it they start empty.")
+@run_config_options
 def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out_path, raw, plot_path, peer_rpc,
-          n_ctx, n_gpu_layers, n_threads, cache_type_k, kernels, corpora, memory_file):
+          config, memory_file):
     """Compare decoding methods on a prompts file (greedy), prompt by prompt.
 
     Prints a table per category and overall: decode tok/s, tokens per step,
@@ -74,16 +75,14 @@ def bench(model, prompts_file, methods, max_tokens, limit, category, repeat, out
         server_binary(method_list)         # not built: say so before loading the model
     if not raw:
         model = with_chat_template(model, "use --raw to send the prompts as plain text")
-    m = load_model(model, RunConfig.defaults().but(drafter="none", n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
-                                                   n_threads=n_threads, corpora=corpora, cache_type_k=cache_type_k,
-                                                   kernels=kernels, memory=False, calibrate=True))
+    m = load_model(model, config.but(drafter="none", memory=False, calibrate=True))
     try:
         click.echo(f"bench: {len(prompts)} prompts x {len(method_list)} methods"
                    f"{f' x {repeat} passes' if repeat > 1 else ''}, max_tokens {max_tokens}, "
                    f"{m.backend.n_threads} threads -> {out_path}", err=True)
         with user_errors():
             head, results = run_bench(m, prompts, method_list, max_tokens=max_tokens, out_path=out_path,
-                                      llama_threads=n_threads, repeat=repeat, raw=raw,
+                                      llama_threads=config.n_threads, repeat=repeat, raw=raw,
                                       prompts_file=prompts_file, progress=stderr_progress,
                                       peer_rpc=parse_endpoints(peer_rpc) if peer_rpc else (),
                                       memory_file=memory_file)

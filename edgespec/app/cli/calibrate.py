@@ -8,8 +8,7 @@ import os
 import click
 
 from edgespec.app.cli.loading import calibration_note, load_model, measure_kernel_price
-from edgespec.app.settings import RunConfig
-from edgespec.app.cli.options import backend_options, complete_model, model_options, rpc_settings, user_errors
+from edgespec.app.cli.options import backend_options, complete_model, model_options, run_config_options, user_errors
 from edgespec.app.cli.output import calibration_line, json_default, kernels_line
 
 
@@ -18,18 +17,18 @@ from edgespec.app.cli.output import calibration_line, json_default, kernels_line
 @model_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print the curve as JSON.")
-def calibrate(model, n_ctx, n_gpu_layers, n_threads, cache_type_k, kernels, as_json):
+@run_config_options
+def calibrate(model, config, as_json):
     """Re-measure the verify cost c(T) of MODEL on this machine and cache it.
 
     c(T) is the time of one llama_decode of T tokens over the time of one token;
     the cost gate uses it to decide how many draft tokens are worth verifying.
     """
-    if kernels == "auto" and not n_gpu_layers and not rpc_settings()["rpc"]:
+    config = config.but(drafter="none", calibrate=False)
+    if config.times_kernels():
         with user_errors():
-            measure_kernel_price(model, n_threads, remeasure=True, note=not as_json)
-    m = load_model(model, RunConfig.defaults().but(drafter="none", n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
-                                                   n_threads=n_threads, calibrate=False, cache_type_k=cache_type_k,
-                                                   kernels=kernels))
+            measure_kernel_price(model, config.n_threads, remeasure=True, note=not as_json)
+    m = load_model(model, config)
     try:
         if not as_json:
             click.echo(f"measuring c(T) for {m.model_path} with {m.backend.n_threads} threads, "

@@ -4,13 +4,12 @@ from __future__ import annotations
 import click
 
 from edgespec.app.cli.loading import load_model
-from edgespec.app.settings import RunConfig
-from edgespec.app.cli.options import complete_model, user_errors
+from edgespec.app.cli.options import complete_model, run_config, user_errors
 
 
 def _answer_model(model_path: str, n_ctx: int):
     """The model that answers the chat preset's instructions (build-corpus --preset chat)."""
-    return load_model(model_path, RunConfig.defaults().but(drafter="suffix", n_ctx=n_ctx, calibrate=True))
+    return load_model(model_path, run_config(drafter="suffix", n_ctx=n_ctx, calibrate=True))
 
 
 @click.command("build-corpus")

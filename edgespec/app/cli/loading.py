@@ -1,6 +1,6 @@
 """Loading the model a command names, with the invocation's settings.
 
-load_model applies the log file and --rpc settings, times the kernel choice
+load_model applies the log file, times the kernel choice
 (--kernels auto) and shows the calibration and upload progress on stderr;
 with_chat_template refuses a model without a chat template before any of
 that.  One place turns the parsed options into a SpecModel, so generate,
@@ -13,12 +13,12 @@ import warnings
 
 import click
 
-from edgespec.app.cli.options import log_settings, rpc_settings, user_errors
+from edgespec.app.cli.options import log_settings, user_errors
 from edgespec.app.settings import RunConfig
 
 
 def load_model(model, config: RunConfig):
-    """The SpecModel of `config` with this invocation's log and --rpc settings.
+    """The SpecModel of `config` with this invocation's log file.
     config.calibrate True (one-shot commands: generate, bench) measures a
     missing calibration before the first answer, with a note on stderr;
     "background" (chat, serve) answers at once and measures between requests,
@@ -35,13 +35,8 @@ def load_model(model, config: RunConfig):
         ctx = click.get_current_context(silent=True)
         if ctx is not None:
             ctx.find_root().call_on_close(lambda: log_to_file(None))
-    rpc = rpc_settings()
-    config = config.but(rpc=rpc["rpc"] or None, tensor_split=rpc["tensor_split"] or None,
-                        rpc_output=rpc["rpc_output"], verbose=log["verbose"])
     with user_errors():
-        from edgespec.calibration.kernelchoice import setting
-        if setting(config.kernels) == "auto" and config.calibrate is True and not config.n_gpu_layers \
-                and not config.rpc:
+        if config.times_kernels() and config.calibrate is True:
             measure_kernel_price(model, config.n_threads, remeasure=False)
         one_line_warnings()
         return SpecModel(model, config=config, load_progress=_upload_bar(config.rpc) if config.rpc else None,

@@ -1,7 +1,8 @@
 """The options the commands share, and what reading them needs.
 
 The decorators that add the model, log, backend, generation and corpus
-options; the per-invocation log and RPC settings their callbacks record;
+options and the one that turns the run options into a RunConfig
+(run_config_options); the per-invocation log settings their callbacks record;
 MODEL's completion and the check that it is named once; the drafter and
 sampling values checked before a model loads; and user_errors, which turns
 the library's errors into one-line messages.  Every command module builds its
@@ -125,44 +126,33 @@ def corpus_option(f):
                              "(suffix, trigram, adjacency); repeatable.")(f)
 
 
-def rpc_settings(ctx=None) -> dict:
-    """--rpc and --tensor-split of this invocation (kept in the root context
-    like log_settings; loading.load_model passes them on)."""
-    ctx = ctx or click.get_current_context(silent=True)
-    if ctx is None:
-        return {"rpc": [], "tensor_split": [], "rpc_output": "local"}
-    return ctx.find_root().meta.setdefault("edgespec.rpc", {"rpc": [], "tensor_split": [], "rpc_output": "local"})
+def _parse_rpc(ctx, param, value):
+    """--rpc HOST:PORT,... as a list of endpoints, -ts P0,P1,... as a list of proportions (None: not given)."""
+    if not value or ctx.resilient_parsing:
+        return None
+    from edgespec.backend.ggml import parse_endpoints
+    from edgespec.errors import ConfigError
 
-
-def _set_rpc(ctx, param, value):
-    if value and not ctx.resilient_parsing:
-        from edgespec.backend.ggml import parse_endpoints
-        from edgespec.errors import ConfigError
-
-        try:
-            if param.name == "rpc":
-                value = parse_endpoints(value)
-            elif param.name == "tensor_split":
-                value = [float(x) for x in value.replace("/", ",").split(",") if x.strip()]
-        except (ConfigError, ValueError) as e:
-            raise click.BadParameter(str(e) if isinstance(e, ConfigError) else
-                                     f"proportions separated by commas, not {value!r}") from None
-        rpc_settings(ctx)[param.name] = value
-    return value
+    try:
+        if param.name == "rpc":
+            return parse_endpoints(value) or None
+        return [float(x) for x in value.replace("/", ",").split(",") if x.strip()] or None
+    except (ConfigError, ValueError) as e:
+        raise click.BadParameter(str(e) if isinstance(e, ConfigError) else
+                                 f"proportions separated by commas, not {value!r}") from None
 
 
 def backend_options(f):
     """--ctx, --n-gpu-layers, --threads, --cache-type-k, --kernels, --rpc, --rpc-output, --tensor-split."""
-    f = click.option("-ts", "--tensor-split", "tensor_split", metavar="P0,P1,...", expose_value=False,
-                     callback=_set_rpc,
+    f = click.option("-ts", "--tensor-split", "tensor_split", metavar="P0,P1,...", callback=_parse_rpc,
                      help="Proportions of the offloaded layers per device: the --rpc workers in order, then "
                           "local GPUs (default: by their free memory).")(f)
-    f = click.option("--rpc-output", "rpc_output", type=click.Choice(("local", "remote")), default="local",
-                     show_default=True, expose_value=False, callback=_set_rpc,
+    f = click.option("--rpc-output", "rpc_output", type=click.Choice(("local", "remote")),
+                     default=DEFAULTS.rpc_output, show_default=True,
                      help="Over --rpc, where the output layer runs: local = this machine computes the logits "
                           "(only hidden states cross the link), remote = the last worker does (every verified "
                           "token's logits, 4 bytes per vocabulary entry, cross the link).")(f)
-    f = click.option("--rpc", metavar="HOST:PORT[,...]", expose_value=False, callback=_set_rpc,
+    f = click.option("--rpc", metavar="HOST:PORT[,...]", callback=_parse_rpc,
                      help="Put the model's layers on llama.cpp RPC workers (`edgespec rpc-worker` or "
                           "llama.cpp's rpc-server; all layers unless --n-gpu-layers says how many).  Needs "
                           "llama-cpp-python built with CMAKE_ARGS=\"-DGGML_RPC=on\".")(f)
@@ -205,20 +195,28 @@ def memory_options(f):
 
 
 RUN_OPTIONS = ("drafter", "corpora", "verify", "n_ctx", "n_gpu_layers", "n_threads", "cache_type_k", "kernels",
-               "max_nodes", "prompt_cache_mib")
+               "max_nodes", "prompt_cache_mib", "rpc", "tensor_split", "rpc_output")
 """The options named as RunConfig's fields (app/settings.py)."""
 
 
+def run_config(**settings) -> RunConfig:
+    """RunConfig.defaults() with `settings` and this invocation's --verbose."""
+    with user_errors():
+        return RunConfig.defaults().but(verbose=log_settings()["verbose"], **settings)
+
+
 def run_config_options(f):
-    """Hand the command `config`: the RunConfig its run options make
-    (RUN_OPTIONS, --no-gate, --memory / --no-memory), in place of them."""
+    """Hand the command `config`: the RunConfig its run options make (those
+    of RUN_OPTIONS it has, --no-gate and --memory / --no-memory where it has
+    them, --verbose), in place of them.  The decorator nearest the function."""
     @functools.wraps(f)
     def command(*args, **kw):
         settings = {k: kw.pop(k) for k in RUN_OPTIONS if k in kw}
-        settings["cost_gate"] = not kw.pop("no_gate")
-        settings["memory"] = memory_setting(kw.pop("memory_file"), kw.pop("no_memory"))
-        with user_errors():
-            kw["config"] = RunConfig.defaults().but(**settings)
+        if "no_gate" in kw:
+            settings["cost_gate"] = not kw.pop("no_gate")
+        if "no_memory" in kw:
+            settings["memory"] = memory_setting(kw.pop("memory_file"), kw.pop("no_memory"))
+        kw["config"] = run_config(**settings)
         return f(*args, **kw)
     return command
 
@@ -252,7 +250,7 @@ def generation_options(f):
         click.option("--min-p", type=float, default=SAMPLING.min_p, show_default=True,
                      help="Sampling: drop tokens below min_p x the top one (0 = off)."),
         click.option("--seed", type=int, default=None, help="Sampling seed (default: fresh randomness)."),
-        click.option("--max-nodes", type=click.IntRange(1, 256), default=DEFAULTS.max_nodes, show_default=True,
+        click.option("--max-nodes", type=int, default=DEFAULTS.max_nodes, show_default=True,
                      help="Largest verification batch (pending token + drafts)."),
         click.option("--no-gate", is_flag=True, help="Verify every proposed node (up to --max-nodes) instead of "
                                                      "only those the cost gate expects to pay; for studies."),
