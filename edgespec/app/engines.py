@@ -166,7 +166,8 @@ class ModelEngines:
             if isinstance(drafter, str):
                 d, mode = drafter_from_spec(drafter, n_vocab=self.vocab.n_vocab, model_path=self.model_path,
                                             corpora=self.corpora, memory_store=self.memory)
-                config = dataclasses.replace(self.config, **engine_settings(mode))
+                if mode:        # an engine mode gets a config of its own; the others share the model's
+                    config = dataclasses.replace(self.config, **engine_settings(mode))
             else:
                 d = drafter
             d.warmup()
