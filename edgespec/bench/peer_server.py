@@ -203,14 +203,19 @@ class LlamaServerRunner:
         return parse_completion(resp, len(prompt_tokens))
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - best effort
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 10)
         self.log.close()
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float) -> None:
+    """Terminate a server we started, killing it after grace_s seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:  # pragma: no cover - best effort
+            proc.kill()
+            proc.wait(5)
 
 
 def server_env() -> dict:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from edgespec.bench.peer_server import SERVER_METHODS, LlamaServerRunner, free_port, server_env
+from edgespec.bench.peer_server import SERVER_METHODS, LlamaServerRunner, free_port, server_env, stop_process
 from edgespec.bench.sessions import Client
 from edgespec.errors import BenchError, PeerError
 
@@ -105,13 +105,7 @@ class EdgespecServer:
             time.sleep(0.3)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:  # pragma: no cover - best effort
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, 60)     # a serve shutting down gives its running request time to end
         self.log.close()
 
 
