@@ -18,13 +18,18 @@ step() { local name=$1 lim=$2; shift 2; local l=$(left); [ $l -lt 25 ] && { echo
   [ $lim -gt $l ] && lim=$l; echo "== $name (limit $lim s, at $(( $(date +%s) - T0 )) s)"
   timeout $lim "$@" > $L/$name.out 2> $L/$name.err; echo "rc=$? ($(( $(date +%s) - T0 )) s)"; tail -n ${TAILN:-22} $L/$name.out; grep -v '^\s*$' $L/$name.err | tail -n 2; }
 SH="$PY $H/shapes.py"
-# suffix@holdN / auto@holdN: the held batch width of issue 40 (EngineConfig.hold_width), beside the default's gate
-M="none,default,suffix@hold2,suffix@hold4,auto@hold4,llama-server-ngram-simple,llama-server-ngram-mod"
-step shapes-smol ${SHAPES_S:-40} $SH $W/smol.gguf 99
+# default (the gate's free choice), suffix@holdcost (the width chosen by cost, core/hold.py), fixed holds
+M=${METHODS_CODE:-none,default,suffix@holdcost,suffix@hold4,llama-server-ngram-simple,llama-server-ngram-mod}
+MJ=${METHODS_JSON:-none,default,suffix@holdcost,suffix@hold2,suffix@hold4,llama-server-ngram-mod}
 R="--repeat ${REPEAT:-2}"
-step code-smol 120 $ES bench $W/smol.gguf $NGL --prompts $W/code.jsonl ${LIMIT:-} --methods $M --max-tokens 128 $R --out $OUT/code-smol.jsonl
-step chat-smol 120 $ES bench $W/smol.gguf $NGL --prompts $W/chat.jsonl ${LIMIT:-} --methods $M --max-tokens 128 $R --out $OUT/chat-smol.jsonl
-step json-smol 90 $ES bench $W/smol.gguf $NGL --prompts $W/json.jsonl ${LIMIT:-} --methods none,default,suffix@hold2,suffix@hold4,llama-server-ngram-mod --max-tokens 256 $R --out $OUT/json-smol.jsonl
+# code edits and JSON under tools/step_parts.py: the same bench, each part of a step timed apart (issue 51,
+# item 1; the timers cost about 2 us a step, edgespec's methods only); the dev prompts without them
+SP="$PY $H/../step_parts.py"
+step code-smol 130 $SP $W/smol.gguf $NGL --prompts $W/code.jsonl ${LIMIT:-} --methods $M --max-tokens 128 $R --out $OUT/code-smol.jsonl --parts-out $OUT/parts-code.jsonl
+step json-smol 110 $SP $W/smol.gguf $NGL --prompts $W/json.jsonl ${LIMIT:-} --methods $MJ --max-tokens 256 $R --out $OUT/json-smol.jsonl --parts-out $OUT/parts-json.jsonl
+step chat-smol 110 $ES bench $W/smol.gguf $NGL --prompts $W/chat.jsonl ${LIMIT:-} --methods ${METHODS_CHAT:-none,default,suffix@holdcost,suffix@hold4,llama-server-ngram-simple,llama-server-ngram-mod} --max-tokens 128 --repeat ${REPEAT_CHAT:-1} --out $OUT/chat-smol.jsonl
+# the steady and alternating widths of this build (tools/replay.py --cost), while time is left
+step shapes-smol ${SHAPES_S:-30} $SH $W/smol.gguf 99
 # the calibration before the streams: the 2026-11-27 run reached its deadline in them
 TAILN=40 step cal-smol 30 $ES calibrate $W/smol.gguf $NGL --json
 # memory across requests (issue 41): a stream of similar requests, in file order
@@ -40,5 +45,5 @@ TAILN=8 step shapes-1.5b 45 $SH $W/rand-1.5b.gguf 99
 cat $L/shapes-*.out > $OUT/shapes.jsonl 2>/dev/null; c=$(ls $W/cache/calibration/*[0-9a-f].json 2>/dev/null | head -1); [ -n "$c" ] && cp "$c" $OUT/calibration.json
 for f in $L/*.out $L/*.err; do echo "=== $f"; cat $f; done > $OUT/steps.log 2>/dev/null
 # the device returns at most 8 files: the results files travel as one archive (results.tgz)
-(cd $OUT && ls *-smol.jsonl >/dev/null 2>&1 && tar czf results.tgz *-smol.jsonl && rm -f *-smol.jsonl)
+(cd $OUT && ls *-smol.jsonl >/dev/null 2>&1 && tar czf results.tgz *-smol.jsonl parts-*.jsonl 2>/dev/null; rm -f *-smol.jsonl parts-*.jsonl)
 echo "total $(( $(date +%s) - T0 )) s"; ls $OUT
