@@ -351,6 +351,20 @@ def test_an_implausible_curve_is_measured_again_then_capped_and_not_cached(cache
     assert c.meta["capped"] and C.implausible_batch(c) is None
 
 
+def test_dear_alternating_widths_with_cheap_steady_ones_are_a_device_not_a_busy_machine():
+    """The H200's calibration of 2026-11-28 (a batch of 2 after a one-token
+    decode: 5.1 decodes; the same width repeated: 1.13): the alternating
+    costs are real (CUDA graphs captured anew at each change of shape), so
+    the curve is kept as measured; a busy CPU's, whose steady widths are as
+    dear, is still caught."""
+    gpu = CostCurve([1, 2, 4, 8], [1.0, 5.14, 5.03, 5.11], 0.00108, {"prefix": 300}, 0.00108, [],
+                    [1.0, 5.0, 5.0, 5.1], 0.0054, 0.0047, [1.0, 1.13, 1.24, 1.43])
+    assert C.implausible_batch(gpu) is None
+    busy = busy_curve()
+    busy.steady_rel = [1.0, 7.5, 7.6]
+    assert C.implausible_batch(busy) == 2
+
+
 def test_a_busy_first_measurement_and_a_quiet_second_caches_the_second(cache, monkeypatch):
     results = [busy_curve(), small_curve()]
     monkeypatch.setattr(C, "measure_cost_curve", lambda backend, progress=None, pause=None: results.pop(0))
