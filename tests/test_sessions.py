@@ -44,14 +44,20 @@ def test_a_trace_has_the_documented_shape(path):
 
 
 def test_the_aider_traces_are_aiders_shape():
-    """Aider streams, sends no max_tokens, and starts every request with the
-    same long system prompt: the prefix a server may keep."""
+    """Aider streams its turns, sends no max_tokens, and starts every turn with
+    the same long system prompt: the prefix a server may keep; the history
+    summaries it sends in the background (role `summary`) are two messages,
+    not streamed."""
     aider = [S.load_session(str(p)) for p in TRACES if S.load_session(str(p)).header["app"] == "aider"]
-    assert aider
+    assert len(aider) >= 3
     for s in aider:
-        firsts = {r["body"]["messages"][0]["content"] for r in s.requests}
-        assert len(firsts) == 1 and len(firsts.pop()) > 500
-        assert all(r["body"].get("stream") is True and "max_tokens" not in r["body"] for r in s.requests)
+        turns = [r for r in s.requests if r["role"] == "chat"]
+        firsts = {r["body"]["messages"][0]["content"] for r in turns}
+        assert len(turns) >= 3 and len(firsts) == 1 and len(firsts.pop()) > 500
+        assert all(r["body"].get("stream") is True and "max_tokens" not in r["body"] for r in turns)
+        summaries = [r for r in s.requests if r["role"] == "summary"]
+        assert all(len(r["body"]["messages"]) == 2 and not r["body"].get("stream") for r in summaries)
+        assert {r["role"] for r in s.requests} <= {"chat", "summary"}
 
 
 def test_side_requests_follow_the_turns_in_the_webui_trace():
