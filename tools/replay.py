@@ -42,8 +42,10 @@ sees those numbers, so the methods stay comparable.  Methods with a lossy verifi
 their bench figures are printed as they are, as are those of peers and
 NAME+memory methods.  The bench's method names replay as the bench ran them:
 ``default`` as the drafter the results file's header says it resolved to,
-``NAME@holdN`` with a held batch width of N (EngineConfig.hold_width), ``NAME@holdcost``
-with the width chosen by cost (EngineConfig.hold_choice).
+``NAME@holdN`` with a held batch width of N (EngineConfig.hold_width), ``NAME@free``
+with the gate's own choice every step (EngineConfig.hold_choice off; ``default`` replays with
+today's default, the width chosen by cost, whatever the recorded run's was), ``NAME@holdcost``
+with the width chosen by cost.
 
 Printed per curve and category: tokens per step and modelled speedup over
 `none` (c(T) per decode plus the engine's per-step work), and beside them,
@@ -68,7 +70,7 @@ from edgespec.app.api import SpecModel
 from edgespec.bench.prompts import load_prompts
 from edgespec.bench.results import read_results
 from edgespec.calibration.curve import CostCurve
-from edgespec.app.specs import HOLD_COST, drafter_from_spec, engine_settings, hold_width, split_verify
+from edgespec.app.specs import HOLD_COST, HOLD_FREE, drafter_from_spec, engine_settings, hold_width, split_verify
 from edgespec.bench.methods import is_peer, with_memory
 from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine
@@ -267,7 +269,7 @@ def _replayable(meth: str, head: dict) -> tuple[str, dict] | None:
     """(drafter spec, EngineConfig fields) that a bench method replays as:
     `default` the drafter the bench's header says it resolved to (else
     generate's default), NAME@holdN NAME with a held width of N,
-    NAME@holdcost NAME with the width chosen by cost; None for a
+    NAME@holdcost / NAME@free NAME with the width chosen by cost or not; None for a
     method whose output leaves the record (a lossy verification mode), one
     with a memory of earlier answers, and another program (a peer)."""
     if meth == "default":
@@ -278,7 +280,7 @@ def _replayable(meth: str, head: dict) -> tuple[str, dict] | None:
     base, mode = split_verify(meth)
     if mode is None:
         return meth, {}
-    return (base, engine_settings(mode)) if hold_width(mode) or mode == HOLD_COST else None
+    return (base, engine_settings(mode)) if hold_width(mode) or mode in (HOLD_COST, HOLD_FREE) else None
 
 
 def _sums(rows) -> dict:

@@ -1,10 +1,11 @@
-"""Drafter specs with an engine mode: `auto+aasd@relaxed`, `suffix@hold4`, `suffix@holdcost`.
+"""Drafter specs with an engine mode: `auto+aasd@relaxed`, `suffix@hold4`, `suffix@free`.
 
 A spec is a drafter name with switches (drafters.parse_drafter_name) and,
 after '@', a setting of the engine that runs it: a verification mode
-(core/verify.py), a held batch width (EngineConfig.hold_width) or `holdcost`,
-the width held where the learned costs say it pays (EngineConfig.hold_choice,
-core/hold.py; experimental, off by default).  The app
+(core/verify.py), a held batch width (EngineConfig.hold_width), `free`, the
+gate's own choice every step without the width chosen by cost
+(EngineConfig.hold_choice off), or `holdcost`, that choice on (the default
+since 2026-11-28; the name stays for the results files that used it).  The app
 resolves both halves (app/engines.py), so the drafters know nothing of the
 engine.
 """
@@ -20,20 +21,21 @@ def split_verify(spec: str) -> tuple[str, str | None]:
     experimental held batch width of N tokens (EngineConfig.hold_width);
     ConfigError for an unknown mode."""
     base, sep, mode = spec.partition("@")
-    if sep and not hold_width(mode) and mode != HOLD_COST:
+    if sep and not hold_width(mode) and mode not in (HOLD_COST, HOLD_FREE):
         VerifyConfig(mode)
     return base, (mode if sep else None)
 
 
 HOLD_COST = "holdcost"
+HOLD_FREE = "free"
 
 
 def engine_settings(mode: str | None) -> dict:
     """The EngineConfig fields an '@mode' sets: {} for none."""
     if not mode:
         return {}
-    if mode == HOLD_COST:
-        return {"hold_choice": True}
+    if mode in (HOLD_COST, HOLD_FREE):
+        return {"hold_choice": mode == HOLD_COST}
     if hold_width(mode):        # wider than max_nodes: EngineConfig's ConfigError
         return {"hold_width": hold_width(mode)}
     return {"verify": VerifyConfig(mode)}

@@ -54,14 +54,15 @@ class EngineConfig:
         llama.cpp replays one captured graph instead of capturing a new one at
         each change of width; verification is unchanged (exact).  The gate
         and the guard do not decide then; plain decoding (`none`) never pads.
-    hold_choice: experimental, off by default (spec `@holdcost`: `suffix@holdcost`):
-        where no width is fixed, let the costs choose one (core/hold.py):
-        where the learned steady widths cost markedly less than changing ones
-        (CUDA's captured graphs) and holding 2, 4 or 8 tokens would yield more
-        tokens per second than the gate's free choice, the engine holds that
-        width; elsewhere (every CPU curve) it never holds.  Off until a device
-        run confirms it: in the modelled H200 replay it slowed code edits under
-        two of the three cost files (BENCHMARKS.md).
+    hold_choice: on by default (the spec `@free`, `suffix@free`, turns it
+        off): where no width is fixed, let the costs choose one
+        (core/hold.py): where the calibrated and the learned steady widths
+        cost markedly less than changing ones (CUDA's captured graphs) and
+        holding 2, 4 or 8 tokens would yield more tokens per second than the
+        gate's free choice, the engine holds that width; elsewhere (every CPU
+        curve) it never holds and steps as before.  On an H200 on 2026-11-28
+        it ran code edits at 1.57x `none` where the gate alone ran 0.92x
+        (BENCHMARKS.md, GPU).
     """
     max_nodes: int = 48
     cost_gate: bool = True
@@ -76,7 +77,7 @@ class EngineConfig:
     learn_costs: bool = True
     guard: bool = True
     hold_width: int = 0
-    hold_choice: bool = False
+    hold_choice: bool = True
 
     def __post_init__(self):
         if not (1 <= self.max_nodes <= 256):

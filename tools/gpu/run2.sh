@@ -21,16 +21,16 @@ step() { local name=$1 lim=$2; shift 2; local l=$(left); [ $l -lt 25 ] && { echo
   [ $lim -gt $l ] && lim=$l; echo "== $name (limit $lim s, at $(( $(date +%s) - T0 )) s)"
   timeout $lim "$@" > $L/$name.out 2> $L/$name.err; echo "rc=$? ($(( $(date +%s) - T0 )) s)"; tail -n ${TAILN:-22} $L/$name.out; grep -v '^\s*$' $L/$name.err | tail -n 2; }
 SH="$PY $H/shapes.py"
-# default (the gate's free choice), suffix@holdcost (the width chosen by cost, core/hold.py), fixed holds
-M=${METHODS_CODE:-none,default,suffix@holdcost,suffix@hold4,llama-server-ngram-simple,llama-server-ngram-mod}
-MJ=${METHODS_JSON:-none,default,suffix@holdcost,suffix@hold2,suffix@hold4,llama-server-ngram-mod}
+# default (the width chosen by cost, core/hold.py), suffix@free (the gate alone), fixed holds
+M=${METHODS_CODE:-none,default,suffix@free,suffix@hold4,llama-server-ngram-simple,llama-server-ngram-mod}
+MJ=${METHODS_JSON:-none,default,suffix@free,suffix@hold2,suffix@hold4,llama-server-ngram-mod}
 R="--repeat ${REPEAT:-2}"
 # code edits and JSON under tools/step_parts.py: the same bench, each part of a step timed apart (issue 51,
 # item 1; the timers cost about 2 us a step, edgespec's methods only); the dev prompts without them
 SP="$PY $H/../step_parts.py"
 step code-smol 130 $SP $W/smol.gguf $NGL --prompts $W/code.jsonl ${LIMIT:-} --methods $M --max-tokens 128 $R --out $OUT/code-smol.jsonl --parts-out $OUT/parts-code.jsonl
 step json-smol 110 $SP $W/smol.gguf $NGL --prompts $W/json.jsonl ${LIMIT:-} --methods $MJ --max-tokens 256 $R --out $OUT/json-smol.jsonl --parts-out $OUT/parts-json.jsonl
-step chat-smol 110 $ES bench $W/smol.gguf $NGL --prompts $W/chat.jsonl ${LIMIT:-} --methods ${METHODS_CHAT:-none,default,suffix@holdcost,suffix@hold4,llama-server-ngram-simple,llama-server-ngram-mod} --max-tokens 128 --repeat ${REPEAT_CHAT:-1} --out $OUT/chat-smol.jsonl
+step chat-smol 110 $ES bench $W/smol.gguf $NGL --prompts $W/chat.jsonl ${LIMIT:-} --methods ${METHODS_CHAT:-none,default,suffix@free,suffix@hold4,llama-server-ngram-simple,llama-server-ngram-mod} --max-tokens 128 --repeat ${REPEAT_CHAT:-1} --out $OUT/chat-smol.jsonl
 # the steady and alternating widths of this build (tools/replay.py --cost), while time is left
 step shapes-smol ${SHAPES_S:-30} $SH $W/smol.gguf 99
 # the calibration before the streams: the 2026-11-27 run reached its deadline in them
