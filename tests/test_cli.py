@@ -523,6 +523,18 @@ def test_run_config_makes_the_backend_settings():
         BackendSettings().but(ctx=1)
 
 
+def test_auto_k_cache_is_q8_0_for_exact_threads_and_for_fast_kernels_on_cpu():
+    """K cache "auto": q8_0 where exactness needs it (2+ threads) and for fast
+    kernels on a CPU (flash attention off: the prompt's K x Q product then runs
+    the 8-bit kernel, which reads prompts faster); f16 for exact kernels on one
+    thread (flash attention's tiled prompt kernel is f16-only) and on a GPU."""
+    from edgespec.backend.process import auto_cache_type_k
+    assert auto_cache_type_k(True, 2) == auto_cache_type_k(True, 16) == "q8_0"
+    assert auto_cache_type_k(True, 1) == "f16"
+    assert auto_cache_type_k(False, 1, fast_cpu=True) == auto_cache_type_k(False, 2, fast_cpu=True) == "q8_0"
+    assert auto_cache_type_k(False, 2) == "f16"          # offloaded: not exact, not fast on a CPU
+
+
 def test_run_config_resolves_the_kernels(monkeypatch):
     """kernels "auto" is resolved in one place (RunConfig.resolve_kernels):
     timed only on a CPU, llama.cpp's defaults ("exact") with layers on a GPU

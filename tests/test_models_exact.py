@@ -97,7 +97,7 @@ def test_generate_reports_the_verdict(model, monkeypatch):
 
 
 def test_fast_kernels_are_faster_settings_and_not_exact(model):
-    """--kernels fast: flash attention off and an f16 K cache, every decode on
+    """--kernels fast: flash attention off and a q8_0 K cache, every decode on
     every thread; the self-check must find that batched logits then differ
     (llama.cpp's attention products take other kernels for a batch), at short
     and long contexts alike, and the calibration is cached under its own key."""
@@ -105,7 +105,7 @@ def test_fast_kernels_are_faster_settings_and_not_exact(model):
     fast = SpecModel(model.model_path, drafter="suffix", n_ctx=1024, calibrate=False, kernels="fast")
     try:
         be = fast.backend
-        assert be.flash_attn is False and be.cache_type_k == "f16" and be.one_thread_after is None
+        assert be.flash_attn is False and be.cache_type_k == "q8_0" and be.one_thread_after is None
         assert fast._calibration_key() != model._calibration_key()
         r = E.check_exactness(be, contexts=(100, 600), ts=(2, 8, 16))
         assert not r.exact and r.failed and r.max_abs_diff > 0

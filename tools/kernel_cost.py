@@ -16,13 +16,18 @@ switch is read once per process, and a crash stays contained):
 
 Settings: default (both off, as edgespec runs), tiled (GGML_CPU_TILED_MM=1),
 repack (use_extra_bufts on), both, noflash (flash attention off, f16 K cache,
-tiled product off), and fast: edgespec's --kernels fast, what plain llama.cpp
-runs with the same threads but no repacking (tiled product on, flash attention
-off, f16 K cache), not exact (batched logits differ from one-token ones), and
-fastfa: fast with flash attention at llama.cpp's auto (on), as llama-server
-runs by default.  Run
-it on an idle machine: these are timings.  --threads as in edgespec (default:
-one per physical core).
+tiled product off), and fast: edgespec's --kernels fast (tiled product on,
+flash attention off, q8_0 K cache), not exact (batched logits differ from
+one-token ones); fastf16: fast with llama.cpp's default f16 K cache, what plain
+llama.cpp runs with the same threads, no repacking and no flash attention
+(edgespec's fast kernels before 2026-11-28); fastfa: fastf16 with flash
+attention at llama.cpp's auto (on), as llama-server runs by default.  Run it
+on an idle machine: these are timings; --rounds N runs the settings N times
+in turn (A B A B ...), so that a change in the machine's load spreads over
+all of them.  Besides wall-clock rates, prefill_cpu_tok_s is prompt tokens
+per second of the process's CPU time: with --threads 1 it barely moves when
+other processes share the CPU.  --threads as in edgespec (default: one per
+physical core).
 """
 from __future__ import annotations
 
@@ -38,8 +43,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # name: (GGML_CPU_TILED_MM, repack, flash attention (None: llama.cpp's auto), K cache (None: edgespec's))
 SETTINGS = {"default": ("0", False, None, None), "tiled": ("1", False, None, None),
             "repack": ("0", True, None, None), "both": ("1", True, None, None),
-            "noflash": ("0", False, False, "f16"), "fast": ("1", False, False, "f16"),
-            "fastfa": ("1", False, None, "f16")}
+            "noflash": ("0", False, False, "f16"), "fast": ("1", False, False, None),
+            "fastf16": ("1", False, False, "f16"), "fastfa": ("1", False, None, "f16")}
 
 
 def measure(path: str, setting: str, threads, n_prompt: int, n_decode: int, batch: int, reps: int) -> dict:
@@ -49,15 +54,18 @@ def measure(path: str, setting: str, threads, n_prompt: int, n_decode: int, batc
     from edgespec.backend.process import tiled_mm_setting
 
     _, repack, flash_attn, cache_type_k = SETTINGS[setting]
+    # exact (edgespec's one-thread policy for f16 one-token decodes past 256
+    # cells) only for the settings on edgespec's own K cache: an explicit f16
+    # cache is timed as llama.cpp runs it, every decode on every thread
     be = LlamaBackend(path, n_ctx=n_prompt + n_decode + batch + 64, n_threads=threads, max_nodes=max(batch, 1),
                       cache_type_k=cache_type_k, cpu_repack=repack, flash_attn=flash_attn,
-                      exact=flash_attn is None)
+                      exact=flash_attn is None and cache_type_k is None)
     rng = np.random.default_rng(0)
     toks = rng.integers(100, min(be.n_vocab, 20000), size=n_prompt + n_decode + batch).astype(np.int32)
     zero, one = np.zeros(batch, np.int32), np.ones(batch, np.int32)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     be.prefill(toks[:n_prompt])
-    prefill_s = time.perf_counter() - t0
+    prefill_s, prefill_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     steps = []
     for t in toks[n_prompt:n_prompt + n_decode]:
         t0 = time.perf_counter()
@@ -76,7 +84,7 @@ def measure(path: str, setting: str, threads, n_prompt: int, n_decode: int, batc
     be.close()
     return {"tiled_mm": tiled_mm_setting(), "repack": repack, "flash_attn": "auto" if flash_attn is None else flash_attn,
             "threads": be.n_threads,
-            "cache_type_k": be.cache_type_k, "prefill_tok_s": n_prompt / prefill_s,
+            "cache_type_k": be.cache_type_k, "prefill_tok_s": n_prompt / prefill_s, "prefill_cpu_tok_s": n_prompt / prefill_cpu_s,
             "decode_tok_s": len(steps) / sum(steps), "decode_median_ms": 1000 * float(np.median(steps)),
             f"batch{batch}_median_ms": 1000 * float(np.median(batches))}
 
@@ -90,6 +98,7 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=1, help="run the settings this many times, in turn")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     from edgespec.models.resolve import resolve_model
@@ -98,7 +107,7 @@ def main(argv=None) -> int:
         r = measure(path, a.child, a.threads, a.prompt, a.decode, a.batch, a.reps)
         print(json.dumps(r))
         return 0
-    for name in a.settings.split(","):
+    for name in a.settings.split(",") * a.rounds:
         tiled = SETTINGS[name][0]
         cmd = [sys.executable, os.path.abspath(__file__), path, "--child", name,
                "--prompt", str(a.prompt), "--decode", str(a.decode), "--batch", str(a.batch), "--reps", str(a.reps)]

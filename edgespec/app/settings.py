@@ -43,9 +43,11 @@ class RunConfig:
     n_ctx, n_gpu_layers, n_threads: llama.cpp's settings (n_threads None = one
         per physical core).
     cache_type_k: the K cache's type, "f16" (llama.cpp's default) or "q8_0";
-        "auto" (or None) = q8_0 on CPU with more than one thread, else f16.  On
-        CPU an f16 K cache makes one-token decodes past 256 KV cells run on one
-        thread, to stay exact (see backend/llama.py); q8_0 lets them use every thread.
+        "auto" (or None) = q8_0 on CPU with more than one thread or with fast
+        kernels, else f16.  On CPU an f16 K cache makes exact one-token decodes
+        past 256 KV cells run on one thread, to stay exact (see
+        backend/llama.py); q8_0 lets them use every thread, and with fast
+        kernels it reads prompts faster (docs/exactness.md).
     kernels: "auto": "exact" where it costs at most 5% more than "fast" on
         this machine, else "fast", as measured once per model and thread count
         in two child processes (edgespec.calibration.kernelchoice; cached);
@@ -53,7 +55,7 @@ class RunConfig:
         "exact".  "exact": llama.cpp settings under which a verification batch
         gives logits bit-identical to one-token decoding on CPU (flash
         attention on, the tiled K-quant product off).  "fast": llama.cpp's
-        fastest CPU settings (flash attention off, f16 K cache unless
+        fastest CPU settings (flash attention off, q8_0 K cache unless
         cache_type_k says otherwise, the tiled product on): cheaper decodes,
         batches and prefill (BENCHMARKS.md, "What does exactness cost?"), but
         batched logits differ in the last bits, so greedy output can differ

@@ -155,7 +155,8 @@ class LlamaBackend(SeqState):
         self.exact = s.exact and (n_gpu_layers == 0 or bool(self.rpc))
         cache_type_k = s.cache_type_k
         if cache_type_k in (None, "auto"):
-            cache_type_k = auto_cache_type_k(self.exact, self.n_threads)
+            fast_cpu = s.flash_attn is False and n_gpu_layers == 0 and not self.rpc
+            cache_type_k = auto_cache_type_k(self.exact, self.n_threads, fast_cpu)
         if cache_type_k not in CACHE_TYPES_K:
             raise ConfigError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), not {cache_type_k!r}")
         self.cache_type_k = cache_type_k

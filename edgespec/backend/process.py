@@ -144,16 +144,22 @@ def tiled_mm_setting() -> str:
 
 
 # K-cache types (ggml type ids).  llama.cpp's default is f16; edgespec's default on
-# CPU is q8_0, whose one-token decodes never take the split-KV path (see
-# LlamaBackend._init_state), so every decode can use every thread and stay exact.
+# CPU is q8_0: with exact kernels its one-token decodes never take the split-KV
+# path (see LlamaBackend._init_state), so every decode can use every thread and
+# stay exact; with fast kernels (flash attention off) the prompt's K x Q product
+# runs the 8-bit dot kernel instead of the f16 one (docs/exactness.md).
 CACHE_TYPES_K = {"f16": 1, "q8_0": 8}
 
 
-def auto_cache_type_k(exact: bool, n_threads: int) -> str:
+def auto_cache_type_k(exact: bool, n_threads: int, fast_cpu: bool = False) -> str:
     """The K cache type of cache_type_k "auto": q8_0 where exactness needs it
-    (see LlamaBackend: f16 takes the split-KV path with several threads);
-    one thread never takes that path: llama.cpp's default, f16."""
-    return "q8_0" if (exact and n_threads > 1) else "f16"
+    (see LlamaBackend: f16 takes the split-KV path with several threads) and
+    for fast kernels on a CPU (fast_cpu: flash attention off, no layer
+    offloaded), whose prefill it makes faster at the same decode speed;
+    otherwise (one thread with exact kernels, a GPU) llama.cpp's default, f16.
+    With flash attention on, q8_0 would make the prefill slower (its tiled
+    attention kernel is f16-only), so exact kernels on one thread keep f16."""
+    return "q8_0" if (exact and n_threads > 1) or fast_cpu else "f16"
 
 
 def init_backend(verbose: bool = False, tiled_mm: str = "0") -> None:

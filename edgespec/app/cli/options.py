@@ -164,15 +164,16 @@ def backend_options(f):
                           "exact = llama.cpp settings under which a verification batch gives logits bit-identical "
                           "to one-token decoding (flash attention on, see --cache-type-k), so greedy output is "
                           "token-identical to --drafter none.  fast = llama.cpp's fastest CPU settings (flash "
-                          "attention off, f16 K cache, tiled K-quant product on): on llama and qwen models past a few hundred tokens of "
+                          "attention off, q8_0 K cache, tiled K-quant product on): on llama and qwen models past a few hundred tokens of "
                           "context plain decoding is up to 1.5x faster and verification batches 2-3x cheaper, "
                           "but batched logits differ in the last bits, so greedy output can leave --drafter "
                           "none's at near-ties (the self-check then says not exact).")(f)
     f = click.option("--cache-type-k", type=click.Choice(("auto", "f16", "q8_0")), default=DEFAULTS.cache_type_k,
                      show_default=True,
                      help="K cache type. auto = q8_0 on CPU with 2+ threads (every decode uses every thread and stays "
-                          "exact), else f16. f16 on CPU is llama.cpp's default cache; edgespec then decodes single "
-                          "tokens past 256 cells on one thread to stay exact (slower).")(f)
+                          "exact) or with --kernels fast (faster prefill), else f16. f16 on CPU is llama.cpp's "
+                          "default cache; edgespec then decodes single tokens past 256 cells on one thread to stay "
+                          "exact (slower).")(f)
     f = click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=DEFAULTS.n_threads,
                      help="CPU threads for llama.cpp (default: one per physical core available).")(f)
     f = click.option("-ngl", "--n-gpu-layers", type=int, default=DEFAULTS.n_gpu_layers, show_default=True,
