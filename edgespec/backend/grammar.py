@@ -121,6 +121,9 @@ class Grammar:
         # forced_text's candidates: the one-character tokens, probed every step
         self._char_ids, self._chars = _char_tokens(vocab)
         self._cand = np.zeros(len(self._char_ids), TOKEN_DATA)
+        self._cand["id"] = self._char_ids          # an apply only ever changes the logits
+        self._cand_logit = self._cand["logit"]
+        self._char_id = dict(zip(self._chars, self._char_ids.tolist()))
         self._arr_cand = L.llama_token_data_array(self._cand.ctypes.data_as(L.llama_token_data_p),
                                                   len(self._cand), -1, False)
         self.n_accepted = 0
@@ -192,24 +195,25 @@ class Grammar:
         space when it has none).  A cheap guess made from the one-character
         tokens (an apply over about a hundred candidates per character), to be
         drafted and verified, never committed as is."""
-        ids, chars, cand, arr = self._char_ids, self._chars, self._cand, self._arr_cand
-        if not len(ids):
+        chars, logit, arr = self._chars, self._cand_logit, self._arr_cand
+        if not chars:
             return ""
         clone = L.llama_sampler_clone(self._smpl)
         out: list[str] = []
         try:
             prev = history[-1:] if history else ""
             for _ in range(max_chars):
-                cand["id"] = ids
-                cand["logit"] = 0.0
-                arr.size = len(ids)
+                logit[:] = 0.0
+                arr.size = len(chars)
                 L.llama_sampler_apply(clone, arr)
-                ok = np.flatnonzero(np.isfinite(cand["logit"]))
-                pick = _forced_choice([chars[i] for i in ok], prev, history + "".join(out))
+                ok = np.flatnonzero(np.isfinite(logit))
+                if not 0 < len(ok) <= 2:        # nothing, or an open choice
+                    break
+                pick = _forced_choice([chars[i] for i in ok.tolist()], prev, history + "".join(out))
                 if pick is None:
                     break
                 out.append(pick)
-                L.llama_sampler_accept(clone, int(ids[chars.index(pick)]))
+                L.llama_sampler_accept(clone, self._char_id[pick])
                 prev = pick
         finally:
             L.llama_sampler_free(clone)
