@@ -149,10 +149,11 @@ def test_grammar_object_admits_what_the_grammar_says(model):
 
 
 def test_constrained_argmax_is_the_masked_rows_argmax(model):
-    """Grammar.argmax asks the likeliest tokens one by one before masking the
-    whole row: at every state along a JSON answer, for rows with distinct
-    logits, with many ties, and with every likeliest token rejected, it picks
-    what the masked row's argmax picks."""
+    """Grammar.argmax checks the likeliest tokens (above thresholds) before
+    masking the whole row: at every state along a JSON answer, for rows with
+    distinct logits, with many ties, with the 64 likeliest tokens rejected and
+    with 5000 rejected ones above the rest, it picks what the masked row's
+    argmax picks."""
     vocab = model.vocab
     g = Grammar(vocab, gbnf_for(json_schema=PERSON))
     rng = np.random.default_rng(7)
@@ -165,6 +166,10 @@ def test_constrained_argmax_is_the_masked_rows_argmax(model):
             shut = rng.normal(size=vocab.n_vocab).astype(np.float32)
             shut[rng.choice(rejected, 64, replace=False)] = 50.0     # the 64 likeliest all rejected
             rows.append(shut)
+            wide = rng.normal(size=vocab.n_vocab).astype(np.float32)
+            wide[rng.choice(rejected, min(5000, len(rejected)), replace=False)] += 10.0     # past every threshold
+            rows.append(wide)
+            rows.append(np.round(wide))     # ties among the rejected and at the admitted top
             for row in rows:
                 assert g.argmax(row) == int(g.mask(row).argmax())
             assert g.allows(int(tok))

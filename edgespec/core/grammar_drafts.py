@@ -33,6 +33,7 @@ MIN_CHARS = 2       # a shorter tail matches anywhere
 MAX_KEY_CHARS = 32  # longer tails rank equal (the latest occurrence wins)
 MAX_COPIES = 3      # occurrences drafted, newest first
 COPY_CHARS = 64     # characters taken after a match, before tokenizing
+TOKEN_CACHE = 512   # texts whose tokens a request's drafts remember
 EMPTY = np.zeros(0, np.int32)
 
 # the answer ends by opening the value of a JSON key: `"order_id": "` or `"total": `
@@ -48,6 +49,7 @@ class GrammarDrafts:
         self.vocab = vocab
         self.prompt_text = prompt_text
         self._labels: dict = {}   # key -> where its label's value starts in the prompt text (-1: none)
+        self._tokens: dict = {}   # text -> its tokens (a chain a step did not take is asked again)
 
     def forced(self, answer_text: str) -> tuple[str, np.ndarray]:
         """The text the grammar forces after the answer and its tokens; none
@@ -55,10 +57,22 @@ class GrammarDrafts:
         text = self.grammar.forced_text(answer_text)
         if not text:
             return "", EMPTY
-        toks = self.vocab.tokenize(text, add_special=False)
+        toks = self.tokens(text)
         if self.vocab.detokenize(toks) != text:
             return "", EMPTY
-        return text, np.asarray(toks, np.int32)
+        return text, toks
+
+    def tokens(self, text: str) -> np.ndarray:
+        """`text`'s tokens (no special tokens), remembered: a tokenize call
+        costs tens of microseconds, and a chain the model did not take is
+        drafted from the same text again.  At most TOKEN_CACHE texts are
+        kept (all are dropped when full)."""
+        toks = self._tokens.get(text)
+        if toks is None:
+            if len(self._tokens) >= TOKEN_CACHE:
+                self._tokens.clear()
+            toks = self._tokens[text] = np.asarray(self.vocab.tokenize(text, add_special=False), np.int32)
+        return toks
 
     def copied(self, answer_text: str, max_tokens: int) -> list:
         """Chains of the prompt text after the latest occurrences (newest
@@ -92,7 +106,7 @@ class GrammarDrafts:
         rejects once the `before` tokens are accepted."""
         if not text or max_tokens <= 0:
             return EMPTY
-        toks = np.asarray(self.vocab.tokenize(text, add_special=False)[:max_tokens], np.int32)
+        toks = self.tokens(text)[:max_tokens]
         n = self.grammar.admits(np.concatenate([before, toks])) - len(before)
         return toks[:max(n, 0)]
 
