@@ -20,6 +20,8 @@ or, on a bench-sessions results file (edgespec bench-sessions, docs/sessions.md)
     swall:A/B    B's wall time over A's, summed over the sessions: "1.15x"
     swall:A      A's wall seconds, summed: "62.9"
     sttft:A      A's median time to first token of the follow-up chat requests, ms: "3834"
+    sprefill:A   A's prefill time over the sessions, seconds: "56.1"
+    sdecode:A    A's decode speed over the sessions (generated tokens over decode time), tok/s: "86.8"
     scached:A    A's cached share of the prompt tokens, percent: "35%"
     sidentical:A/B  A's answers equal to B's, of the requests both answered: "19/21"
 
@@ -85,6 +87,11 @@ def _session_figure(path: str, expr: str, filters: str) -> str:
         return f"{wall(b) / wall(a):.2f}x"
     if kind == "swall":
         return f"{wall(arg):.1f}"
+    if kind == "sprefill":
+        return f"{sum(r['prefill_ms'] for r in of(arg, 'session')) / 1e3:.1f}"
+    if kind == "sdecode":
+        ss = of(arg, "session")
+        return f"{sum(r['predicted_n'] for r in ss) / sum(r['predicted_n'] / r['decode_tok_s'] for r in ss if r['decode_tok_s']):.1f}"
     if kind == "sttft":
         return f"{median(r['ttft_followup_ms'] for r in of(arg, 'session') if r['ttft_followup_ms'] is not None):.0f}"
     if kind == "scached":
@@ -101,7 +108,7 @@ def _session_figure(path: str, expr: str, filters: str) -> str:
 
 def figure(files: str, expr: str, filters: str = "") -> str:
     """The figure a marker names, formatted as the docs write it."""
-    if expr.split(":")[0] in ("swall", "sttft", "scached", "sidentical"):
+    if expr.split(":")[0] in ("swall", "sttft", "scached", "sidentical", "sprefill", "sdecode"):
         return _session_figure(files, expr, filters)
     rows = _rows(files)
     for f in filters.split():
