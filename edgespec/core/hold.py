@@ -30,7 +30,8 @@ means of its tokens and its cost per judged step; its value is their ratio
 after it has beaten the current one by MARGIN on PATIENCE judged steps in a
 row, so noisy evidence does not make it flap.  Where the costs are not
 shape-sensitive (every CPU curve: steady and alternating widths cost the
-same) it holds nothing and judges nothing, so the engine steps as it did
+same), by the learned costs or by the calibration's (Gate.judge_hold asks
+both), it holds nothing and judges nothing, so the engine steps as it did
 before this existed.  The rule reads costs only, never a device's name.
 """
 from __future__ import annotations
