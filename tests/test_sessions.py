@@ -192,3 +192,18 @@ def test_replay_on_llama_server(server_binary, model_path, tmp_path):
     _check_rows(rows, ["llama-server", "llama-server-ngram-simple"], 4)
     assert S.identical_counts(rows, "llama-server") == {"llama-server-ngram-simple": (4, 4)}
     assert head["targets"]["llama-server-ngram-simple"][0] == server_binary.path
+
+
+def test_the_recorder_marks_aiders_summaries():
+    """tools/record_session.py labels a request without X-Trace-Role as the
+    recorded Aider traces are labelled: their summaries `summary`, their turns
+    (the lint-fix request too) `chat`."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("record_session", REPO / "tools" / "record_session.py")
+    rec = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rec)
+    aider = [S.load_session(str(p)) for p in TRACES if S.load_session(str(p)).header["app"] == "aider"]
+    roles = [(r["role"], rec.role_of(r["body"])) for s in aider for r in s.requests]
+    assert {"summary", "chat"} <= {r for r, _ in roles}
+    assert all(r == got for r, got in roles), roles
+

@@ -11,7 +11,8 @@ An OpenAI-compatible endpoint on 127.0.0.1 (stdlib only): every POST to
 answered by forwarding it to a real server (--forward: the app sees a real
 model's answers, so its follow-up requests carry real histories) or with a
 canned answer (--canned TEXT), streamed when the request asks.  The request
-header X-Trace-Role sets the line's role (default chat).  GET /v1/models is
+header X-Trace-Role sets the line's role (default: `summary` for Aider's
+history summaries, see role_of, else chat).  GET /v1/models is
 forwarded, or answered with --model-id.  The trace's first line is its
 header (docs/sessions.md): what recorded it, and how.  Ctrl-C or SIGTERM stops.
 """
@@ -38,6 +39,18 @@ def header(a) -> dict:
             "recorded": a.how, "answers": f"forwarded to {a.forward}" if a.forward else "canned",
             "forward_max_tokens": a.forward_max_tokens if a.forward else None,
             "date": datetime.date.today().isoformat(), "recorder": "tools/record_session.py"}
+
+
+def role_of(body: dict) -> str:
+    """A request's role when the app sends no X-Trace-Role: `summary` for
+    Aider's background summary of a long chat history (a system message and
+    one user message holding the chat as '# USER' / '# ASSISTANT' sections,
+    not streamed), else `chat`."""
+    ms = body.get("messages") or []
+    if (len(ms) == 2 and ms[0].get("role") == "system" and not body.get("stream")
+            and str(ms[1].get("content", "")).startswith("# USER")):
+        return "summary"
+    return "chat"
 
 
 def append(path: str, row: dict) -> None:
@@ -92,7 +105,7 @@ class Handler(BaseHTTPRequestHandler):
         if path not in PATHS:
             return self._send(404, b'{"error": {"message": "the recorder takes chat and text completions"}}')
         body = json.loads(raw)
-        role = self.headers.get("X-Trace-Role", "chat")
+        role = self.headers.get("X-Trace-Role") or role_of(body)
         append(self.args.out, {"path": path, "role": role, "body": body})
         print(f"recorded {path} ({role}, stream {bool(body.get('stream'))}, "
               f"{len(body.get('messages') or [])} messages)", file=sys.stderr, flush=True)
