@@ -17,9 +17,10 @@ from edgespec.drafters import Drafter, make_drafter, parse_drafter_name
 
 def split_verify(spec: str) -> tuple[str, str | None]:
     """'auto+aasd@relaxed' -> ('auto+aasd', 'relaxed'): a drafter spec and the
-    verification mode after '@' (None without one), or 'holdN', the
-    experimental held batch width of N tokens (EngineConfig.hold_width);
-    ConfigError for an unknown mode."""
+    verification mode after '@' (None without one), 'holdN', a held batch
+    width of N tokens (EngineConfig.hold_width), or 'holdcost' / 'free', the
+    width chosen by cost on or off (EngineConfig.hold_choice); ConfigError
+    for an unknown mode."""
     base, sep, mode = spec.partition("@")
     if sep and not hold_width(mode) and mode not in (HOLD_COST, HOLD_FREE):
         VerifyConfig(mode)

@@ -267,7 +267,9 @@ class Gate:
         (EngineConfig.hold_width) or hold_choice is off."""
         cfg = self.config
         if (not self.shape_sensitive or self.steps is None or cfg.hold_width or not cfg.hold_choice
-                or not self._calibrated_sensitive(n_past)):
+                or not self.prior(n_past).shape_sensitive):
+            # learned costs alone, noisy on a loaded CPU, never make the engine
+            # hold a width where the quiet calibration found none
             if self.hold.held:
                 self.hold.drop()
             return
@@ -281,13 +283,6 @@ class Gate:
             self._hold_step = (order, ks, cost)      # decided with the shadow record (learn_shadow)
         else:
             self.hold.learn(ks, cost, np.zeros(0, np.bool_))
-
-    def _calibrated_sensitive(self, n_past: int) -> bool:
-        """The calibration, too, measured steady widths markedly cheaper than
-        changing ones: learned costs alone, noisy on a loaded CPU, never make
-        the engine hold a width where the quiet measurement found none."""
-        p = self.prior(n_past)
-        return StepCosts.shape_sensitive(p.alt, p.steady)
 
     def _lay(self, k: int, nl: int) -> StepPlan:
         """The drafting plan, refilled with views of plan_step's selection of

@@ -38,6 +38,7 @@ batch inside a run, nothing for the return.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -61,6 +62,13 @@ class Prior:
     steady: np.ndarray
     after: float
     t1_s: float
+
+    @cached_property
+    def shape_sensitive(self) -> bool:
+        """The calibration's steady widths markedly cheaper than its changing
+        ones (StepCosts.shape_sensitive); once per Prior, which the gate keeps
+        per context bucket."""
+        return StepCosts.shape_sensitive(self.alt, self.steady)
 
 
 class _Mean:
