@@ -2,7 +2,7 @@
 from edgespec.app.api import SpecModel
 from edgespec.app.concurrency import Stream, StreamChunk
 from edgespec.app.compat import Llama
-from edgespec.app.settings import RunConfig
+from edgespec.run.settings import RunConfig
 from edgespec.core.config import EngineConfig
 from edgespec.core.params import Request
 from edgespec.core.result import GenerationResult

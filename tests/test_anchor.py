@@ -203,7 +203,7 @@ def test_auto_with_aasd_is_identical_and_keeps_prompt_rankings(model):
     verified): greedy output equals plain decoding, and the branch part holds
     the model's ranking at every prompt position after the prefill."""
     from conftest import dev_prompts
-    eng = model._engine_for("auto+aasd")
+    eng = model.engine_for("auto+aasd")
     eng.config.cost_gate = False
     try:
         for row in dev_prompts(128, 140, 160):

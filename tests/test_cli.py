@@ -418,22 +418,22 @@ def test_bench_repeat_runs_fresh_passes(model_path, tmp_path, monkeypatch):
 
 def test_new_session_forgets_learned_statistics(model):
     model.generate(REPEAT_PROMPT, max_tokens=8, drafter="suffix")
-    old = model._engine_for("suffix")
+    old = model.engine_for("suffix")
     old.acceptance.n_c[0, 9] += 5.0          # what a session learned (drafting itself is timing-dependent)
     model.new_session()
-    new = model._engine_for("suffix")
+    new = model.engine_for("suffix")
     assert new is not old and new.acceptance.n_c.sum() == 0
-    assert model.backend.n_past == 0 and model.engine is model._engine_for("none")
+    assert model.backend.n_past == 0 and model.engine is model.engine_for("none")
 
 
 def test_generate_options_make_the_run_config(monkeypatch):
-    """Every default is held once (app/settings.py): generate's options,
+    """Every default is held once (run/settings.py): generate's options,
     untouched, make RunConfig's defaults, and reach the command as one
     `config` in their place."""
     import dataclasses
     from edgespec.app.cli.generate import generate
     from edgespec.app.cli.options import RUN_OPTIONS, run_config_options
-    from edgespec.app.settings import RunConfig
+    from edgespec.run.settings import RunConfig
     from edgespec.calibration.kernelchoice import ENV
 
     monkeypatch.delenv(ENV, raising=False)
@@ -476,7 +476,7 @@ def test_rpc_and_verbose_options_reach_the_run_config(monkeypatch):
 
 
 def test_run_config_refuses_what_is_no_setting():
-    from edgespec.app.settings import RunConfig
+    from edgespec.run.settings import RunConfig
     from edgespec.errors import ConfigError
 
     with pytest.raises(TypeError, match="unknown setting 'ctx'"):
@@ -492,7 +492,7 @@ def test_run_config_makes_the_engine_config():
     """EngineConfig comes from RunConfig in one place (engine_config), which
     checks its ranges once, when the RunConfig is made: --max-nodes 300 is
     refused before a model loads."""
-    from edgespec.app.settings import RunConfig
+    from edgespec.run.settings import RunConfig
     from edgespec.core.config import EngineConfig
     from edgespec.errors import ConfigError
 
@@ -508,7 +508,7 @@ def test_run_config_makes_the_engine_config():
 def test_run_config_makes_the_backend_settings():
     """The backend's settings come from RunConfig in one value
     (backend_settings), whose defaults RunConfig reads (n_ctx's once)."""
-    from edgespec.app.settings import RunConfig
+    from edgespec.run.settings import RunConfig
     from edgespec.backend.llama import EXACT_MAX_BATCH
     from edgespec.backend.settings import BackendSettings
 
@@ -539,7 +539,7 @@ def test_run_config_resolves_the_kernels(monkeypatch):
     """kernels "auto" is resolved in one place (RunConfig.resolve_kernels):
     timed only on a CPU, llama.cpp's defaults ("exact") with layers on a GPU
     or on RPC workers, a named setting as named."""
-    from edgespec.app.settings import RunConfig
+    from edgespec.run.settings import RunConfig
     from edgespec.calibration.kernelchoice import ENV
 
     monkeypatch.delenv(ENV, raising=False)

@@ -50,7 +50,7 @@ def reference(model, row, max_tokens=MAX_TOKENS, with_logits=False):
     if key not in _PLAIN or (with_logits and _PLAIN[key][1] is None):
         toks = prompt_of(model, row)
         ref = plain(model, toks, max_tokens=max_tokens)
-        lg = final_logits(model, model._engine_for("none"), toks, ref.tokens) if with_logits else None
+        lg = final_logits(model, model.engine_for("none"), toks, ref.tokens) if with_logits else None
         _PLAIN[key] = (ref, lg)
     return _PLAIN[key]
 
@@ -61,7 +61,7 @@ def test_suffix_drafter_identical_on_dev_prompts(model):
     decoding's, token for token, and drafts were actually verified and accepted."""
     rows = dev_prompts(128, 136, 152, 112, 424, 352, 532, 108, 100, 144, 296, 184, 84)
     assert len({r["category"] for r in rows}) == 13
-    suffix = model._engine_for("suffix")
+    suffix = model.engine_for("suffix")
     suffix.config.cost_gate = False       # verify every proposal: the hardest case
     drafted = accepted = 0
     try:
@@ -91,7 +91,7 @@ def test_other_drafters_identical_on_dev_prompts(model, name):
     """The tri-gram, adjacency and hybrid drafters, cost gate off (every proposed
     node verified, up to 32 per step): greedy output equals plain decoding on 4 prompts of different
     categories, and their drafts are really verified and sometimes accepted."""
-    eng = model._engine_for(name)
+    eng = model.engine_for(name)
     eng.config.cost_gate = False
     drafted = accepted = 0
     try:
@@ -251,7 +251,7 @@ def test_interrupted_generation_leaves_consistent_cache(model):
         if i == 5:
             break
     gen.close()
-    eng = model._engine_for("suffix")
+    eng = model.engine_for("suffix")
     assert len(eng.kv_tokens) == model.backend.n_past
     r = model.generate(toks, max_tokens=48, drafter="suffix", reuse_prefix=True)
     assert r.tokens == ref.tokens
@@ -421,7 +421,7 @@ def test_chunks_carry_tokens_and_which_text_came_from_drafts(model):
     assert 0 < len(drafted_text) < len(res.text)
     # plain decoding: one token a chunk, nothing drafted
     plain_chunks = []
-    drain(model._engine_for("none").run(Request(toks, max_tokens=12, reuse_prefix=False)), on_chunk=plain_chunks.append)
+    drain(model.engine_for("none").run(Request(toks, max_tokens=12, reuse_prefix=False)), on_chunk=plain_chunks.append)
     assert all(len(c.tokens) <= 1 and c.n_drafted == 0 for c in plain_chunks)
 
 
@@ -437,7 +437,7 @@ def test_cancel_stops_within_a_step_and_keeps_the_cache_exact(model, kind):
     cancel = ev if kind == "event" else ev.is_set
     # without the memory of earlier requests: from it (ref's answer is there)
     # the whole answer would come in fewer than three steps
-    eng = model._engine_for("suffix-nomemory")
+    eng = model.engine_for("suffix-nomemory")
     gen = eng.run(Request(toks, max_tokens=48, cancel=cancel, reuse_prefix=False))
     n_chunks = 0
     while True:
@@ -510,7 +510,7 @@ def test_held_width_verifies_every_step_at_that_width_and_stays_identical(model,
 
 
 def test_hold_width_is_checked_and_named_by_the_spec():
-    from edgespec.app.specs import hold_width, split_verify
+    from edgespec.run.specs import hold_width, split_verify
     from edgespec.errors import ConfigError
     assert split_verify("suffix@hold4") == ("suffix", "hold4") and hold_width("hold4") == 4
     assert hold_width("relaxed") == 0 and hold_width("hold1") == 0 and hold_width(None) == 0

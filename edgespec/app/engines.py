@@ -21,8 +21,8 @@ from edgespec.calibration.cache import CalibrationStopped, calibration_key
 from edgespec.calibration.curve import CostCurve, builtin_curve, cached_curve, load_or_measure, plan_contexts
 from edgespec.calibration.exactness import ExactnessReport, load_or_check_exactness
 from edgespec.core.engine import Engine
-from edgespec.app.settings import RunConfig
-from edgespec.app.specs import drafter_from_spec, engine_settings
+from edgespec.run.settings import RunConfig
+from edgespec.run.specs import drafter_from_spec, engine_settings
 from edgespec.errors import ConfigError
 from edgespec.memory import close_memory, open_memory
 
@@ -57,7 +57,7 @@ class ModelEngines:
         drafter = run.drafter
         self._drafter = drafter
         self.drafter_name = drafter if isinstance(drafter, str) else drafter.name
-        self.engine = self._engine_for(drafter)
+        self.engine = self.engine_for(drafter)
 
     def _calibration_key(self) -> str:
         return calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads,
@@ -143,9 +143,9 @@ class ModelEngines:
             close_memory(self.memory)
             self.memory = open_memory(memory, self.vocab)
             self._engines = {}
-            self.engine = self._engine_for(self._drafter)
+            self.engine = self.engine_for(self._drafter)
 
-    def _engine_for(self, drafter, prediction: bool = False) -> Engine:
+    def engine_for(self, drafter, prediction: bool = False) -> Engine:
         """The engine of a drafter: a Drafter, or a name such as "auto",
         "suffix-nocorpus" (without the loaded corpora) or "auto@relaxed" (with a
         lossy verification mode, see VerifyConfig).  prediction: the engine
@@ -154,7 +154,7 @@ class ModelEngines:
         if prediction:
             if ("prediction", key) not in self._engines:
                 from edgespec.drafters.prediction import PredictionDrafter
-                base = self._engine_for(drafter)
+                base = self.engine_for(drafter)
                 d = PredictionDrafter(base.drafter)
                 d.warmup()
                 self._engines[("prediction", key)] = Engine(self.backend, d, self.cost, base.config)

@@ -1,6 +1,6 @@
 """BackendSettings: what a LlamaBackend is loaded with, held in one value.
 
-SpecModel makes one from its run settings (edgespec.app.settings,
+SpecModel makes one from its run settings (edgespec.run.settings,
 RunConfig.backend_settings); tests and tools that load a backend directly
 name the fields they change as LlamaBackend's keywords.  The defaults here
 are the backend's own (a bare LlamaBackend); RunConfig reads n_ctx's from

@@ -53,7 +53,7 @@ def with_memory(method: str) -> bool:
         return True
     if method == "default" or is_peer(method):
         return False
-    from edgespec.app.specs import split_verify
+    from edgespec.run.specs import split_verify
     from edgespec.drafters import parse_drafter_name
     return parse_drafter_name(split_verify(method)[0])[2].get("memory") is True
 
@@ -79,7 +79,7 @@ def is_peer(method: str) -> bool:
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
     """'none,suffix,...' -> a list without duplicates; edgespec drafter names are
     checked against the drafter registry, peer names against PEER_METHODS."""
-    from edgespec.app.specs import check_drafter_name
+    from edgespec.run.specs import check_drafter_name
 
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     methods: list[str] = []
@@ -108,7 +108,7 @@ def resolve_default(model) -> dict:
     method); BenchError naming the differences.  "drafter" is the spec to
     run: without the corpora the bench loaded (generate loads none by
     default)."""
-    from edgespec.app.settings import RunConfig
+    from edgespec.run.settings import RunConfig
     from edgespec.backend.process import auto_cache_type_k
 
     d = RunConfig.defaults()
@@ -142,7 +142,7 @@ def fresh_drafter(model, spec: str, memory_store=None):
     its own (so its own engine, drafter memory and acceptance statistics): it
     never learns from the answers of a method that runs the same drafter in
     this bench; a NAME+memory method likewise."""
-    from edgespec.app.specs import drafter_from_spec
+    from edgespec.run.specs import drafter_from_spec
 
     return drafter_from_spec(spec, n_vocab=model.vocab.n_vocab, model_path=model.model_path,
                              corpora=model.corpora, memory_store=memory_store)[0]

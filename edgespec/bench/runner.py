@@ -175,7 +175,7 @@ class _Methods:
         return self.own[m][0] if m in self.own else m
 
     def engine(self, m: str):
-        e = self.model._engine_for(self.drafter(m))
+        e = self.model.engine_for(self.drafter(m))
         if m in self.own:
             e.memory = self.own[m][1]
         return e

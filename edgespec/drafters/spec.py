@@ -10,7 +10,7 @@
 `+X=V` sets its int or float field X (V may not contain '-' or '+'), so one
 bench run can hold an ablation side by side.  The switches are the config
 classes' fields, read through the registry (drafters/registry.py).  An engine
-mode after '@' is the app's (app/specs.py).
+mode after '@' is the app's (run/specs.py).
 """
 from __future__ import annotations
 

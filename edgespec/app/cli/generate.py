@@ -1,6 +1,6 @@
 """`edgespec generate`: one answer to one prompt, streamed, with --stats or --json.
 
-What the command runs with no options is RunConfig.defaults() (app/settings.py)
+What the command runs with no options is RunConfig.defaults() (run/settings.py)
 and the request value's defaults (core/params.py's Request); the bench's
 method `default` reads the same (bench/methods.py's resolve_default).
 """

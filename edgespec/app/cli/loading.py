@@ -14,7 +14,7 @@ import warnings
 import click
 
 from edgespec.app.cli.options import log_settings, user_errors
-from edgespec.app.settings import RunConfig
+from edgespec.run.settings import RunConfig
 
 
 def load_model(model, config: RunConfig):

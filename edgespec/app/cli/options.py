@@ -19,8 +19,8 @@ import click
 from edgespec.backend.llama import MIN_CTX
 from edgespec.calibration.kernelchoice import ENV as KERNELS_ENV
 from edgespec.drafters.registry import help_text as drafters_help
-from edgespec.app.settings import DEFAULTS, RunConfig
-from edgespec.app.specs import check_drafter_name
+from edgespec.run.settings import DEFAULTS, RunConfig
+from edgespec.run.specs import check_drafter_name
 from edgespec.core.params import DEFAULT as REQUEST
 
 
@@ -107,7 +107,7 @@ def user_errors():
 
 class DrafterSpec(click.ParamType):
     """A drafter name with optional switches (see drafters.parse_drafter_name)
-    and an optional @mode (app/specs.py: a verification mode, or
+    and an optional @mode (run/specs.py: a verification mode, or
     holdN, the held batch width)."""
     name = "NAME"
 
@@ -197,7 +197,7 @@ def memory_options(f):
 
 RUN_OPTIONS = ("drafter", "corpora", "verify", "n_ctx", "n_gpu_layers", "n_threads", "cache_type_k", "kernels",
                "max_nodes", "prompt_cache_mib", "rpc", "tensor_split", "rpc_output")
-"""The options named as RunConfig's fields (app/settings.py)."""
+"""The options named as RunConfig's fields (run/settings.py)."""
 
 
 def run_config(**settings) -> RunConfig:
