@@ -53,6 +53,11 @@ class BackendError(EdgespecError, RuntimeError):
     """llama.cpp refused or failed an operation."""
 
 
+class Interrupted(BackendError):
+    """A decode stopped by another thread (edgespec.backend.interrupt); the
+    KV cache holds the committed prefix only."""
+
+
 class ModelLoadError(BackendError):
     """The model file could not be loaded."""
 

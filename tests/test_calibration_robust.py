@@ -216,17 +216,20 @@ PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog, twice."
 
 
 def test_background_calibration_answers_first_then_switches(model_path, cache, monkeypatch):
-    """On a fresh cache SpecModel answers with the built-in curve while the
-    calibration runs (exact unknown), then switches every engine to the
-    measured curve and caches it; the text is the same under both curves.
-    The measurement is a small real one (few batch sizes), held back until
-    the first answer has arrived so that the order is certain."""
+    """On a fresh cache SpecModel measures a quick curve at load and answers
+    with it while the full calibration runs (exact unknown), then switches
+    every engine to the measured curve and caches it; the text is the same
+    under both curves.  The measurements are small real ones (few batch
+    sizes), the background one held back until the first answer has arrived
+    so that the order is certain."""
     from edgespec import ConfigError, SpecModel
 
     go = threading.Event()
     real_measure, real_check = C.measure_cost_curve, E.check_exactness
 
-    def measure(backend, progress=None, pause=None):
+    def measure(backend, ts=C.DEFAULT_TS, prefixes=C.DEFAULT_PREFIXES, reps=5, progress=None, pause=None):
+        if pause is None:               # the quick curve, at load
+            return real_measure(backend, ts=(1, 2, 3), prefixes=prefixes, reps=1)
         while not go.is_set():          # slices of 10 ms that yield to requests
             pause()
             time.sleep(0.01)
@@ -239,10 +242,11 @@ def test_background_calibration_answers_first_then_switches(model_path, cache, m
     t0 = time.perf_counter()
     m = SpecModel(model_path, drafter="suffix", n_ctx=512)
     try:
-        assert m.calibration_state == "measuring" and m.cost.builtin and m.exact is None
+        assert m.calibration_state == "measuring" and m.cost.meta.get("quick") and m.exact is None
+        assert m.cost.ts == [1, 2, 3] and not m.cost.builtin
         first = m.generate(PROMPT, max_tokens=24)
         took = time.perf_counter() - t0
-        assert m.calibration_state == "measuring" and m.engine.cost.builtin
+        assert m.calibration_state == "measuring" and m.engine.cost.meta.get("quick")
         # every way a request ends gives the measurement its turn back
         with m.stream(PROMPT, max_tokens=4) as s:
             next(s)                                         # closed early
@@ -254,7 +258,7 @@ def test_background_calibration_answers_first_then_switches(model_path, cache, m
         go.set()
         assert m.wait_for_calibration(300)
         assert m.calibration_state == "measured" and m.calibration_error is None
-        assert not m.cost.builtin and m.engine.cost is m.cost and m.cost.ts == [1, 2, 4, 8]
+        assert not m.cost.meta.get("quick") and m.engine.cost is m.cost and m.cost.ts == [1, 2, 4, 8]
         assert m.exact is not None
         assert os.path.isfile(curve_path(m._calibration_key()))
         after = m.generate(PROMPT, max_tokens=24)
@@ -274,7 +278,11 @@ def test_close_stops_a_background_calibration(model_path, cache, monkeypatch):
     caches nothing."""
     from edgespec import SpecModel
 
-    def endless(backend, progress=None, pause=None):
+    real_measure = C.measure_cost_curve
+
+    def endless(backend, ts=C.DEFAULT_TS, prefixes=C.DEFAULT_PREFIXES, reps=5, progress=None, pause=None):
+        if pause is None:               # the quick curve, at load
+            return real_measure(backend, ts=(1, 2), prefixes=prefixes, reps=1)
         while True:
             pause()
             time.sleep(0.01)
@@ -311,8 +319,9 @@ def test_stats_and_json_say_where_the_calibration_comes_from(model):
 
 def test_chat_on_a_fresh_cache_answers_without_measuring_first(model_path, tmp_path):
     """`edgespec chat` loads with the background calibration: on an empty
-    cache it answers under the built-in curve (/stats says so) and exits at
-    the end of its input without finishing a minute of measurement."""
+    cache it measures a quick curve at load (one note on stderr), answers
+    under it (/stats says so) and exits at the end of its input without
+    finishing a minute of measurement."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), EDGESPEC_CACHE_DIR=str(tmp_path / "cache"),
                EDGESPEC_DATA_DIR=str(tmp_path / "data"))
     t0 = time.perf_counter()
@@ -321,8 +330,8 @@ def test_chat_on_a_fresh_cache_answers_without_measuring_first(model_path, tmp_p
     took = time.perf_counter() - t0
     assert p.returncode == 0, p.stderr[-2000:]
     assert "session: answers 1" in p.stdout
-    assert "calibration: measuring" in p.stdout and "c(T) built-in (CPU" in p.stdout
-    assert "measuring the verify cost" not in p.stderr
+    assert "calibration: measuring" in p.stdout and "c(T) quick (measured at load" in p.stdout
+    assert "measuring the verify cost" not in p.stderr and p.stderr.count("measuring a first c(T)") == 1
     assert not list((tmp_path / "cache").glob("calibration/*.exact.json"))     # stopped, nothing cached
     assert took < 60, took
 

@@ -535,19 +535,30 @@ def test_auto_k_cache_is_q8_0_for_exact_threads_and_for_fast_kernels_on_cpu():
     assert auto_cache_type_k(False, 2) == "f16"          # offloaded: not exact, not fast on a CPU
 
 
-def test_run_config_resolves_the_kernels(monkeypatch):
-    """kernels "auto" is resolved in one place (RunConfig.resolve_kernels):
-    timed only on a CPU, llama.cpp's defaults ("exact") with layers on a GPU
-    or on RPC workers, a named setting as named."""
+def test_run_config_resolves_the_kernels(monkeypatch, tmp_path):
+    """The kernels and the K cache are resolved in one place
+    (RunConfig.resolve_kernels -> edgespec.run.kernels.loadout): auto timed
+    only on a CPU and fast until timed, llama.cpp's defaults ("exact") with
+    layers on a GPU or on RPC workers, a named setting as named; the K cache
+    follows what loads."""
     from edgespec.run.settings import RunConfig
     from edgespec.calibration.kernelchoice import ENV
 
     monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))       # nothing measured here
+
+    def got(**kw):
+        lo = RunConfig(**{"n_threads": 2, **kw}).resolve_kernels("no.gguf", measure=False)
+        return lo.setting, lo.kernels, lo.cache_type_k, lo.price, lo.source
     assert RunConfig(kernels="auto").times_kernels() and RunConfig(kernels=None).times_kernels()
     assert not RunConfig(kernels="auto", rpc="h:1").times_kernels()
     assert not RunConfig(kernels="auto", n_gpu_layers=-1).times_kernels()
-    assert RunConfig(kernels="auto", n_gpu_layers=-1).resolve_kernels("no.gguf") == ("exact", None)
-    assert RunConfig(kernels="fast").resolve_kernels("no.gguf") == ("fast", None)
+    assert got(kernels="auto") == ("auto", "fast", "q8_0", None, "untimed")
+    assert got(kernels="auto", n_gpu_layers=-1) == ("auto", "exact", "f16", None, "offloaded")
+    assert got(kernels="auto", rpc="h:1") == ("auto", "exact", "q8_0", None, "offloaded")
+    assert got(kernels="exact") == ("exact", "exact", "q8_0", None, "asked")
+    assert got(kernels="exact", n_threads=1)[2] == "f16"
+    assert got(kernels="fast", cache_type_k="f16") == ("fast", "fast", "f16", None, "asked")
     monkeypatch.setenv(ENV, "fast")
     assert not RunConfig(kernels=None).times_kernels()
-    assert RunConfig(kernels=None).resolve_kernels("no.gguf") == ("fast", None)
+    assert got(kernels=None) == ("fast", "fast", "q8_0", None, "asked")

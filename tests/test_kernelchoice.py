@@ -14,21 +14,64 @@ def real_cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_exact_is_kept_within_five_percent_of_fast_at_every_size():
-    fast = {1: 0.020, 16: 0.080}
-    assert kc.choose({1: 0.0209, 16: 0.0839}, fast) == "exact"      # 4.5% and 4.9% dearer
-    assert kc.choose({1: 0.0200, 16: 0.0850}, fast) == "fast"       # the batch 6% dearer
-    assert kc.choose({1: 0.0300, 16: 0.0800}, fast) == "fast"       # one-token decodes 1.5x (the Xeon)
-    assert kc.choose({1: 0.0190, 16: 0.0700}, fast) == "exact"      # exact faster
+def _parts(prefill, one, batch, spread=0.0):
+    """Samples of a price's parts: three around each median, +-spread of it."""
+    return {p: [v * (1 - spread), v, v * (1 + spread)] for p, v in (("prefill", prefill), ("1", one), ("16", batch))}
+
+
+FAST = _parts(0.004, 0.020, 0.080)
+
+
+def test_the_prompt_counts_in_the_choice():
+    """Issue 56: decodes that tie no longer keep exact kernels that read
+    prompts 1.5x slower (the AMD EPYC's Qwen2.5-Coder-0.5B: exact 23.5 vs
+    fast 24.1 ms a token, 181 vs 191 ms a batch of 16, chose exact)."""
+    assert kc.choose(_parts(0.006, 0.0235, 0.181), _parts(0.004, 0.0241, 0.191)) == "fast"
+    assert kc.choose(_parts(0.004, 0.0209, 0.0839), FAST) == "exact"     # every part within 5%
+    assert kc.choose(_parts(0.0042, 0.0200, 0.0800), FAST) == "exact"    # a prompt 5% dearer, decodes level
+    assert kc.choose(_parts(0.0050, 0.0200, 0.0800), FAST) == "fast"     # a prompt 25% dearer: 10% over the mix
+    assert kc.choose(_parts(0.004, 0.0300, 0.0800), FAST) == "fast"      # one-token decodes 1.5x (the Xeon)
+    assert kc.choose(_parts(0.0038, 0.0190, 0.0700), FAST) == "exact"    # exact faster
+    # the mix: prefill's share is what a prompt's ratio weighs
+    p = kc.KernelPrice(_parts(0.006, 0.020, 0.080), FAST, "fast")
+    assert p.weighted() == pytest.approx(kc.APP_MIX["prefill"] * 1.5 + (1 - kc.APP_MIX["prefill"]))
+
+
+def test_a_verdict_inside_the_noise_is_timed_again_and_decided_on_all_samples(real_cache, model_path):
+    """The first round's samples straddle the tolerance: a second round is
+    timed and the verdict taken on both; a clear first round is not repeated.
+    (A fake timer: no test reads this machine's timing.)"""
+    calls = []
+
+    def timer(rounds):
+        def t(path, k, n):
+            calls.append(k)
+            i = sum(1 for c in calls if c == k) - 1
+            return rounds[i][k]
+        return t
+    noisy = {"exact": _parts(0.0041, 0.0205, 0.0820, spread=0.2), "fast": FAST}
+    settled = {"exact": _parts(0.0050, 0.0230, 0.0950), "fast": FAST}
+    seen = []
+    p = kc.measure_price(model_path, 2, progress=lambda d, t: seen.append((d, t)), timer=timer([noisy, settled]))
+    assert calls == ["exact", "fast", "exact", "fast"] and p.rounds == 2
+    assert seen == [(0, 2), (1, 2), (2, 2), (3, 4), (4, 4)]
+    assert len(p.exact_s["1"]) == 6 and p.choice == kc.choose(p.exact_s, p.fast_s)
+    assert kc.cached_price(model_path, 2) == p
+    calls.clear()
+    clear = {"exact": _parts(0.0060, 0.0300, 0.1200, spread=0.05), "fast": FAST}
+    q = kc.measure_price(model_path, 2, timer=timer([clear]))
+    assert calls == ["exact", "fast"] and q.rounds == 1 and q.choice == "fast"
 
 
 def test_price_round_trips_and_malformed_ones_are_refused():
-    p = kc.KernelPrice({1: 0.03, 16: 0.09}, {1: 0.02, 16: 0.06}, "fast", "2026-11-25 13:00:00")
+    p = kc.KernelPrice(_parts(0.006, 0.03, 0.09), _parts(0.004, 0.02, 0.06), "fast", "2026-11-25 13:00:00")
     q = kc.KernelPrice.from_json(p.to_json())
-    assert q == p and q.ratio(1) == pytest.approx(1.5)
-    assert "1.50x fast on a one-token decode, 1.50x on a batch of 16: fast" in p.describe()
-    for bad in (dict(p.to_json(), choice="quick"), dict(p.to_json(), version=0),
-                dict(p.to_json(), fast_s={"1": 0.02}), dict(p.to_json(), exact_s={"1": 0.0, "16": 1.0})):
+    assert q == p and q.ratio("1") == pytest.approx(1.5)
+    assert ("exact kernels cost 1.50x fast on a prompt, 1.50x on a one-token decode, 1.50x on a batch of 16; "
+            "1.50x over an app's mix: fast") in p.describe()
+    for bad in (dict(p.to_json(), choice="quick"), dict(p.to_json(), version=1),
+                dict(p.to_json(), fast_s={"1": [0.02]}), dict(p.to_json(), exact_s=_parts(0.0, 1.0, 1.0)),
+                dict(p.to_json(), exact_s=dict(_parts(1, 1, 1), prefill=[]))):
         with pytest.raises((ValueError, KeyError)):
             kc.KernelPrice.from_json(bad)
 
@@ -39,24 +82,25 @@ def test_resolve_passes_settings_through_and_reads_the_cached_verdict(real_cache
     assert kc.resolve("auto", model_path, 2, gpu=True, measure=False) == ("exact", None)
     with pytest.raises(ConfigError, match="kernels must be one of auto, exact, fast"):
         kc.resolve("quick", model_path, 2, gpu=False, measure=False)
-    # nothing measured yet: exact, no price, and no child processes
-    assert kc.resolve("auto", model_path, 2, gpu=False, measure=False) == ("exact", None)
+    # nothing measured yet: fast (the better bet), no price, and no child processes
+    assert kc.resolve("auto", model_path, 2, gpu=False, measure=False) == ("fast", None)
     assert kc.cached_price("/no/such/model.gguf", 2) is None
     # a cached verdict is used, per thread count
-    p = kc.KernelPrice({1: 0.03, 16: 0.09}, {1: 0.02, 16: 0.06}, "fast", "x")
+    p = kc.KernelPrice(_parts(0.004, 0.02, 0.08), _parts(0.004, 0.02, 0.08), "exact", "x")
     from edgespec.calibration.cache import write_cache
     assert write_cache(kc._path(model_path, 2), p.to_json())
-    assert kc.resolve("auto", model_path, 2, gpu=False, measure=False) == ("fast", p)
-    assert kc.resolve("auto", model_path, 3, gpu=False, measure=False) == ("exact", None)
+    assert kc.resolve("auto", model_path, 2, gpu=False, measure=False) == ("exact", p)
+    assert kc.resolve("auto", model_path, 3, gpu=False, measure=False) == ("fast", None)
 
 
 def test_both_settings_are_timed_in_child_processes_and_cached(real_cache, model_path):
     done = []
     p = kc.measure_price(model_path, 2, progress=lambda d, t: done.append((d, t)))
-    assert done == [(1, 2), (2, 2)]
-    assert set(p.exact_s) == set(p.fast_s) == set(kc.SIZES)
-    assert all(v > 0 for v in list(p.exact_s.values()) + list(p.fast_s.values()))
-    assert p.exact_s[16] > p.exact_s[1] and p.fast_s[16] > p.fast_s[1]      # a batch costs more than a token
+    assert done[:3] == [(0, 2), (1, 2), (2, 2)] and done[-1][0] == done[-1][1]   # a second round if in the noise
+    assert set(p.exact_s) == set(p.fast_s) == set(kc.PARTS)
+    assert all(min(v) > 0 for v in list(p.exact_s.values()) + list(p.fast_s.values()))
+    for s in (p.exact_s, p.fast_s):      # a batch costs more than a token, a token more than a prompt's token
+        assert min(s["16"]) > max(s["1"]) / 2 and kc._median(s["16"]) > kc._median(s["1"]) > kc._median(s["prefill"])
     assert p.choice == kc.choose(p.exact_s, p.fast_s)
     assert kc.cached_price(model_path, 2) == p
     assert kc.resolve("auto", model_path, 2, gpu=False, measure=False) == (p.choice, p)
@@ -66,13 +110,14 @@ def test_spec_model_loads_what_auto_resolves_to(real_cache, model_path):
     from edgespec import SpecModel
     from edgespec.app.cli.output import kernels_line
     from edgespec.calibration.cache import write_cache
-    p = kc.KernelPrice({1: 0.03, 16: 0.09}, {1: 0.02, 16: 0.06}, "fast", "x")
+    p = kc.KernelPrice(_parts(0.006, 0.03, 0.09), _parts(0.004, 0.02, 0.06), "fast", "x")
     assert write_cache(kc._path(model_path, 2), p.to_json())
     m = SpecModel(model_path, drafter="none", n_ctx=512, n_threads=2, calibrate=False, kernels="auto")
     try:
         assert (m.kernels_setting, m.kernels, m.kernel_price) == ("auto", "fast", p)
         assert m.backend.exact is False and m.backend.flash_attn is False
-        assert kernels_line(m).startswith("kernels: auto -> fast (exact kernels cost 1.50x fast")
+        assert kernels_line(m).startswith("kernels: auto -> fast (exact kernels cost 1.50x fast on a prompt")
+        assert (m.loadout.source, m.loadout.cache_type_k, m.backend.cache_type_k) == ("measured", "q8_0", "q8_0")
     finally:
         m.close()
     m = SpecModel(model_path, drafter="none", n_ctx=512, n_threads=2, calibrate=False, kernels="exact")
@@ -90,7 +135,7 @@ def test_the_default_setting_comes_from_the_environment(real_cache, model_path, 
     monkeypatch.setenv("EDGESPEC_KERNELS", "fast")
     assert kc.resolve(None, model_path, 2, gpu=False, measure=False) == ("fast", None)
     monkeypatch.delenv("EDGESPEC_KERNELS")
-    p = kc.KernelPrice({1: 0.02, 16: 0.06}, {1: 0.02, 16: 0.06}, "exact", "x")
+    p = kc.KernelPrice(_parts(0.004, 0.02, 0.06), _parts(0.004, 0.02, 0.06), "exact", "x")
     from edgespec.calibration.cache import write_cache
     assert write_cache(kc._path(model_path, 2), p.to_json())
     assert kc.resolve(None, model_path, 2, gpu=False, measure=False) == ("exact", p)
@@ -105,9 +150,9 @@ def test_stats_name_the_auto_verdict(monkeypatch, model_path):
     from click.testing import CliRunner
 
     from edgespec.app.cli import main
-    p = kc.KernelPrice({1: 0.0202, 16: 0.0808}, {1: 0.02, 16: 0.08}, "exact", "x")
+    p = kc.KernelPrice(_parts(0.00404, 0.0202, 0.0808), FAST, "exact", "x")
     monkeypatch.setattr(kc, "cached_price", lambda path, n: p)
     r = CliRunner().invoke(main, ["generate", "--kernels", "auto", "--stats", "-n", "4", "Say hi."])
     assert r.exit_code == 0, r.output
-    assert ("kernels: auto -> exact (exact kernels cost 1.01x fast on a one-token decode, 1.01x on a batch "
-            "of 16: exact)") in r.output
+    assert ("kernels: auto -> exact (exact kernels cost 1.01x fast on a prompt, 1.01x on a one-token decode, "
+            "1.01x on a batch of 16; 1.01x over an app's mix: exact)") in r.output

@@ -120,6 +120,16 @@ def test_targets_parse():
         T.parse_target("vllm")
     with pytest.raises(BenchError, match="same name"):
         T.parse_targets(["edgespec", "edgespec=--no-gate"])
+    # a new user's start: the bench's own options, taken out of serve's
+    new = T.parse_target("edgespec-new=--fresh-cache --no-gate")
+    assert (new.cache, new.extra) == ("fresh", ("--no-gate",))
+    assert T.parse_targets(["edgespec-new=--fresh-cache", "edgespec-next=--same-cache"])[1].cache == "same"
+    with pytest.raises(BenchError, match="none comes before it"):
+        T.parse_targets(["edgespec-next=--same-cache"])
+    with pytest.raises(BenchError, match="not both"):
+        T.parse_target("edgespec-x=--fresh-cache --same-cache")
+    with pytest.raises(BenchError, match="for edgespec targets"):
+        T.parse_target("llama-server=--fresh-cache")
 
 
 def _invoke(args):
@@ -166,14 +176,19 @@ def _check_rows(rows, targets, n):
     assert [r["target"] for r in rows if r["kind"] == "session"] == list(targets)
 
 
-def test_replay_on_edgespec_serve(model_path, tmp_path):
-    """Two `edgespec serve` targets (the default and --no-gate, both exact as
-    the tests run): a row per request with the timings, one session row
-    each, and the same greedy answers."""
+def test_replay_on_edgespec_serve(model_path, tmp_path, monkeypatch):
+    """Two `edgespec serve` targets (the default and --no-gate started as a
+    new user, with an empty cache folder; both exact as the tests run): a row
+    per request with the timings, one session row each, and the same greedy
+    answers; the new user's server was still calibrating after its session
+    (its calibration is not waited for here: 1 s)."""
+    monkeypatch.setattr(T, "CALIBRATION_TIMEOUT_S", 1.0)
     sessions = S.load_sessions(str(TINY))
-    targets = T.parse_targets(["edgespec", "edgespec-nogate=--no-gate"])
+    targets = T.parse_targets(["edgespec", "edgespec-nogate=--no-gate --fresh-cache"])
     out = tmp_path / "r.jsonl"
     head, rows = T.run_sessions(sessions, targets, model_path, 2048, None, 8, str(out))
+    assert head["cache"] == {"edgespec": "as found", "edgespec-nogate": "fresh"}
+    assert head["calibrated_after_s"] == {"edgespec-nogate": None} and set(head["started_s"]) == {t.name for t in targets}
     _check_rows(rows, ["edgespec", "edgespec-nogate"], 4)
     assert S.identical_counts(rows, "edgespec") == {"edgespec-nogate": (4, 4)}
     saved = [json.loads(x) for x in out.read_text().splitlines()]

@@ -27,10 +27,10 @@ from edgespec.run.settings import RunConfig
 from edgespec.app.structured import constraint_gbnf
 from edgespec.backend.chattokens import chat_tokens
 from edgespec.backend.grammar import Grammar
+from edgespec.backend.interrupt import attach as attach_interrupt
 from edgespec.backend.llama import LlamaBackend
 from edgespec.calibration.background import BackgroundTask, Pacer
 from edgespec.calibration.curve import CostCurve
-from edgespec.calibration.kernelchoice import setting as kernels_setting
 from edgespec.core.engine import cancel_check, drain
 from edgespec.core.result import GenerationResult
 from edgespec.core.logprobs import check_top
@@ -54,12 +54,16 @@ class SpecModel(ModelEngines):
         arguments named as its fields override it:
         SpecModel(path, drafter="auto", n_ctx=8192).  `run_config` is the one it
         was made with (`config` is the engine's EngineConfig).
-    progress: progress(done, total) of a c(T) measurement (called from the
-        background thread in background mode).
+    progress: progress(done, total) of a c(T) measurement in the calling
+        thread: calibrate=True's, or in background mode the first, quick one
+        at load on a fresh cache (the background measurement is silent).
+    kernel_progress: kernel_progress(done, total) of the kernel timing
+        (kernels "auto" with calibrate=True and no cached verdict; done 0 as it starts).
     load_progress: load_progress(fraction) while llama.cpp loads the weights
         (over RPC: while it sends them to the workers; the CLI draws a bar).
-    After loading: `kernels` is the resolved kernel setting, `kernel_price`
-    the measurement behind an auto choice, `memory` the memory store (None
+    After loading: `loadout` what was resolved (edgespec.run.kernels.Loadout:
+    kernels, K cache, where the choice came from), `kernels` the resolved
+    kernel setting, `kernel_price` the measurement behind an auto choice, `memory` the memory store (None
     when off).
 
     Threads: one request runs at a time.  generate(), chat(), stream() and the
@@ -73,7 +77,7 @@ class SpecModel(ModelEngines):
     """
 
     def __init__(self, model_path: str | None = None, *, config: RunConfig | None = None, progress=None,
-                 load_progress=None, **settings):
+                 load_progress=None, kernel_progress=None, **settings):
         self.run_config = c = (config if config is not None else RunConfig.defaults()).but(**settings)
         self._gate = Turnstile()
         self._closing = threading.Event()
@@ -81,9 +85,9 @@ class SpecModel(ModelEngines):
         self._pacer = Pacer(self._idle, self._keep_live_prefix)
         self._calibration: BackgroundTask | None = None
         self.model_path = resolve_model(model_path)
-        self.kernels_setting = kernels_setting(c.kernels)
-        self.kernels, self.kernel_price = c.resolve_kernels(self.model_path)   # "auto": measured, else exact
-        self.backend = LlamaBackend(self.model_path, c.backend_settings(self.kernels), load_progress=load_progress)
+        self.loadout = load = c.resolve_kernels(self.model_path, progress=kernel_progress)   # auto: timed or fast
+        self.kernels_setting, self.kernels, self.kernel_price = load.setting, load.kernels, load.price
+        self.backend = LlamaBackend(self.model_path, c.backend_settings(load), load_progress=load_progress)
         self.prefix_cache = PrefixCache(int(c.prompt_cache_mib * 2**20)) if c.prompt_cache_mib else None
         try:
             self._setup(c, progress)
@@ -92,7 +96,8 @@ class SpecModel(ModelEngines):
             self.backend.close()
             raise
         if self._calibration_state == "measuring":
-            self._calibration = BackgroundTask(lambda pacer: self._measure_between_requests(pacer, progress),
+            attach_interrupt(self.backend, self._pacer.flag)     # a request stops a measurement's decode
+            self._calibration = BackgroundTask(lambda pacer: self._measure_between_requests(pacer),
                                                self._pacer)
 
     # ------------------------------------------------------------- threads

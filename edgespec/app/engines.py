@@ -18,7 +18,8 @@ from edgespec.backend.llama import EXACT_MAX_BATCH
 from edgespec.backend.process import tiled_mm_setting
 from edgespec.calibration.background import Pacer
 from edgespec.calibration.cache import CalibrationStopped, calibration_key
-from edgespec.calibration.curve import CostCurve, builtin_curve, cached_curve, load_or_measure, plan_contexts
+from edgespec.calibration.curve import CostCurve, cached_curve, load_or_measure, plan_contexts
+from edgespec.calibration.first import builtin_curve, quick_curve
 from edgespec.calibration.exactness import ExactnessReport, load_or_check_exactness
 from edgespec.core.engine import Engine
 from edgespec.run.settings import RunConfig
@@ -50,7 +51,7 @@ class ModelEngines:
         if run.calibrate is True:
             self.cost = self._calibrate(False, progress)
         elif run.calibrate == "background":
-            self._from_cache_or_builtin()
+            self._from_cache_or_quick(progress)
         else:
             self.exactness = load_or_check_exactness(self.backend, self._calibration_key(), cached_only=True)
         self.config = run.engine_config(batch_cap=self.backend.max_nodes)
@@ -87,17 +88,21 @@ class ModelEngines:
         fresh = cost.origin == "measured" or (exactness is not None and exactness.origin == "measured")
         self._calibration_state = "measured" if fresh else "cached"
 
-    def _from_cache_or_builtin(self) -> None:
+    def _from_cache_or_quick(self, progress) -> None:
         """calibrate="background" at load: the cached curve and self-check if both
-        are there; else the built-in curve (and the constructor starts a
-        background measurement)."""
+        are there; else a quick curve measured now (quick_curve: seconds; the
+        built-in curve where that fails), and the constructor starts the
+        full measurement in the background."""
         key = self._calibration_key()
         cost = cached_curve(key, plan_contexts(self.backend.n_ctx)[-1])
         self.exactness = load_or_check_exactness(self.backend, key, cached_only=True)
         if cost is not None and self.exactness is not None:
             self._use_calibration(cost, self.exactness)
             return
-        self.cost = builtin_curve(gpu=self._offloaded())
+        try:
+            self.cost = cost or quick_curve(self.backend, progress)
+        except ValueError:          # not a usable curve (NaN timings): the built-in one until measured
+            self.cost = builtin_curve(gpu=self._offloaded())
         self._calibration_state = "measuring"
 
     def _offloaded(self) -> bool:
@@ -109,14 +114,13 @@ class ModelEngines:
             return be.n_gpu_layers > 0 and blocks.isdigit() and be.n_gpu_layers >= int(blocks)
         return True
 
-    def _measure_between_requests(self, pacer: Pacer, progress) -> None:
+    def _measure_between_requests(self, pacer: Pacer) -> None:
         """The background calibration's thread: measure what is not cached in
         slices between requests, then switch the engines to it."""
         key = self._calibration_key()
         try:
-            cost = load_or_measure(self.backend, key, progress=progress, pacer=pacer,
-                                   needed=plan_contexts(self.backend.n_ctx)[-1])
-            exactness = load_or_check_exactness(self.backend, key, progress=progress, pacer=pacer)
+            cost = load_or_measure(self.backend, key, pacer=pacer, needed=plan_contexts(self.backend.n_ctx)[-1])
+            exactness = load_or_check_exactness(self.backend, key, pacer=pacer)
             pacer.pause()           # a slice of its own: no request runs while the engines switch
             self._use_calibration(cost, exactness)
         except CalibrationStopped:

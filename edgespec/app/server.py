@@ -163,7 +163,8 @@ class Server:
         with self._stats_lock:
             stats = dict(self.stats)
         return JSONResponse({"status": "ok", "model": self.model_id, "queued": max(0, self._pending - 1),
-                             "running": min(1, self._pending), "requests": stats})
+                             "running": min(1, self._pending), "requests": stats,
+                             "calibration": getattr(self.model, "calibration_state", None)})
 
     async def models(self, request: Request):
         return JSONResponse({"object": "list", "data": [{"id": self.model_id, "object": "model",

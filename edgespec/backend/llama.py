@@ -38,7 +38,7 @@ import llama_cpp as L
 import numpy as np
 
 from edgespec.backend.protocol import SPLIT_KV_FREE_CELLS
-from edgespec.errors import BackendError, ConfigError, ModelLoadError  # re-exported
+from edgespec.errors import BackendError, ConfigError, Interrupted, ModelLoadError  # re-exported
 from edgespec.backend import ggml
 from edgespec.backend.layer_tap import LayerTap, attach_tap, tap_block
 from edgespec.backend.process import (CACHE_TYPES_K, auto_cache_type_k, clear_recent_log, default_threads,
@@ -285,8 +285,9 @@ class LlamaBackend(SeqState):
         if rc != 0:
             if rc == 1:
                 raise BackendError("llama_decode: no KV cache slot for the batch (context full?)")
-            if rc == 2:
-                raise BackendError("llama_decode aborted")
+            if rc == 2:         # interrupted (backend/interrupt.py): no cell past the committed prefix stays
+                self.rollback()
+                raise Interrupted("llama_decode was interrupted")
             raise BackendError(f"llama_decode failed with code {rc}: {recent_errors()}")
 
     # -------------------------------------------------------------- KV / decode

@@ -109,19 +109,14 @@ def resolve_default(model) -> dict:
     run: without the corpora the bench loaded (generate loads none by
     default)."""
     from edgespec.run.settings import RunConfig
-    from edgespec.backend.process import auto_cache_type_k
 
     d = RunConfig.defaults()
     be = model.backend
     threads = be.n_threads
-    # what generate would resolve the kernels to here, with this placement (an auto's cached verdict)
-    kernels, _ = d.but(n_threads=threads, n_gpu_layers=be.n_gpu_layers,
-                       rpc=getattr(be, "rpc", None) or None).resolve_kernels(model.model_path, measure=False)
-    exact = kernels != "fast" and (not be.n_gpu_layers or bool(getattr(be, "rpc", None)))
-    fast_cpu = kernels == "fast" and not be.n_gpu_layers and not getattr(be, "rpc", None)
-    want = {"kernels": kernels,
-            "cache_type_k": (auto_cache_type_k(exact, threads, fast_cpu) if d.cache_type_k == "auto"
-                             else d.cache_type_k),
+    # what generate would load here with this placement (auto: the cached verdict, else fast)
+    load = d.but(n_threads=threads, n_gpu_layers=be.n_gpu_layers,
+                 rpc=getattr(be, "rpc", None) or None).resolve_kernels(model.model_path, measure=False)
+    want = {"kernels": load.kernels, "cache_type_k": load.cache_type_k,
             "max_nodes": d.max_nodes, "cost_gate": d.cost_gate, "verify": d.verify}
     have = {"kernels": getattr(model, "kernels", "exact"), "cache_type_k": be.cache_type_k,
             "max_nodes": model.config.max_nodes, "cost_gate": model.config.cost_gate,

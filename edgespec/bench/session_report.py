@@ -66,6 +66,9 @@ def _head_lines(head: dict) -> list[str]:
            f"n_ctx {head.get('n_ctx')}, {head.get('date')}",
            f"greedy (temperature 0), max_tokens {head.get('max_tokens')} where a request has none; "
            f"{head.get('n_sessions')} sessions, {head.get('n_requests')} requests"]
+    started, cache = head.get("started_s") or {}, head.get("cache") or {}
     for name, cmd in (head.get("targets") or {}).items():
-        out.append(f"{name}: {' '.join(cmd) if cmd else 'a running server'}")
+        how = f" (started in {started[name]:.1f} s" + (f", cache folder {cache[name]}" if name in cache else "") + ")" \
+            if name in started else ""
+        out.append(f"{name}: {' '.join(cmd) if cmd else 'a running server'}{how}")
     return out + [""]

@@ -11,6 +11,18 @@ A target is named on the command line as
 The tool starts each one in turn on a free loopback port with the run's
 model, context and threads (llama-server: one slot, its prompt cache at its
 defaults), replays every trace on it, and stops it before the next.
+
+An edgespec target's OPTIONS may also hold two of the bench's own:
+`--fresh-cache` starts it as a new user starts it, with an empty cache
+folder of its own (EDGESPEC_CACHE_DIR: nothing calibrated or timed, no
+saved prompts) and no warm-up request, so its first request pays what a new
+user's does; `--same-cache` starts it with the folder the last fresh target
+left (that user's second session).  A fresh target's server is kept up
+after its sessions, idle, until its background calibration has ended (as a
+user's server between two sessions), so the next --same-cache target
+starts with what it cached.  The time each target took to start (to its
+first /health) and that wait are in the header: a fresh start's load-time
+measurements are there, not in the sessions' wall time.
 """
 from __future__ import annotations
 
@@ -28,6 +40,10 @@ from edgespec.bench.sessions import Client
 from edgespec.errors import BenchError, PeerError
 
 START_TIMEOUT_S = 600.0
+CALIBRATION_TIMEOUT_S = 1200.0     # a fresh target's background calibration, waited for after its sessions
+
+
+CACHE_OPTIONS = ("--fresh-cache", "--same-cache")
 
 
 @dataclass(frozen=True)
@@ -37,6 +53,7 @@ class Target:
     extra: tuple[str, ...] = ()     # edgespec serve's (or llama-server's) extra options
     url: str = ""
     method: str = ""                # the llama-server method
+    cache: str = ""                 # edgespec: "fresh", "same" or "" (the environment's cache folder)
 
 
 def parse_target(spec: str) -> Target:
@@ -47,7 +64,13 @@ def parse_target(spec: str) -> Target:
         return Target(name, "url", url=rest.strip())
     extra = tuple(shlex.split(rest)) if eq else ()
     if name == "edgespec" or name.startswith("edgespec-"):
-        return Target(name, "edgespec", extra)
+        cache = [o for o in extra if o in CACHE_OPTIONS]
+        if len(cache) > 1:
+            raise BenchError(f"target {spec!r}: --fresh-cache or --same-cache, not both")
+        return Target(name, "edgespec", tuple(o for o in extra if o not in CACHE_OPTIONS),
+                      cache=cache[0][2:-6] if cache else "")
+    if any(o in CACHE_OPTIONS for o in extra):
+        raise BenchError(f"target {spec!r}: --fresh-cache and --same-cache are for edgespec targets")
     if name in SERVER_METHODS:
         return Target(name, "llama-server", extra, method=name)
     raise BenchError(f"target {spec!r}: edgespec, edgespec-NAME=OPTIONS, one of {', '.join(SERVER_METHODS)}, "
@@ -59,6 +82,12 @@ def parse_targets(specs) -> list[Target]:
     names = [t.name for t in targets]
     if len(set(names)) != len(names):
         raise BenchError(f"two targets have the same name: {', '.join(names)}")
+    fresh = False
+    for t in targets:
+        if t.cache == "same" and not fresh:
+            raise BenchError(f"target {t.name}: --same-cache reuses an earlier --fresh-cache target's folder; "
+                             "none comes before it")
+        fresh = fresh or t.cache == "fresh"
     return targets
 
 
@@ -73,10 +102,11 @@ def edgespec_args(model_path: str, port: int, n_ctx: int, threads: int | None, e
 class EdgespecServer:
     """An `edgespec serve` subprocess: started, waited for (/health), stopped."""
 
-    def __init__(self, args: list[str], port: int, timeout: float = START_TIMEOUT_S):
+    def __init__(self, args: list[str], port: int, timeout: float = START_TIMEOUT_S, env: dict | None = None):
         self.args, self.port = args, port
         self.log = tempfile.TemporaryFile(mode="w+", prefix="edgespec-serve-", suffix=".log")
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=env)
         try:
             self._wait(timeout)
         except BaseException:
@@ -110,15 +140,18 @@ class EdgespecServer:
 
 
 @contextlib.contextmanager
-def started(target: Target, model_path: str, n_ctx: int, threads: int | None, binary: str | None = None):
-    """Yields (Client, the command line) for a target while it runs."""
+def started(target: Target, model_path: str, n_ctx: int, threads: int | None, binary: str | None = None,
+            cache_dir: str | None = None):
+    """Yields (Client, the command line) for a target while it runs;
+    cache_dir: an edgespec target's EDGESPEC_CACHE_DIR (None: the environment's)."""
     if target.kind == "url":
         yield Client(target.url), []
         return
     if target.kind == "edgespec":
         port = free_port()
         args = edgespec_args(model_path, port, n_ctx, threads, target.extra)
-        server = EdgespecServer(args, port)
+        env = dict(os.environ, EDGESPEC_CACHE_DIR=cache_dir) if cache_dir else None
+        server = EdgespecServer(args, port, env=env)
     else:
         if binary is None:
             raise PeerError("no llama-server binary given")
@@ -135,6 +168,17 @@ def warm_up(client: Client, model_id: str) -> None:
     """One short request before the traces, so no session pays for a cold start."""
     client.send("/v1/chat/completions", {"model": model_id, "messages": [{"role": "user", "content": "Hi"}],
                                          "max_tokens": 2, "temperature": 0.0})
+
+
+def calibration_ended(client: Client) -> float | None:
+    """Seconds until an idle edgespec server's background calibration ended
+    (its /health no longer says "measuring"); None after CALIBRATION_TIMEOUT_S."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < CALIBRATION_TIMEOUT_S:
+        if client.get("/health").get("calibration") != "measuring":
+            return round(time.monotonic() - t0, 1)
+        time.sleep(2.0)
+    return None
 
 
 def needs_llama_server(targets: list[Target]) -> bool:
@@ -167,13 +211,24 @@ def run_sessions(sessions, targets: list[Target], model_path: str, n_ctx: int, t
     from edgespec.bench.sessions import replay
 
     head = header(model_path, sessions, n_ctx, threads, max_tokens)
+    head["started_s"], head["cache"] = {}, {}
     rows: list[dict] = []
-    for t in targets:
-        with started(t, model_path, n_ctx, threads, binary) as (client, args):
-            head["targets"][t.name] = args
-            warm_up(client, client.model_id())
-            rows += replay(client, t.name, sessions, max_tokens, progress=progress)
-        with open(out_path, "w", encoding="utf-8") as f:
-            for r in [head] + rows:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    with contextlib.ExitStack() as stack:
+        fresh_dir = None
+        for t in targets:
+            if t.cache == "fresh":
+                fresh_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgespec-new-user-"))
+            t0 = time.monotonic()
+            with started(t, model_path, n_ctx, threads, binary, fresh_dir if t.cache else None) as (client, args):
+                head["targets"][t.name] = args
+                head["started_s"][t.name] = round(time.monotonic() - t0, 2)
+                head["cache"][t.name] = t.cache or "as found"
+                if t.cache != "fresh":      # a new user's first request pays the cold start
+                    warm_up(client, client.model_id())
+                rows += replay(client, t.name, sessions, max_tokens, progress=progress)
+                if t.cache == "fresh":
+                    head.setdefault("calibrated_after_s", {})[t.name] = calibration_ended(client)
+            with open(out_path, "w", encoding="utf-8") as f:
+                for r in [head] + rows:
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
     return head, rows

@@ -112,17 +112,21 @@ class Client:
     def _conn(self):
         return http.client.HTTPConnection(self.host, self.port, timeout=REQUEST_TIMEOUT_S)
 
-    def model_id(self) -> str:
-        """The first model /v1/models lists (the one the server runs)."""
+    def get(self, path: str) -> dict:
+        """A GET's JSON body; PeerError when there is none."""
         conn = self._conn()
         try:
-            conn.request("GET", "/v1/models")
+            conn.request("GET", path)
             r = conn.getresponse()
-            data = json.loads(r.read())
+            return json.loads(r.read())
         except (OSError, ValueError) as e:
-            raise PeerError(f"no model list from {self.host}:{self.port}: {e}") from None
+            raise PeerError(f"no answer to GET {path} from {self.host}:{self.port}: {e}") from None
         finally:
             conn.close()
+
+    def model_id(self) -> str:
+        """The first model /v1/models lists (the one the server runs)."""
+        data = self.get("/v1/models")
         try:
             return data["data"][0]["id"]
         except (KeyError, IndexError, TypeError):

@@ -4,17 +4,26 @@ a background thread, in short slices that never overlap a request.
 
 The backend is not thread safe, so the measurement and the requests take
 turns: a request enters the Pacer (SpecModel does this after it is given the
-model) and waits at most for the slice in progress, one decode of at most 64
-tokens or one prefill chunk; the measurement starts a slice only when no
-request holds or waits for the model.  A slice that follows a request finds
-the KV cache changed, so the measurement lays its context down again.
+model) and waits for the slice in progress to end; the measurement starts a
+slice only when no request holds or waits for the model.  A request that
+arrives during a slice sets the pacer's interrupt flag, which stops the
+measurement's decode in progress within one node of llama.cpp's graph on a
+CPU (edgespec.backend.interrupt; SpecModel attaches it to its backend), so
+the request waits about a millisecond instead of up to a 64-token decode;
+the measurement drops that sample and takes it again in a later slice.  A
+slice that follows a request finds the KV cache changed, so the measurement
+lays its context down again (the live conversation is kept in the prompt
+cache first: before_slice).
 """
 from __future__ import annotations
 
 import atexit
+import collections
 import threading
+import time
 import weakref
 
+from edgespec.backend.interrupt import new_flag
 from edgespec.calibration.cache import CalibrationStopped
 
 
@@ -34,14 +43,22 @@ class Pacer:
         self._seen = 0             # ... as of the measurement's last slice
         self._slicing = False
         self._stop = False
+        self.flag = new_flag()     # set while a request waits for a slice: stops its decode
+        self.waits: collections.deque = collections.deque(maxlen=1000)   # seconds requests waited for a slice
+        self.interrupts = 0        # slices a request interrupted
 
     def enter(self) -> None:
-        """A request begins: wait for the slice in progress, if any."""
+        """A request begins: interrupt the slice in progress, if any, and wait for it to end."""
         with self._cond:
             self._requests += 1
             self._admitted += 1
-            while self._slicing:
-                self._cond.wait()
+            if self._slicing:
+                self.flag[0] = 1
+                self.interrupts += 1
+                t0 = time.perf_counter()
+                while self._slicing:
+                    self._cond.wait()
+                self.waits.append(time.perf_counter() - t0)
 
     def exit(self) -> None:
         with self._cond:
@@ -55,6 +72,7 @@ class Pacer:
         after stop()."""
         with self._cond:
             self._slicing = False
+            self.flag[0] = 0
             self._cond.notify_all()
             while not self._stop and (self._requests or not self._idle()):
                 self._cond.wait(0.05)       # the gate does not notify this condition: poll it
@@ -69,6 +87,7 @@ class Pacer:
     def end(self) -> None:
         with self._cond:
             self._slicing = False
+            self.flag[0] = 0
             self._cond.notify_all()
 
     def stop(self) -> None:

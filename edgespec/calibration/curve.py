@@ -11,6 +11,7 @@ self-check shares.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from edgespec.calibration.cache import CalibrationCacheWarning, cache_lock, curve_path, read_cached, write_cache
+from edgespec.errors import Interrupted
 
 DEFAULT_TS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 48, 64)
 DEFAULT_PREFIXES = (300, 1000, 2000)
@@ -174,7 +176,7 @@ class CostCurve:
         c.origin = "cached"
         if not c.ts or c.ts[0] != 1:
             raise ValueError("malformed cost curve")
-        _check_finite(c)
+        check_finite(c)
         for extra in (c.short_rel, c.steady_rel):
             if extra and (len(extra) != len(c.ts) or any(r <= 0 for r in extra)):
                 raise ValueError("malformed cost curve")
@@ -205,36 +207,18 @@ class CostCurve:
             cells = "  ".join(f"T={t}:{r:.2f}" for t, r in zip(self.ts, rel))
             lines.append(f"after {n} KV cells, relative to one token ({t1 * 1000:.2f} ms): {cells}; "
                          f"next token after a batch +{after * t1 * 1000:.2f} ms")
-        return "c(T)" + short + "\n" + "\n".join(lines)
+        quick = " quick (measured at load, one context; the full curve is measured in the background)" \
+            if self.meta.get("quick") else ""
+        return "c(T)" + quick + short + "\n" + "\n".join(lines)
 
 
-def _check_finite(c: CostCurve) -> None:
+def check_finite(c: CostCurve) -> None:
     """A curve holds finite numbers only (json reads NaN, Infinity and 1e999)."""
     nums = [c.t1_s, c.t1_short_s, c.after_s, c.after_short_s, *c.rel, *c.short_rel, *c.steady_rel]
     for d in c.longer:
         nums += [d["n_kv"], d["t1_s"], d.get("after_s", 0.0), *d["rel"]]
     if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in nums):
         raise ValueError("cost curve with a value that is not a finite number")
-
-
-# The built-in curves: what a model starts with until its own curve is
-# measured (background calibration).  They are steeper than every curve
-# measured on their kind of machine (CPU; GPU: published llama.cpp figures;
-# see BENCHMARKS.md), so under them the gate verifies a draft only where it
-# is nearly certain and long: T = 2 never pays on CPU.
-BUILTIN_CPU = (2.0, 0.75)      # c(T) = 2 + 0.75 (T - 2) for T >= 2
-BUILTIN_GPU = (1.3, 0.3)       # c(T) = 1.3 + 0.3 (T - 2) for T >= 2
-
-
-def builtin_curve(gpu: bool = False, ts=DEFAULT_TS) -> CostCurve:
-    """The conservative built-in c(T) for a CPU or a fully offloaded GPU model,
-    the same at every context.  Its t1 is a placeholder (origin "built-in"):
-    the engine does not time its own overhead against it."""
-    c2, slope = BUILTIN_GPU if gpu else BUILTIN_CPU
-    ts = list(range(1, max(ts) + 1))        # a line, given at every size (tables step between points)
-    rel = [1.0] + [c2 + slope * (t - 2) for t in ts[1:]]
-    return CostCurve(list(ts), rel, 1.0, {"prefix": 300, "builtin": "GPU" if gpu else "CPU"}, 1.0, [],
-                     list(rel), origin="built-in")
 
 
 def no_pause() -> bool:
@@ -250,15 +234,31 @@ def paced(pacer) -> dict:
 def prefill(backend, toks, pause, chunk: int) -> None:
     """backend.reset() and prefill toks; in chunks of `chunk` tokens with a
     pause() before each after the first, starting over when a pause reports
-    that a request used the backend meanwhile."""
+    that a request used the backend meanwhile or a request interrupted a chunk."""
     while True:
         backend.reset()
-        for i in range(0, len(toks), chunk):
-            if i and pause():
-                break
-            backend.prefill(toks[i:i + chunk], want_last_logits=False)
-        else:
-            return
+        try:
+            for i in range(0, len(toks), chunk):
+                if i and pause():
+                    break
+                backend.prefill(toks[i:i + chunk], want_last_logits=False)
+            else:
+                return
+        except Interrupted:
+            pause()
+
+
+def retried(fn, pause, relay):
+    """fn()'s result, run again until no request interrupts it (a measurement
+    between requests: edgespec.backend.interrupt); after an interruption, wait
+    for the request (pause()) and lay the measurement's context down again
+    (relay()).  Without a pacer nothing interrupts, and fn runs once."""
+    while True:
+        try:
+            return fn()
+        except Interrupted:
+            pause()
+            relay()
 
 
 def timed_chain(backend, toks: np.ndarray) -> float:
@@ -283,44 +283,47 @@ def measure_at(backend, ts, prefix: int, reps: int, rng, tick, pause=None, stead
     `steady` (a list), it also times a T-token decode that follows two of
     the same width (a replayed graph by then) and appends their medians over t1.
 
-    pause: None, or a callable called before every timed decode (and every
-    prefill chunk) that returns True when a request used the backend since
-    its last call: the prefix is then laid down again."""
+    pause: None, or a callable called before every timed decode (and prefill
+    chunk), True when a request used the backend since its last call (or
+    interrupted a decode: retried): the prefix is then laid down again."""
     chunk = PACED_CHUNK if pause else prefix
     pause = pause or no_pause
     pre = rng.integers(100, min(backend.n_vocab, 20000), size=prefix).astype(np.int32)
-    pause()
-    prefill(backend, pre, pause, chunk)
-    times = {t: [] for t in ts}
-    same: dict = {t: [] for t in ts}
+    times, same = {t: [] for t in ts}, {t: [] for t in ts}
     singles, after, firsts = [], [], []
     one = np.ones(max(ts), np.int32)
 
-    def decode(toks) -> float:
-        return timed_chain(backend, toks)
+    decode = functools.partial(timed_chain, backend)       # seconds of one chain's decode
+
+    def relay() -> None:
+        prefill(backend, pre, pause, chunk)
+    pause()
+    relay()
+
+    def sample(t: int):
+        # two one-token decodes first: the first pays for following the previous batch, the second
+        # is followed by the batch as a plain step is in generation (after a batch a token is dearer)
+        a = decode(one[:1] * 500)
+        b = decode(one[:1] * 500)
+        dt = decode(rng.integers(100, min(backend.n_vocab, 20000), size=t).astype(np.int32))
+        if steady is not None and t > 1:
+            decode(one[:t] * 500)
+            same[t].append(decode(one[:t] * 501))
+        return a, b, dt
 
     prev_batch = False
     for r in range(reps + 1):  # first round is a warm-up
         for t in ts:
             if pause():
-                prefill(backend, pre, pause, chunk)
+                relay()
                 prev_batch = False
-            # two one-token decodes before every timed decode: the first pays
-            # for following the previous batch (if there was one), the second
-            # follows a one-token decode, as the batch follows a plain step in
-            # generation (right after a large batch a one-token decode is slower)
-            a = decode(one[:1] * 500)
-            b = decode(one[:1] * 500)
-            dt = decode(rng.integers(100, min(backend.n_vocab, 20000), size=t).astype(np.int32))
-            if steady is not None and t > 1:
-                decode(one[:t] * 500)
-                same[t].append(decode(one[:t] * 501))
+            a, b, dt = retried(lambda: sample(t), pause, relay)
             if r:
                 times[t].append(dt)
                 if prev_batch:
                     firsts.append(a + b)
             prev_batch = t > 1
-        run = [decode(one[:1] * 500) for _ in range(STEADY_RUN)]
+        run = retried(lambda: [decode(one[:1] * 500) for _ in range(STEADY_RUN)], pause, relay)
         if r:
             singles.extend(run[-STEADY_KEEP:])
             # the two one-token decodes after each of this round's batches (on CUDA the first
@@ -416,7 +419,7 @@ def load_or_measure(backend, key: str, remeasure: bool = False, progress=None, n
         for _ in range(2):              # a second try when the machine looked busy
             curve = measure_cost_curve(backend, progress=progress, **paced(pacer))
             try:
-                _check_finite(curve)
+                check_finite(curve)
             except ValueError as e:
                 from edgespec.errors import BackendError
                 raise BackendError(f"the measured cost curve is not usable ({e}); run `edgespec calibrate` "

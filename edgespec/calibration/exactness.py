@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgespec.calibration.cache import cache_dir, cache_lock, curve_path, read_cached, write_cache
-from edgespec.calibration.curve import PACED_CHUNK, no_pause, paced, prefill
+from edgespec.calibration.curve import PACED_CHUNK, no_pause, paced, prefill, retried
 
 EXACTNESS_VERSION = 1
 EXACT_CONTEXTS = (100, 600)   # KV cells before the checked tokens: short, and past 512 (split-KV)
@@ -110,13 +110,19 @@ def check_exactness(backend, max_t: int | None = None, contexts=EXACT_CONTEXTS, 
         pre = rng.integers(100, hi, size=n_kv).astype(np.int32)
         toks = rng.integers(100, hi, size=max_t).astype(np.int32)
         pause()
-        ref = _one_token_rows(backend, pre, toks, pause, chunk)
+
+        def relay():
+            return retried(lambda: _one_token_rows(backend, pre, toks, pause, chunk), pause, lambda: None)
+
+        def batch(t):
+            backend.decode_tree(toks[:t], np.arange(t, dtype=np.int32), zeros[:t], ones[:t], 1)
+            return backend.logits()
+        ref = relay()
         failed, worst = [], 0.0
         for t in ts:
             if pause():
-                ref = _one_token_rows(backend, pre, toks, pause, chunk)
-            backend.decode_tree(toks[:t], np.arange(t, dtype=np.int32), zeros[:t], ones[:t], 1)
-            lg = backend.logits()
+                ref = relay()
+            lg = retried(lambda: batch(t), pause, relay)
             if not np.array_equal(lg, ref[:t]):
                 d = float(np.max(np.abs(lg.astype(np.float64) - ref[:t])))
                 failed.append(t)

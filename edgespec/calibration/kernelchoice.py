@@ -1,19 +1,33 @@
 """`--kernels auto`: what exactness costs on this machine, and the choice.
 
 `exact` keeps llama.cpp on CPU kernels under which a verification batch gives
-logits bit-identical to one-token decoding (flash attention on, a q8_0 K
-cache, the tiled K-quant product off); `fast` lets it run its fastest ones.
-What that costs depends on the CPU: on an AVX-512/AMX Xeon plain decoding was
-up to 1.5x faster with `fast`, on an AVX2 machine the two were within a few
-percent (BENCHMARKS.md, "What does exactness cost?").  So `auto` measures
-both once per model, machine and thread count and keeps exact where it is
-within TOLERANCE of fast on a one-token decode and on a verification batch,
-fast otherwise.
+logits bit-identical to one-token decoding (flash attention on, the tiled
+K-quant product off); `fast` lets it run its fastest ones.  What that costs
+depends on the CPU and on what the process does: on an AVX-512/AMX Xeon
+plain decoding was up to 1.5x faster with `fast`; on the 2-core AMD EPYC the
+two decode within a few percent, but exact kernels read a prompt 1.5x
+(Qwen2.5-Coder-0.5B) to 2.9x (1.5B) slower (issue 56), and half of an app's
+session is reading prompts.
 
-Each setting is timed in a fresh process: the tiled product is a
-process-wide switch that llama.cpp reads once.  The verdict and both prices
-are cached beside the calibration (`<key>.kernels.json`).  Under either
-choice every committed token is the model's own argmax (or draw) under the
+So a price has three parts, each timed as several samples under both
+settings: a prompt token (prefill), a one-token decode and a verification
+batch of 16, after a chat-sized context.  The choice weighs their ratios by
+APP_MIX, the share of a session's time each takes in the recorded app
+sessions (bench/sessions: about 40% reading prompts), and keeps exact where
+that costs at most TOLERANCE more than fast.  Where decoding ties, the prompt
+decides.  A verdict that sits inside the noise (the weighted ratio's range
+over the samples straddles TOLERANCE) is timed once more and decided on all
+samples, so it does not flip on one noisy run.
+
+Until a price is measured, `auto` on a CPU runs fast: on every machine
+measured, fast was at most a few percent slower in any part and up to
+1.5x-2.9x faster in some (the better bet), and serve, chat, the library and
+the drop-in never wait for a timing at load.  The one-shot
+commands (`generate`, `bench`, `calibrate`) time it, in two child processes
+(the tiled product is a process-wide switch that llama.cpp reads once), a
+few seconds for a small model; the price is cached beside the calibration
+(`<key>.kernels.json`) and every later load reads it.  Under either choice
+every committed token is the model's own argmax (or draw) under the
 arithmetic it runs; only `exact` makes that arithmetic match one-token
 decoding bit for bit.
 """
@@ -31,48 +45,84 @@ from edgespec.errors import ConfigError
 
 KERNELS = ("auto", "exact", "fast")
 ENV = "EDGESPEC_KERNELS"    # the default setting where none is given (else "auto")
-TOLERANCE = 1.05            # exact is kept while it costs at most 5% more than fast
-SIZES = (1, 16)             # a one-token decode and a verification batch
-PREFIX = 1000               # KV cells before the timed decodes (a chat's context)
+TOLERANCE = 1.05            # exact is kept while the app mix costs at most 5% more than fast
+PARTS = ("prefill", "1", "16")    # a prompt token, a one-token decode, a verification batch of 16
+# the share of an app session's time each part takes: prefill was 39% of
+# Qwen2.5-Coder-0.5B's and 37% of the 1.5B's wall time over the recorded Aider
+# sessions (BENCHMARKS.md, 2026-11-28), and a drafting decode spends its time
+# about evenly between one-token decodes and verification batches
+APP_MIX = {"prefill": 0.4, "1": 0.3, "16": 0.3}
+PREFIX = 512                # prompt tokens, timed in chunks, before the timed decodes
+CHUNK = 128                 # prompt tokens a timed prefill chunk
+REPS = 5                    # timed decodes of each size (after one warm-up round)
 CHILD_TIMEOUT_S = 900
-VERSION = 1
+VERSION = 2                 # 1: decodes only (its verdicts ignored the prompt: measured again)
+
+
+def _median(xs) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 @dataclass
 class KernelPrice:
-    """Seconds per decode of each size in SIZES, under each setting, and the choice."""
+    """Samples (seconds; prefill: per prompt token) of each part in PARTS under
+    each setting, and the choice."""
     exact_s: dict
     fast_s: dict
     choice: str
     measured_at: str = ""
+    rounds: int = 1
 
-    def ratio(self, t: int) -> float:
-        """How much longer a decode of t tokens takes with exact kernels than fast."""
-        return self.exact_s[t] / self.fast_s[t]
+    def ratio(self, part: str) -> float:
+        """How much longer a part takes with exact kernels than fast (medians)."""
+        return _median(self.exact_s[part]) / _median(self.fast_s[part])
+
+    def weighted(self) -> float:
+        """What the app mix costs with exact kernels over fast."""
+        return sum(w * self.ratio(p) for p, w in APP_MIX.items())
+
+    def weighted_range(self) -> tuple[float, float]:
+        """The weighted ratio's range over the samples: each part's lowest exact
+        over highest fast, and the reverse."""
+        lo = sum(w * min(self.exact_s[p]) / max(self.fast_s[p]) for p, w in APP_MIX.items())
+        hi = sum(w * max(self.exact_s[p]) / min(self.fast_s[p]) for p, w in APP_MIX.items())
+        return lo, hi
+
+    def in_noise(self) -> bool:
+        """Whether the samples leave the verdict open (their range straddles TOLERANCE)."""
+        lo, hi = self.weighted_range()
+        return lo <= TOLERANCE < hi
 
     def describe(self) -> str:
-        return (f"exact kernels cost {self.ratio(1):.2f}x fast on a one-token decode, "
-                f"{self.ratio(SIZES[-1]):.2f}x on a batch of {SIZES[-1]}: {self.choice}")
+        return (f"exact kernels cost {self.ratio('prefill'):.2f}x fast on a prompt, {self.ratio('1'):.2f}x on a "
+                f"one-token decode, {self.ratio('16'):.2f}x on a batch of 16; {self.weighted():.2f}x over an "
+                f"app's mix: {self.choice}")
 
     def to_json(self) -> dict:
-        return {"version": VERSION, "exact_s": {str(k): v for k, v in self.exact_s.items()},
-                "fast_s": {str(k): v for k, v in self.fast_s.items()}, "choice": self.choice,
-                "measured_at": self.measured_at}
+        return {"version": VERSION, "exact_s": self.exact_s, "fast_s": self.fast_s, "choice": self.choice,
+                "measured_at": self.measured_at, "rounds": self.rounds}
 
     @staticmethod
     def from_json(d: dict) -> KernelPrice:
         if d.get("version") != VERSION or d.get("choice") not in ("exact", "fast"):
             raise ValueError("not a kernel price of this version")
-        ex = {int(k): float(v) for k, v in d["exact_s"].items()}
-        fa = {int(k): float(v) for k, v in d["fast_s"].items()}
-        if any(t not in ex or t not in fa or ex[t] <= 0 or fa[t] <= 0 for t in SIZES):
-            raise ValueError("a kernel price lacks a size")
-        return KernelPrice(ex, fa, d["choice"], str(d.get("measured_at", "")))
+        ex, fa = _samples(d["exact_s"]), _samples(d["fast_s"])
+        return KernelPrice(ex, fa, d["choice"], str(d.get("measured_at", "")), int(d.get("rounds", 1)))
+
+
+def _samples(d: dict) -> dict:
+    """{part: [positive seconds, ...]} for every part, or ValueError."""
+    out = {p: [float(x) for x in d[p]] for p in PARTS}
+    if any(not xs or min(xs) <= 0 for xs in out.values()):
+        raise ValueError("a kernel price lacks a part")
+    return out
 
 
 def choose(exact_s: dict, fast_s: dict) -> str:
-    """exact where it costs at most TOLERANCE times fast at every size, else fast."""
-    return "exact" if all(exact_s[t] <= TOLERANCE * fast_s[t] for t in SIZES) else "fast"
+    """exact where the app mix costs at most TOLERANCE times fast's (medians), else fast."""
+    return "exact" if KernelPrice(exact_s, fast_s, "exact").weighted() <= TOLERANCE else "fast"
 
 
 def _path(model_path: str, n_threads: int) -> str:
@@ -88,25 +138,41 @@ def cached_price(model_path: str, n_threads: int) -> KernelPrice | None:
         return None
 
 
-def measure_price(model_path: str, n_threads: int, progress=None) -> KernelPrice:
-    """Time both settings, each in a child process; cache and return the price.
-    progress(done, total) after each child.  ConfigError when a child fails."""
-    secs = {}
-    for i, k in enumerate(("exact", "fast")):
-        cmd = [sys.executable, "-m", "edgespec.calibration.kernelchoice", model_path, k, str(n_threads)]
-        env = dict(os.environ, GGML_CPU_TILED_MM="1" if k == "fast" else "0")
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env)
-        except subprocess.TimeoutExpired:
-            raise ConfigError(f"timing {k} kernels took over {CHILD_TIMEOUT_S} s; use --kernels exact or fast") from None
-        if r.returncode != 0 or not r.stdout.strip():
-            tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ConfigError(f"timing {k} kernels failed ({tail}); use --kernels exact or fast")
-        secs[k] = {int(t): float(s) for t, s in json.loads(r.stdout.strip().splitlines()[-1]).items()}
-        if progress:
-            progress(i + 1, 2)
-    price = KernelPrice(secs["exact"], secs["fast"], choose(secs["exact"], secs["fast"]),
-                        time.strftime("%Y-%m-%d %H:%M:%S"))
+def _time_in_child(model_path: str, kernels: str, n_threads: int) -> dict:
+    """{part: [seconds, ...]} of one setting, timed in a fresh process."""
+    cmd = [sys.executable, "-m", "edgespec.calibration.kernelchoice", model_path, kernels, str(n_threads)]
+    env = dict(os.environ, GGML_CPU_TILED_MM="1" if kernels == "fast" else "0")
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"timing {kernels} kernels took over {CHILD_TIMEOUT_S} s; use --kernels exact or fast") from None
+    if r.returncode != 0 or not r.stdout.strip():
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"timing {kernels} kernels failed ({tail}); use --kernels exact or fast")
+    return _samples(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def measure_price(model_path: str, n_threads: int, progress=None, timer=_time_in_child) -> KernelPrice:
+    """Time both settings, each in a child process (timer), once more when
+    the first round leaves the verdict inside the noise; cache and return the
+    price.  progress(done, total) before the first child (done 0) and after
+    each.  ConfigError when a child fails."""
+    secs: dict = {"exact": {p: [] for p in PARTS}, "fast": {p: [] for p in PARTS}}
+    total, done = 2, 0
+    if progress:
+        progress(0, total)
+    for rnd in (1, 2):
+        for k in ("exact", "fast"):
+            for p, xs in timer(model_path, k, n_threads).items():
+                secs[k][p] += xs
+            done += 1
+            if progress:
+                progress(done, total)
+        price = KernelPrice(secs["exact"], secs["fast"], choose(secs["exact"], secs["fast"]),
+                            time.strftime("%Y-%m-%d %H:%M:%S"), rnd)
+        if rnd == 2 or not price.in_noise():
+            break
+        total = 4
     write_cache(_path(model_path, n_threads), price.to_json())
     return price
 
@@ -121,7 +187,7 @@ def resolve(kernels: str | None, model_path: str, n_threads: int, gpu: bool, mea
     """The kernels to load with ("exact" or "fast") and the price behind an
     "auto" choice; None asks for setting(None).  On a GPU the setting changes
     nothing (llama.cpp's defaults are used either way): "exact".  "auto"
-    without a cached price measures it when `measure`, else runs exact (price
+    without a cached price measures it when `measure`, else runs fast (price
     None) until something measures it."""
     kernels = setting(kernels)
     if kernels not in KERNELS:
@@ -133,24 +199,43 @@ def resolve(kernels: str | None, model_path: str, n_threads: int, gpu: bool, mea
     price = cached_price(model_path, n_threads)
     if price is None and measure:
         price = measure_price(model_path, n_threads, progress)
-    return (price.choice if price else "exact"), price
+    return (price.choice if price else "fast"), price
 
 
 def _time_one_setting(model_path: str, kernels: str, n_threads: int) -> dict:
-    """In the child: load with these kernels, time decodes of each size."""
+    """In the child: load with these kernels; time PREFIX prompt tokens in
+    chunks (seconds per token each), then REPS decodes of 1 and of 16 tokens
+    after them, each after two one-token decodes (as a batch follows a plain
+    step in generation), in interleaved rounds so that noise spreads over both."""
     import numpy as np
 
     from edgespec.backend.llama import LlamaBackend
     from edgespec.backend.process import kernel_options
-    from edgespec.calibration.curve import measure_at
+    from edgespec.calibration.curve import timed_chain
 
-    be = LlamaBackend(model_path, n_ctx=2048, n_threads=n_threads, max_nodes=max(SIZES), max_leaves=1,
+    be = LlamaBackend(model_path, n_ctx=2048, n_threads=n_threads, max_nodes=16, max_leaves=1,
                       **kernel_options(kernels == "fast"))
+    rng = np.random.default_rng(0)
     try:
-        t1, rel, _ = measure_at(be, list(SIZES), PREFIX, 5, np.random.default_rng(0), lambda: None)
+        out: dict = {"prefill": [], "1": [], "16": []}
+        pre = rng.integers(100, min(be.n_vocab, 20000), size=PREFIX).astype(np.int32)
+        be.prefill(pre[:32], want_last_logits=False)      # untimed: the weights' first touch
+        be.reset()
+        for i in range(0, PREFIX, CHUNK):
+            t0 = be.clock()
+            be.prefill(pre[i:i + CHUNK], want_last_logits=False)
+            out["prefill"].append((be.clock() - t0) / CHUNK)
+        one = np.full(1, 500, np.int32)
+        for r in range(REPS + 1):           # the first round is a warm-up
+            for t in (1, 16):
+                timed_chain(be, one)
+                timed_chain(be, one)
+                dt = timed_chain(be, rng.integers(100, min(be.n_vocab, 20000), size=t).astype(np.int32))
+                if r:
+                    out[str(t)].append(dt)
     finally:
         be.close()
-    return {str(t): t1 * r for t, r in zip(SIZES, rel)}
+    return out
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ backend/settings.py's BackendSettings, and are read from them.  A RunConfig
 is passed whole: `engine_config()` and `backend_settings()` are the one place
 each that makes the engine's and the backend's settings of it (the engine's
 ranges are checked, once, when a RunConfig is made), and `resolve_kernels()`
-the one place that resolves kernels "auto".
+(edgespec.run.kernels) the one place that resolves the kernels and the K cache.
 """
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from typing import Any
 
 from edgespec.backend.ggml import RPC_OUTPUTS, parse_endpoints
 from edgespec.backend.llama import EXACT_MAX_BATCH
-from edgespec.backend.process import default_threads, kernel_options
+from edgespec.backend.process import kernel_options
 from edgespec.backend.settings import BackendSettings
-from edgespec.calibration.kernelchoice import KernelPrice, resolve
 from edgespec.calibration.kernelchoice import setting as kernels_setting   # $EDGESPEC_KERNELS, else auto
 from edgespec.core.config import EngineConfig
 from edgespec.core.verify import VerifyConfig
 from edgespec.errors import ConfigError
+from edgespec.run.kernels import Loadout, loadout
 
 
 @dataclass(frozen=True)
@@ -48,21 +48,24 @@ class RunConfig:
         past 256 KV cells run on one thread, to stay exact (see
         backend/llama.py); q8_0 lets them use every thread, and with fast
         kernels it reads prompts faster (docs/exactness.md).
-    kernels: "auto": "exact" where it costs at most 5% more than "fast" on
-        this machine, else "fast", as measured once per model and thread count
-        in two child processes (edgespec.calibration.kernelchoice; cached);
-        until measured (calibrate=True or `edgespec calibrate` measures it)
-        "exact".  "exact": llama.cpp settings under which a verification batch
-        gives logits bit-identical to one-token decoding on CPU (flash
-        attention on, the tiled K-quant product off).  "fast": llama.cpp's
-        fastest CPU settings (flash attention off, q8_0 K cache unless
-        cache_type_k says otherwise, the tiled product on): cheaper decodes,
-        batches and prefill (BENCHMARKS.md, "What does exactness cost?"), but
-        batched logits differ in the last bits, so greedy output can differ
-        from `none` at near-ties; the self-check (SpecModel.exact) reports it.
-        The tiled product is a process-wide switch that the first model a
-        process loads sets (unless GGML_CPU_TILED_MM is in the environment).
-        On a GPU both are llama.cpp's defaults.  None: $EDGESPEC_KERNELS, else
+    kernels: "auto": "exact" where an app's mix of prompt reading, one-token
+        decodes and verification batches costs at most 5% more with it than
+        with "fast" on this machine, else "fast", as measured once per model
+        and thread count in two child processes (a few seconds for a small
+        model; edgespec.calibration.kernelchoice; cached); until measured
+        (calibrate=True, `edgespec generate`, `bench` or `calibrate` measure
+        it) "fast", the better bet on every machine measured.  "exact":
+        llama.cpp settings under which a verification batch gives logits
+        bit-identical to one-token decoding on CPU (flash attention on, the
+        tiled K-quant product off).  "fast": llama.cpp's fastest CPU settings
+        (flash attention off, q8_0 K cache unless cache_type_k says otherwise,
+        the tiled product on): cheaper prefill, decodes and batches
+        (BENCHMARKS.md, "What does exactness cost?"), but batched logits
+        differ in the last bits, so greedy output can differ from `none` at
+        near-ties; the self-check (SpecModel.exact) reports it.  The tiled
+        product is a process-wide switch that the first model a process
+        loads sets (unless GGML_CPU_TILED_MM is in the environment).  On a
+        GPU both are llama.cpp's defaults.  None: $EDGESPEC_KERNELS, else
         "auto" (RunConfig.defaults() reads it).
     max_nodes: the largest verification batch (root + drafts).
     cost_gate: verify only drafts whose expected gain beats their measured cost.
@@ -132,22 +135,20 @@ class RunConfig:
         here: kernels "auto" (as set or from $EDGESPEC_KERNELS) on a CPU."""
         return kernels_setting(self.kernels) == "auto" and not self.offloaded
 
-    def resolve_kernels(self, model_path: str, measure: bool | None = None) -> tuple[str, KernelPrice | None]:
-        """The kernels this run loads `model_path` with ("exact" or "fast") and
-        the price behind an "auto" choice (edgespec.calibration.kernelchoice.resolve):
-        measured when not cached if `measure` (None: when calibrate is True),
-        else exact until measured."""
-        return resolve(self.kernels, model_path, self.n_threads or default_threads(), gpu=self.offloaded,
-                       measure=self.calibrate is True if measure is None else measure)
+    def resolve_kernels(self, model_path: str, measure: bool | None = None, progress=None) -> Loadout:
+        """The kernels and K cache this run loads `model_path` with, and why
+        (edgespec.run.kernels.loadout): an "auto" choice not cached is timed
+        if `measure` (None: when calibrate is True), else fast until timed."""
+        return loadout(self, model_path, measure, progress)
 
-    def backend_settings(self, kernels: str) -> BackendSettings:
-        """The backend's settings of this run, with `kernels` resolved ("exact"
-        or "fast"; fast changes nothing with layers on a GPU).  The backend's
-        batch holds at least EXACT_MAX_BATCH tokens whatever max_nodes says."""
-        fast = kernels == "fast" and not self.n_gpu_layers
+    def backend_settings(self, load: Loadout) -> BackendSettings:
+        """The backend's settings of this run with its resolved Loadout (fast
+        kernels change nothing with layers on a GPU).  The backend's batch
+        holds at least EXACT_MAX_BATCH tokens whatever max_nodes says."""
+        fast = load.kernels == "fast" and not self.n_gpu_layers
         return BackendSettings(n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, n_threads=self.n_threads,
                                max_nodes=max(EXACT_MAX_BATCH, self.max_nodes), max_leaves=None,
-                               cache_type_k=self.cache_type_k, verbose=self.verbose, rpc=parse_endpoints(self.rpc),
+                               cache_type_k=load.cache_type_k, verbose=self.verbose, rpc=parse_endpoints(self.rpc),
                                tensor_split=self.tensor_split, rpc_output=self.rpc_output, **kernel_options(fast))
 
     def engine_config(self, batch_cap: int | None = None) -> EngineConfig:

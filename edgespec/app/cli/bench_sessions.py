@@ -28,7 +28,9 @@ def _progress(row: dict) -> None:
               help="A server to replay on (repeatable; the first is the reference of `identical`): edgespec, "
                    "edgespec-NAME='SERVE OPTIONS' (e.g. edgespec-exact='--kernels exact'), llama-server, "
                    "llama-server-ngram-simple, llama-server-ngram-mod, ... (edgespec build-peers), or "
-                   f"NAME=http://HOST:PORT (already running).  Default: {', '.join(DEFAULT_TARGETS)}.")
+                   f"NAME=http://HOST:PORT (already running).  Default: {', '.join(DEFAULT_TARGETS)}.  An edgespec "
+                   "target's options may hold --fresh-cache (started as a new user: an empty cache folder, no "
+                   "warm-up) or --same-cache (the last fresh target's folder: that user's next session).")
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
               help="Threads of every started server (default: each server's own default).")
 @click.option("-c", "--ctx", "n_ctx", type=click.IntRange(min=512), default=8192, show_default=True,

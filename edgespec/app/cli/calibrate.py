@@ -7,7 +7,7 @@ import os
 
 import click
 
-from edgespec.app.cli.loading import calibration_note, load_model, measure_kernel_price
+from edgespec.app.cli.loading import calibration_note, load_model, remeasure_kernel_price
 from edgespec.app.cli.options import backend_options, complete_model, model_options, run_config_options, user_errors
 from edgespec.app.cli.output import calibration_line, json_default, kernels_line
 
@@ -27,7 +27,7 @@ def calibrate(model, config, as_json):
     config = config.but(drafter="none", calibrate=False)
     if config.times_kernels():
         with user_errors():
-            measure_kernel_price(model, config.n_threads, remeasure=True, note=not as_json)
+            remeasure_kernel_price(model, config.n_threads, note=not as_json)
     m = load_model(model, config)
     try:
         if not as_json:

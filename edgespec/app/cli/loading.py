@@ -1,7 +1,8 @@
 """Loading the model a command names, with the invocation's settings.
 
-load_model applies the log file, times the kernel choice
-(--kernels auto) and shows the calibration and upload progress on stderr;
+load_model resolves the model's name once, applies the log file and shows
+the kernel timing (--kernels auto, one-shot commands), calibration and
+upload progress on stderr;
 with_chat_template refuses a model without a chat template before any of
 that.  One place turns the parsed options into a SpecModel, so generate,
 chat, serve, calibrate and bench load it the same way.
@@ -19,12 +20,14 @@ from edgespec.run.settings import RunConfig
 
 def load_model(model, config: RunConfig):
     """The SpecModel of `config` with this invocation's log file.
-    config.calibrate True (one-shot commands: generate, bench) measures a
-    missing calibration before the first answer, with a note on stderr;
-    "background" (chat, serve) answers at once and measures between requests,
-    silently.  A memory file not used says why in one line."""
+    config.calibrate True (one-shot commands: generate, bench) times the
+    kernels (auto) and measures a missing calibration before the first
+    answer, with a note on stderr; "background" (chat, serve) loads the
+    cached verdict or fast kernels, answers at once and measures between
+    requests, silently.  A memory file not used says why in one line."""
     from edgespec.app.api import SpecModel
     from edgespec.backend.process import log_to_file
+    from edgespec.models.resolve import resolve_model
 
     log = log_settings()
     if log["log_file"]:
@@ -36,11 +39,11 @@ def load_model(model, config: RunConfig):
         if ctx is not None:
             ctx.find_root().call_on_close(lambda: log_to_file(None))
     with user_errors():
-        if config.times_kernels() and config.calibrate is True:
-            measure_kernel_price(model, config.n_threads, remeasure=False)
+        path = resolve_model(model)
         one_line_warnings()
-        return SpecModel(model, config=config, load_progress=_upload_bar(config.rpc) if config.rpc else None,
-                         progress=calibration_note() if config.calibrate is True else None)
+        return SpecModel(path, config=config, load_progress=_upload_bar(config.rpc) if config.rpc else None,
+                         progress=calibration_note() if config.calibrate is True else quick_note(),
+                         kernel_progress=kernel_note() if config.calibrate is True else None)
 
 
 def one_line_warnings() -> None:
@@ -84,6 +87,21 @@ def calibration_note(intro: str | None = "measuring the verify cost c(T) and che
     return cb
 
 
+def quick_note():
+    """A progress callback for the quick c(T) that serve and chat measure at
+    load on a fresh cache: one line on stderr, once."""
+    said = []
+    if log_settings()["quiet"]:
+        return None
+
+    def cb(done, total):
+        if not said:
+            said.append(True)
+            click.echo("measuring a first c(T) for this model on this machine (a few seconds; the full "
+                       "calibration follows between requests)...", err=True)
+    return cb
+
+
 def _upload_bar(endpoints):
     """A progress callback for sending the weights to RPC workers (a bar on a
     terminal, else nothing)."""
@@ -100,20 +118,29 @@ def _upload_bar(endpoints):
     return cb
 
 
-def measure_kernel_price(model, threads, remeasure: bool, note: bool = True):
-    """--kernels auto: time exact against fast kernels for this model (two
-    child processes, a note on stderr) unless the verdict is cached."""
+KERNEL_NOTE = ("timing llama.cpp's exact against its fastest CPU kernels for this model on this machine: a prompt, "
+               "one-token decodes and batches (--kernels auto; once, cached afterwards)...")
+
+
+def kernel_note():
+    """A progress callback for the kernel timing: the note on stderr as it starts."""
+    if log_settings()["quiet"]:
+        return None
+
+    def cb(done, total):
+        if done == 0:
+            click.echo(KERNEL_NOTE, err=True)
+    return cb
+
+
+def remeasure_kernel_price(model, threads, note: bool = True):
+    """`edgespec calibrate` with --kernels auto: time exact against fast
+    kernels for this model again (two child processes, a note on stderr)."""
     from edgespec.backend.process import default_threads
-    from edgespec.calibration.kernelchoice import cached_price, measure_price
+    from edgespec.calibration.kernelchoice import measure_price
     from edgespec.models.resolve import resolve_model
 
-    path, n = resolve_model(model), threads or default_threads()
-    if not remeasure and cached_price(path, n) is not None:
-        return
-    if note and not log_settings()["quiet"]:
-        click.echo("timing llama.cpp's exact against its fastest CPU kernels for this model on this machine "
-                   "(--kernels auto; once, cached afterwards)...", err=True)
-    measure_price(path, n)
+    measure_price(resolve_model(model), threads or default_threads(), progress=kernel_note() if note else None)
 
 
 def with_chat_template(model, advice: str) -> str:

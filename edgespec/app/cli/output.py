@@ -19,7 +19,7 @@ def kernels_line(model) -> str:
         return f"kernels: {model.kernels} (--kernels {model.kernels})"
     if p is None:
         return (f"kernels: auto -> {model.kernels}" + ("" if model.backend.n_gpu_layers else
-                " (what exactness costs here is not measured yet: `edgespec calibrate` measures it)"))
+                " (the better bet until what exactness costs here is measured: `edgespec calibrate` measures it)"))
     return f"kernels: auto -> {model.kernels} ({p.describe()})"
 
 
@@ -66,9 +66,9 @@ CALIBRATION_STATES = {
     "cached": "c(T) and the self-check from the calibration cache",
     "measured": "c(T) and the self-check measured by this process (and cached)",
     "measuring": "measuring c(T) and the self-check in the background, between requests; until then a "
-                 "conservative built-in c(T) (drafting only where it surely pays) and exactness not yet known",
-    "built-in": "the conservative built-in c(T) (the background calibration did not finish; `edgespec "
-                "calibrate` measures it)",
+                 "quick c(T) measured at load (one context) and exactness not yet known",
+    "built-in": "the quick c(T) measured at load (the background calibration did not finish; `edgespec "
+                "calibrate` measures the full one)",
     "off": "not calibrated (c(T) = T assumed)",
 }
 
