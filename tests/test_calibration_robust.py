@@ -227,9 +227,7 @@ def test_background_calibration_answers_first_then_switches(model_path, cache, m
     go = threading.Event()
     real_measure, real_check = C.measure_cost_curve, E.check_exactness
 
-    def measure(backend, ts=C.DEFAULT_TS, prefixes=C.DEFAULT_PREFIXES, reps=5, progress=None, pause=None):
-        if pause is None:               # the quick curve, at load
-            return real_measure(backend, ts=(1, 2, 3), prefixes=prefixes, reps=1)
+    def measure(backend, progress=None, pause=None):
         while not go.is_set():          # slices of 10 ms that yield to requests
             pause()
             time.sleep(0.01)
@@ -243,7 +241,7 @@ def test_background_calibration_answers_first_then_switches(model_path, cache, m
     m = SpecModel(model_path, drafter="suffix", n_ctx=512)
     try:
         assert m.calibration_state == "measuring" and m.cost.meta.get("quick") and m.exact is None
-        assert m.cost.ts == [1, 2, 3] and not m.cost.builtin
+        assert m.cost.ts == [1, 2, 4, 8, 16, 32] and not m.cost.builtin
         first = m.generate(PROMPT, max_tokens=24)
         took = time.perf_counter() - t0
         assert m.calibration_state == "measuring" and m.engine.cost.meta.get("quick")
@@ -278,11 +276,7 @@ def test_close_stops_a_background_calibration(model_path, cache, monkeypatch):
     caches nothing."""
     from edgespec import SpecModel
 
-    real_measure = C.measure_cost_curve
-
-    def endless(backend, ts=C.DEFAULT_TS, prefixes=C.DEFAULT_PREFIXES, reps=5, progress=None, pause=None):
-        if pause is None:               # the quick curve, at load
-            return real_measure(backend, ts=(1, 2), prefixes=prefixes, reps=1)
+    def endless(backend, progress=None, pause=None):
         while True:
             pause()
             time.sleep(0.01)

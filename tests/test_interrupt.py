@@ -104,7 +104,7 @@ def test_answers_while_a_real_calibration_is_interrupted_equal_plain_decoding(mo
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))
     real = C.measure_cost_curve
 
-    def small(backend, ts=C.DEFAULT_TS, prefixes=C.DEFAULT_PREFIXES, reps=5, progress=None, pause=None):
+    def small(backend, progress=None, pause=None):
         return real(backend, ts=(1, 2, 4, 8), prefixes=(300,), reps=2, progress=progress, pause=pause)
     monkeypatch.setattr(C, "measure_cost_curve", small)
     prompts = [f"Repeat exactly: item {i} costs {i * 7} coins, item {i} costs {i * 7} coins." for i in range(4)]

@@ -86,6 +86,17 @@ from edgespec.errors import ConfigError, ModelClosedError
 log = logging.getLogger("edgespec.app.server")
 
 
+def pacer_waits(model) -> dict | None:
+    """How long requests waited for the background calibration's slices
+    (milliseconds: n, p50, p95, max; None without a pacer)."""
+    pacer = getattr(model, "_pacer", None)
+    if pacer is None:
+        return None
+    w = sorted(1000 * x for x in list(pacer.waits))
+    at = (lambda q: round(w[min(len(w) - 1, int(q * (len(w) - 1) + 0.5))], 2)) if w else (lambda q: None)
+    return {"n": len(w), "interrupts": pacer.interrupts, "p50": at(0.5), "p95": at(0.95), "max": at(1.0)}
+
+
 def _internal(what: str) -> RequestError:
     """A failure the client cannot fix: its details go to the server's log only."""
     log.exception("edgespec serve: %s failed", what)
@@ -164,7 +175,8 @@ class Server:
             stats = dict(self.stats)
         return JSONResponse({"status": "ok", "model": self.model_id, "queued": max(0, self._pending - 1),
                              "running": min(1, self._pending), "requests": stats,
-                             "calibration": getattr(self.model, "calibration_state", None)})
+                             "calibration": getattr(self.model, "calibration_state", None),
+                             "calibration_waits_ms": pacer_waits(self.model)})
 
     async def models(self, request: Request):
         return JSONResponse({"object": "list", "data": [{"id": self.model_id, "object": "model",

@@ -71,4 +71,10 @@ def _head_lines(head: dict) -> list[str]:
         how = f" (started in {started[name]:.1f} s" + (f", cache folder {cache[name]}" if name in cache else "") + ")" \
             if name in started else ""
         out.append(f"{name}: {' '.join(cmd) if cmd else 'a running server'}{how}")
+        waits = (head.get("calibration_waits_ms") or {}).get(name)
+        if waits:
+            after = (head.get("calibrated_after_s") or {}).get(name)
+            out.append(f"  {name} while calibrating in the background: {waits['n']} requests waited for a slice "
+                       f"(p50 {waits['p50']} ms, p95 {waits['p95']} ms, max {waits['max']} ms); its calibration "
+                       + (f"ended {after:.0f} s after its sessions" if after is not None else "had not ended"))
     return out + [""]

@@ -227,6 +227,8 @@ def run_sessions(sessions, targets: list[Target], model_path: str, n_ctx: int, t
                     warm_up(client, client.model_id())
                 rows += replay(client, t.name, sessions, max_tokens, progress=progress)
                 if t.cache == "fresh":
+                    head.setdefault("calibration_waits_ms", {})[t.name] = client.get("/health").get(
+                        "calibration_waits_ms")
                     head.setdefault("calibrated_after_s", {})[t.name] = calibration_ended(client)
             with open(out_path, "w", encoding="utf-8") as f:
                 for r in [head] + rows:

@@ -3,6 +3,10 @@ conservative built-in guess, and the quick curve measured at load on a fresh
 cache (edgespec.calibration.curve has the full measurement and the cache)."""
 from __future__ import annotations
 
+import time
+
+import numpy as np
+
 from edgespec.calibration import curve
 from edgespec.calibration.curve import DEFAULT_TS, CostCurve
 
@@ -27,17 +31,30 @@ def builtin_curve(gpu: bool = False, ts=DEFAULT_TS) -> CostCurve:
                      list(rel), origin="built-in")
 
 
-QUICK_TS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+QUICK_TS = (1, 2, 4, 8, 16, 32)
+QUICK_PREFIX = 300
+QUICK_REPS = 2
 
 
 def quick_curve(backend, progress=None) -> CostCurve:
-    """A first c(T) for a model on a fresh cache, measured at load in seconds
-    (one context of 300 cells and the short regime, sizes up to 32, two timed
-    rounds), so that the first requests draft under this machine's own
+    """A first c(T) for a model on a fresh cache, measured at load: sizes up
+    to 32 after 300 cells, two timed rounds after a warm-up, without the
+    short regime and the steady widths (about 4 s for Qwen2.5-Coder-0.5B on
+    2 cores), so that the first requests draft under this machine's own
     prices rather than the built-in guess while the full curve is measured
     between requests.  Not cached; capped like a busy machine's where
     implausible; ValueError where not finite."""
-    c = curve.measure_cost_curve(backend, ts=QUICK_TS, prefixes=(300,), reps=2, progress=progress)
+    prefix = curve.plan_contexts(backend.n_ctx, (QUICK_PREFIX,), max(QUICK_TS))[0]
+    ts = [t for t in QUICK_TS if t <= backend.max_nodes and backend.n_ctx > prefix + t + 1]
+    rounds = [0]
+
+    def tick():
+        rounds[0] += 1
+        if progress:
+            progress(rounds[0], QUICK_REPS + 1)
+    t1, rel, after = curve.measure_at(backend, ts, prefix, QUICK_REPS, np.random.default_rng(0), tick)
+    backend.reset()
+    c = CostCurve(ts, rel, t1, {"prefix": prefix, "reps": QUICK_REPS, "quick": True,
+                                "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}, after_s=after)
     curve.check_finite(c)
-    c.meta["quick"] = True
     return c if curve.implausible_batch(c) is None else curve.capped(c)
