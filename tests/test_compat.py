@@ -120,3 +120,27 @@ def test_constructor_and_call_arguments(model):
         edgespec.Llama(model.model_path, no_such_argument=1)
     with pytest.raises(edgespec.ConfigError, match="embedding"):
         edgespec.Llama(model.model_path, embedding=True)
+
+
+def test_max_tokens_follows_llama_cpp_pythons_rule(model):
+    """One token limit (core.params.token_limit) with llama-cpp-python's
+    differences: create_completion's default is 16, create_chat_completion's
+    None; None and <= 0 run to the context's end, and a larger max_tokens
+    than the context leaves stops there too."""
+    import inspect
+
+    from edgespec.app.compat import _max_tokens
+    from edgespec.core.params import token_limit
+    sig = lambda f: inspect.signature(f).parameters["max_tokens"].default   # noqa: E731
+    assert sig(edgespec.Llama.create_completion) == 16 and sig(edgespec.Llama.create_chat_completion) is None
+    assert [_max_tokens(n) for n in (None, 0, -1, 5)] == [None, None, None, 5]
+    assert token_limit(None, 100, 30) == 70 and token_limit(5, 100, 30) == 5 and token_limit(500, 100, 30) == 70
+    llm = edgespec.Llama(model.model_path, n_ctx=256, verbose=False, calibrate=False, drafter="none")
+    try:
+        counting = "1, 2, 3, 4, 5, 6,"
+        assert llm(counting, temperature=0)["usage"]["completion_tokens"] == 16
+        for n in (None, -1, 10**6):
+            r = llm(counting, max_tokens=n, temperature=0)
+            assert r["choices"][0]["finish_reason"] == "length" and r["usage"]["total_tokens"] == llm.n_ctx(), n
+    finally:
+        llm.close()

@@ -137,6 +137,32 @@ def test_only_app_and_bench_import_app():
     assert not up, f"modules below app/ that import it: {sorted(up)}"
 
 
+def test_bench_does_not_import_app():
+    """The bench stands below app/ (issue 58): what it needs of a run (the
+    settings, the drafter specs) is in run/, and SpecModel's public methods."""
+    up = {f"{m} -> {n}" for m in MODULES if m.startswith("edgespec.bench")
+          for n in _edges(m) if n.startswith("edgespec.app")}
+    assert not up, sorted(up)
+
+
+MAX_PRIVATE_PARAMS = 6      # self included: more travel together as one value (a Request, a ServeRequest)
+
+
+@pytest.mark.parametrize("module", ["edgespec.app.compat", "edgespec.app.server"])
+def test_private_functions_of_the_edges_take_few_parameters(module):
+    """The server and the drop-in hand a request to their own functions whole,
+    not as a list of its fields (issue 58)."""
+    bad = []
+    for node in ast.walk(TREES[module]):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("_") \
+                and not node.name.startswith("__"):
+            a = node.args
+            n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+            if n > MAX_PRIVATE_PARAMS:
+                bad.append(f"{node.name} ({n})")
+    assert not bad, f"{module}: private functions with more than {MAX_PRIVATE_PARAMS} parameters: {bad}"
+
+
 def test_sources_are_registered_in_one_place():
     """Every built-in draft source is registered in drafters/tree.py, in one
     order, so its id (stored in results files, indexing the gate's counts)

@@ -12,6 +12,7 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
+from edgespec.app.request_fields import SERVE_DEFAULTS  # noqa: E402
 from edgespec.app.server import Server  # noqa: E402
 
 KEY = "metrics-key"
@@ -21,7 +22,7 @@ PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick
 
 @pytest.fixture(scope="module")
 def server(model):
-    s = Server(model, model_id="smol", api_key=KEY, defaults={"drafter": "suffix"})
+    s = Server(model, model_id="smol", api_key=KEY, defaults=SERVE_DEFAULTS.but(drafter="suffix"))
     yield s, TestClient(s.app, base_url="http://127.0.0.1")       # no lifespan: the session model stays open
     s._worker.shutdown(wait=True)
 
@@ -64,7 +65,7 @@ def test_metrics_move_after_requests(server, model):
     idle = scrape(client)
     assert idle[("edgespec_queue_depth", ())] == 0 and idle[("edgespec_requests_running", ())] == 0
     # a second server in the same process counts apart (a registry of its own)
-    other = Server(model, model_id="other", defaults={"drafter": "none"})
+    other = Server(model, model_id="other", defaults=SERVE_DEFAULTS.but(drafter="none"))
     try:
         fresh = scrape(TestClient(other.app, base_url="http://127.0.0.1"))
         assert fresh.get(ok, 0.0) == 0 and fresh[("edgespec_generated_tokens_total", ())] == 0
@@ -153,7 +154,8 @@ def test_serve_max_tokens_default_is_unbounded_unless_given(monkeypatch, args, w
             pass
     monkeypatch.setattr(serve_cmd, "load_model", lambda *a, **k: Fake())
     monkeypatch.setattr(serve_cmd, "exactness_notice", lambda m: None)
-    monkeypatch.setattr(S, "serve", lambda m, **kw: seen.update(kw["defaults"]))
+    monkeypatch.setattr(S, "serve", lambda m, **kw: seen.update(defaults=kw["defaults"]))
     r = CliRunner().invoke(cli.main, ["serve", *args])
     assert r.exit_code == 0, r.output
-    assert seen["max_tokens"] == want
+    # the server's defaults (SERVE_DEFAULTS) with the options' values: the drafter is serve's default one
+    assert seen["defaults"].but(drafter=None) == SERVE_DEFAULTS.but(max_tokens=want)

@@ -197,9 +197,10 @@ def test_the_server_reports_cached_tokens(model, caplog):
     pytest.importorskip("prometheus_client")
     from starlette.testclient import TestClient
 
+    from edgespec.app.request_fields import SERVE_DEFAULTS
     from edgespec.app.server import Server
 
-    s = Server(model, model_id="smol", defaults={"drafter": "none"})
+    s = Server(model, model_id="smol", defaults=SERVE_DEFAULTS.but(drafter="none"))
     client = TestClient(s.app, base_url="http://127.0.0.1")
     try:
         answers = []

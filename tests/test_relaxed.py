@@ -130,5 +130,5 @@ def test_only_retrieved_drafts_are_relaxed(model):
     r = run(SOURCE_CONTEXT)            # a retrieved one is, under a rule that accepts anything
     assert r.n_relaxed > 0 and tok in r.tokens and r.tokens != ref.tokens
     eng = Engine(model.backend, _FixedDrafter(tok, SOURCE_CONTEXT), model.cost, cfg)
-    with pytest.raises(ValueError, match="greedy"):
-        next(eng.run(Request(toks, max_tokens=4, sampling=SamplingConfig(temperature=0.7, seed=1), reuse_prefix=False)))
+    with pytest.raises(ValueError, match="greedy"):     # the check SpecModel makes before run (which trusts it)
+        eng.check_request(len(toks), 4, SamplingConfig(temperature=0.7, seed=1))

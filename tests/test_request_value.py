@@ -82,8 +82,50 @@ def test_cli_and_server_defaults_are_the_values():
     out = CliRunner().invoke(cli.main, ["generate", "--help"], terminal_width=200).output
     assert re.search(r"--max-tokens\D+\[default: 256\b", out, re.S), out
     assert "[default: 0.95]" in out and "[default: 0.05]" in out
-    src = (SRC / "app" / "server.py").read_text()
-    assert "dataclasses.asdict(SamplingConfig())" in src
+    from edgespec.app.request_fields import SERVE_DEFAULTS
+    # the server's defaults are the value's, but max_tokens: until the end of the turn or a full context
+    assert SERVE_DEFAULTS == Request(max_tokens=None)
+
+
+def test_a_request_checks_itself_where_it_is_built():
+    """What a request can get wrong by itself is refused when it is built
+    (the engine trusts a Request; what depends on the model is checked once,
+    in SpecModel._start)."""
+    from edgespec.errors import ConfigError
+    for bad in ({"max_tokens": 0}, {"max_tokens": -3}, {"logprobs": 21}, {"logprobs": -1}, {"logprobs": True}):
+        with pytest.raises(ConfigError):
+            Request([1, 2], **bad)
+    assert Request([1], max_tokens=None, logprobs=0).max_tokens is None
+
+
+class _Vocab:
+    n_vocab = 100
+
+    def chat_template(self):
+        return None
+
+
+class _Model:
+    n_ctx, vocab = 64, _Vocab()
+
+
+def test_the_server_builds_one_value_from_a_body():
+    """RequestParser.parse: an HTTP body into one frozen ServeRequest whose
+    Request carries the server's defaults where the body leaves a field out."""
+    from edgespec.app.request_fields import SERVE_DEFAULTS, Limits, RequestParser, ServeRequest
+    defaults = SERVE_DEFAULTS.but(sampling=SamplingConfig(temperature=0.5, seed=7), drafter="none")
+    parser = RequestParser(_Model(), "smol", defaults, Limits().resolve(64))
+    call = parser.parse({"prompt": [1, 2, 3], "max_tokens": 4, "stream": True, "logprobs": 2,
+                         "json_schema": {"type": "object"}, "stop": "\n"}, chat=False)
+    assert isinstance(call, ServeRequest) and call.stream and not call.chat and call.model == "smol"
+    r = call.request
+    assert (r.prompt, r.max_tokens, r.logprobs, r.stop, r.drafter) == ([1, 2, 3], 4, 2, ("\n",), "none")
+    assert r.sampling == SamplingConfig(temperature=0.5, seed=7) and r.json_schema == {"type": "object"}
+    assert call.grammar_param == "json_schema" and r.grammar is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        call.stream = False          # type: ignore[misc]
+    chat = parser.parse({"messages": [{"role": "user", "content": "Hi"}], "cache_prompt": False}, chat=True)
+    assert chat.request.max_tokens is None and chat.request.reuse_prefix is False and chat.tools is None
 
 
 def test_request_options_reach_the_engine(model):

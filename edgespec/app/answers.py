@@ -15,8 +15,9 @@ from starlette.responses import JSONResponse
 from edgespec.app import tools as tooling
 from edgespec.app.openai_format import (SSE_DONE, chat_chunk, chat_response, completion_response, new_id, sse_error,
                                         sse_event, timings, usage)
-from edgespec.app.request_fields import RequestError, shutting_down
+from edgespec.app.request_fields import RequestError, ServeRequest, shutting_down
 from edgespec.core.logprobs import LogprobFormatter
+from edgespec.core.params import Request
 
 
 class Answers:
@@ -24,26 +25,22 @@ class Answers:
     name) and default drafter; draining() is true once the server stops,
     when a cancelled generation is answered with 503."""
 
-    def __init__(self, model, defaults: dict, draining: Callable[[], bool]):
+    def __init__(self, model, defaults: Request, draining: Callable[[], bool]):
         self.model, self.defaults, self._draining = model, defaults, draining
 
     def drafter_name(self) -> str:
-        d = self.defaults["drafter"]
+        d = self.defaults.drafter
         return d if isinstance(d, str) else self.model.drafter_name
 
-    def formatter(self, req: dict) -> LogprobFormatter:
+    def formatter(self, call: ServeRequest) -> LogprobFormatter:
         """Offsets of a completion's text_offset count from the prompt text's start."""
-        base = 0
-        if not req["chat"]:
-            p = req["prompt"]
-            base = len(p) if isinstance(p, str) else len(self.model.detokenize(p))
-        return LogprobFormatter(self.model.vocab, base)
+        return LogprobFormatter(self.model.vocab, call.text_offset)
 
     @staticmethod
-    def _logprobs(req: dict, fmt: LogprobFormatter, entries: list) -> dict:
-        return fmt.chat(entries) if req["chat"] else fmt.completion(entries)
+    def _logprobs(call: ServeRequest, fmt: LogprobFormatter, entries: list) -> dict:
+        return fmt.chat(entries) if call.chat else fmt.completion(entries)
 
-    async def collect(self, req: dict, queue: asyncio.Queue):
+    async def collect(self, call: ServeRequest, queue: asyncio.Queue):
         """The JSON answer of a request not streamed (or its error)."""
         text = []
         while True:
@@ -55,29 +52,29 @@ class Answers:
             text.append(item.text)
             if item.result is not None:
                 break
-        r, cid, created = item.result, new_id("chatcmpl" if req["chat"] else "cmpl"), int(time.time())
+        r, cid, created = item.result, new_id("chatcmpl" if call.chat else "cmpl"), int(time.time())
         if r.stop_reason == "cancelled" and self._draining():
             return shutting_down().response()
-        n_prompt = len(req["tokens"])
-        if req["chat"]:
-            d = chat_response(cid, created, req["model"], r.text, r.stop_reason, n_prompt, r.n_generated)
-            if req["tools"] is not None:
-                msg, finish = tooling.answer(r.text, r.stop_reason, req["tools"])
+        n_prompt = len(call.request.prompt)
+        if call.chat:
+            d = chat_response(cid, created, call.model, r.text, r.stop_reason, n_prompt, r.n_generated)
+            if call.tools is not None:
+                msg, finish = tooling.answer(r.text, r.stop_reason, call.tools)
                 d["choices"][0].update(message=msg, finish_reason=finish)
         else:
-            d = completion_response(cid, created, req["model"], r.text, r.stop_reason, n_prompt, r.n_generated)
-        if req["logprobs"] is not None:
-            d["choices"][0]["logprobs"] = self._logprobs(req, self.formatter(req), r.logprobs)
+            d = completion_response(cid, created, call.model, r.text, r.stop_reason, n_prompt, r.n_generated)
+        if call.request.logprobs is not None:
+            d["choices"][0]["logprobs"] = self._logprobs(call, self.formatter(call), r.logprobs)
         d["timings"] = timings(r, self.drafter_name())
         return JSONResponse(d)
 
-    async def sse(self, req: dict, queue: asyncio.Queue, cancel: threading.Event):
+    async def sse(self, call: ServeRequest, queue: asyncio.Queue, cancel: threading.Event):
         """The server-sent events of a streamed answer; cancelling this
         generator (the client left) cancels the generation."""
-        chat, name = req["chat"], req["model"]
+        chat, name = call.chat, call.model
         cid, created = new_id("chatcmpl" if chat else "cmpl"), int(time.time())
         n_tok = n_drafted = 0           # of chunks whose text is still held back (a possible stop string)
-        lp, fmt = [], self.formatter(req) if req["logprobs"] is not None else None
+        lp, fmt = [], self.formatter(call) if call.request.logprobs is not None else None
         try:
             if chat:
                 yield sse_event(chat_chunk(cid, created, name, {"role": "assistant", "content": ""}))
@@ -95,32 +92,32 @@ class Answers:
                     d = (chat_chunk(cid, created, name, {"content": c.text}) if chat
                          else completion_response(cid, created, name, c.text, None))
                     if fmt is not None:
-                        d["choices"][0]["logprobs"], lp = self._logprobs(req, fmt, lp), []
+                        d["choices"][0]["logprobs"], lp = self._logprobs(call, fmt, lp), []
                     d["edgespec"] = {"spans": [[t, bool(f)] for t, f in c.spans], "tokens": n_tok,
                                      "drafted": n_drafted}
                     n_tok = n_drafted = 0
                     yield sse_event(d)
                     continue
-                for e in self._tail(req, cid, created, c.result, c.result.stop_reason, lp, fmt):
+                for e in self._tail(call, (cid, created), c.result, c.result.stop_reason, lp, fmt):
                     yield e
                 break
             yield SSE_DONE
         finally:
             cancel.set()          # a no-op once the answer is complete
 
-    def _tail(self, req: dict, cid: str, created: int, r, finish: str, lp: list, fmt) -> list[str]:
+    def _tail(self, call: ServeRequest, ids: tuple[str, int], r, finish: str, lp: list, fmt) -> list[str]:
         """A stream's last events: the chunk with finish_reason, usage and
         timings (and the logprobs still held back), then the usage chunk
-        if asked for."""
-        chat, name = req["chat"], req["model"]
+        if asked for (ids: the answer's id and creation time)."""
+        (cid, created), chat, name = ids, call.chat, call.model
         d = (chat_chunk(cid, created, name, {}, finish) if chat
              else completion_response(cid, created, name, "", finish))
         if fmt is not None and lp:
-            d["choices"][0]["logprobs"] = self._logprobs(req, fmt, lp)
-        d["usage"] = usage(len(req["tokens"]), r.n_generated)
+            d["choices"][0]["logprobs"] = self._logprobs(call, fmt, lp)
+        d["usage"] = usage(len(call.request.prompt), r.n_generated)
         d["timings"] = timings(r, self.drafter_name())
         events = [sse_event(d)]
-        if req["include_usage"]:
+        if call.include_usage:
             u = (chat_chunk(cid, created, name, {}) if chat
                  else completion_response(cid, created, name, "", None))
             u["choices"] = []
@@ -128,13 +125,13 @@ class Answers:
             events.append(sse_event(u))
         return events
 
-    async def sse_tools(self, req: dict, queue: asyncio.Queue, cancel: threading.Event):
+    async def sse_tools(self, call: ServeRequest, queue: asyncio.Queue, cancel: threading.Event):
         """The events of a streamed answer to a request with tools: the answer
         is gathered first (a call is known only once its block has closed),
         then sent as its content and tool_calls deltas and the last events
         (its logprobs on the last chunk)."""
-        name, cid, created = req["model"], new_id("chatcmpl"), int(time.time())
-        fmt = self.formatter(req) if req["logprobs"] is not None else None
+        name, cid, created = call.model, new_id("chatcmpl"), int(time.time())
+        fmt = self.formatter(call) if call.request.logprobs is not None else None
         try:
             yield sse_event(chat_chunk(cid, created, name, {"role": "assistant", "content": ""}))
             while True:
@@ -145,10 +142,10 @@ class Answers:
                     break
             if kind == "chunk":
                 r = c.result
-                msg, finish = tooling.answer(r.text, r.stop_reason, req["tools"])
+                msg, finish = tooling.answer(r.text, r.stop_reason, call.tools)
                 for delta in tooling.deltas(msg):
                     yield sse_event(chat_chunk(cid, created, name, delta))
-                for e in self._tail(req, cid, created, r, finish, r.logprobs or [], fmt):
+                for e in self._tail(call, (cid, created), r, finish, r.logprobs or [], fmt):
                     yield e
             yield SSE_DONE
         finally:

@@ -33,7 +33,6 @@ from edgespec.calibration.background import BackgroundTask, Pacer
 from edgespec.calibration.curve import CostCurve
 from edgespec.core.engine import cancel_check, drain
 from edgespec.core.result import GenerationResult
-from edgespec.core.logprobs import check_top
 from edgespec.core.params import DEFAULT, Request, token_limit
 from edgespec.core.prefix_cache import PrefixCache
 from edgespec.core.verify import SamplingConfig
@@ -278,7 +277,8 @@ class SpecModel(ModelEngines):
                       sampling: SamplingConfig | None = None) -> None:
         """Raise ConfigError (PromptTooLongError when the prompt does not fit the
         context) for a request that cannot run, without waiting for the model:
-        a server checks a request this way before queueing it."""
+        the check run() makes (Engine.check_request), which a server asks
+        before queueing a request, to refuse it without a wait."""
         with self._gate.using():
             limit = token_limit(max_tokens, self.backend.n_ctx, len(prompt_tokens))
             self.engine.check_request(len(prompt_tokens), limit, sampling or SamplingConfig())
@@ -304,9 +304,10 @@ class SpecModel(ModelEngines):
         drafter = request.drafter if request.drafter is not None else self._drafter
         engine = self.engine_for(drafter, prediction=pred is not None)
         gbnf = constraint_gbnf(request.grammar, request.json_schema)
+        # the request's one check against the model (its own fields checked
+        # themselves when it was built); the engine trusts what it is handed
         limit = token_limit(request.max_tokens, self.backend.n_ctx, len(toks))
         engine.check_request(len(toks), limit, request.sampling, gbnf is not None)
-        check_top(request.logprobs)
         grammar = Grammar(self.vocab, gbnf) if gbnf is not None else None
         if pred is not None:
             engine.drafter.set_prediction(pred)

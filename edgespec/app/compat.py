@@ -47,14 +47,14 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from edgespec.run.settings import DEFAULTS
 from edgespec.app import tools as tooling
 from edgespec.app.api import SpecModel
 from edgespec.app.openai_format import chat_chunk, chat_response, completion_response, new_id
 from edgespec.errors import ConfigError
-from edgespec.core.logprobs import LogprobFormatter, check_top
+from edgespec.core.logprobs import LogprobFormatter
 from edgespec.core.params import Request
 from edgespec.app.structured import grammar_text, response_format_schema, schema_gbnf
 from edgespec.core.verify import SamplingConfig
@@ -78,6 +78,27 @@ _NEUTRAL = {"suffix": None, "typical_p": 1.0, "frequency_penalty": 0.0,
             "presence_penalty": 0.0, "repeat_penalty": 1.0, "tfs_z": 1.0, "mirostat_mode": 0,
             "stopping_criteria": None, "logits_processor": None, "logit_bias": None,
             "functions": None, "function_call": None}
+
+
+class _Reply(NamedTuple):
+    """What every chunk of one answer repeats: its id, creation time and
+    model name (openai_format's first three arguments)."""
+    id: str
+    created: int
+    model: str
+
+
+def _max_tokens(max_tokens: int | None) -> int | None:
+    """llama-cpp-python's max_tokens as Request.max_tokens, whose rule
+    (core.params.token_limit) then holds: None and <= 0 mean to the
+    context's end (Request's None), and a larger one than the context leaves
+    also stops at its end (llama-cpp-python's too)."""
+    return None if max_tokens is None or max_tokens <= 0 else int(max_tokens)
+
+
+def _stops(stop) -> tuple[str, ...]:
+    """llama-cpp-python's stop: a string or a list of them (None: none)."""
+    return (stop,) if isinstance(stop, str) else tuple(stop or ())
 
 
 def _refuse_unsupported(**given) -> None:
@@ -184,18 +205,14 @@ class Llama:
                               top_p=float(top_p), min_p=float(min_p),
                               seed=int(seed if seed is not None else self._seed))
 
-    def _max_tokens(self, max_tokens, n_prompt: int) -> int:
-        room = self._model.n_ctx - n_prompt
-        return room if (max_tokens is None or max_tokens <= 0) else min(int(max_tokens), max(room, 1))
-
-    def _run(self, toks, max_tokens, sampling, stop, stream: bool, logprobs: int | None = None,
-             grammar: str | None = None):
-        """The finished GenerationResult, or (stream) a Stream of the request
-        (grammar: GBNF text the answer follows)."""
-        stop = [stop] if isinstance(stop, str) else list(stop or [])
-        request = Request(toks, max_tokens=self._max_tokens(max_tokens, len(toks)), sampling=sampling, stop=stop,
-                          logprobs=logprobs, grammar=grammar)
-        return self._model.run_stream(request) if stream else self._model.run(request)
+    def _completion_prompt(self, prompt) -> tuple[list[int], str]:
+        """A completion's prompt (text, or token ids) as (token ids, text)."""
+        if isinstance(prompt, str):
+            toks = self._model.tokenize(prompt, add_special=True, parse_special=True) if prompt else \
+                self._model.tokenize("", add_special=True)
+            return toks, prompt
+        toks = [int(t) for t in prompt]
+        return toks, self._model.detokenize(toks)
 
     def create_completion(self, prompt, suffix=None, max_tokens: int | None = 16, temperature: float = 0.8,
                           top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0, logprobs=None,
@@ -208,10 +225,11 @@ class Llama:
         """Complete a prompt (text, or token ids): a text_completion dict, or
         with stream=True an iterator of its chunks (the last one has
         finish_reason).  echo=True puts the prompt before the answer.
+        max_tokens as llama-cpp-python's: 16 unless given; None or <= 0: to
+        the context's end; never past it (core.params.token_limit).
         logprobs=N (0..20): each token's log-probability and the N likeliest
         tokens there (not with echo: the prompt's own are not computed).
         grammar: a llama_cpp.LlamaGrammar or GBNF text the answer follows."""
-        check_top(logprobs)
         if echo and logprobs is not None:
             raise ConfigError("edgespec.Llama does not support logprobs with echo=True (the prompt's "
                               "log-probabilities are not computed)")
@@ -221,31 +239,25 @@ class Llama:
                             stopping_criteria=stopping_criteria, logits_processor=logits_processor,
                             logit_bias=logit_bias)
         gbnf = grammar_text(grammar)
-        if isinstance(prompt, str):
-            toks = self._model.tokenize(prompt, add_special=True, parse_special=True) if prompt else \
-                self._model.tokenize("", add_special=True)
-            prompt_text = prompt
-        else:
-            toks = [int(t) for t in prompt]
-            prompt_text = self._model.detokenize(toks)
-        sampling = self._sampling(temperature, top_k, top_p, min_p, seed)
-        cid, created, name = new_id("cmpl"), int(time.time()), model or self.model_path
+        toks, prompt_text = self._completion_prompt(prompt)
+        request = Request(toks, max_tokens=_max_tokens(max_tokens), stop=_stops(stop), logprobs=logprobs,
+                          sampling=self._sampling(temperature, top_k, top_p, min_p, seed), grammar=gbnf)
+        reply = _Reply(new_id("cmpl"), int(time.time()), model or self.model_path)
         head = prompt_text if echo else ""
         fmt = LogprobFormatter(self._model.vocab, len(prompt_text)) if logprobs is not None else None
         if stream:
-            return self._completion_chunks(toks, max_tokens, sampling, stop, cid, created, name, head, logprobs, fmt,
-                                           gbnf)
-        r = self._run(toks, max_tokens, sampling, stop, False, logprobs, gbnf)
-        d = completion_response(cid, created, name, head + r.text, r.stop_reason, len(toks), r.n_generated)
+            return self._completion_chunks(request, reply, head, fmt)
+        r = self._model.run(request)
+        d = completion_response(*reply, head + r.text, r.stop_reason, len(toks), r.n_generated)
         if fmt is not None:
             d["choices"][0]["logprobs"] = fmt.completion(r.logprobs)
         return d
 
     __call__ = create_completion
 
-    def _completion_chunks(self, toks, max_tokens, sampling, stop, cid, created, name, head, logprobs=None,
-                           fmt=None, gbnf=None) -> Iterator[dict]:
-        with self._run(toks, max_tokens, sampling, stop, True, logprobs, gbnf) as s:
+    def _completion_chunks(self, request: Request, reply: _Reply, head: str, fmt) -> Iterator[dict]:
+        cid, created, name = reply
+        with self._model.run_stream(request) as s:
             if head:
                 yield completion_response(cid, created, name, head, None)
             lp = []         # logprobs of tokens whose text is held back (a possible stop string)
@@ -271,6 +283,8 @@ class Llama:
         """Answer a chat (rendered with the GGUF's template): a chat.completion
         dict, or with stream=True an iterator of chat.completion.chunk dicts
         (the first has delta {"role": "assistant"}, the last finish_reason).
+        max_tokens as llama-cpp-python's: None or <= 0 (the default None): to
+        the context's end; never past it (core.params.token_limit).
         logprobs=True (top_logprobs=N, 0..20): choices[].logprobs.content.
         response_format / grammar: the answer's format (the module doc);
         tools / tool_choice: OpenAI's, answered in message.tool_calls
@@ -281,23 +295,22 @@ class Llama:
                             repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
                             logits_processor=logits_processor, logit_bias=logit_bias)
         n_top = (top_logprobs or 0) if logprobs else None       # top_logprobs alone asks for nothing
-        check_top(n_top)
         treq, gbnf = self._chat_constraint(response_format, grammar, tools, tool_choice)
         # an assistant's tool_calls as the template wants them (arguments as objects)
         messages = [tooling.history_message(m, i) if isinstance(m, dict) and m.get("tool_calls") else m
                     for i, m in enumerate(messages)]
         toks = (tooling.prompt_tokens(self._model, messages, treq.tools) if treq is not None
                 else self._model.prompt_tokens(messages))
-        sampling = self._sampling(temperature, top_k, top_p, min_p, seed)
-        cid, created, name = new_id("chatcmpl"), int(time.time()), model or self.model_path
+        request = Request(toks, max_tokens=_max_tokens(max_tokens), stop=_stops(stop), logprobs=n_top,
+                          sampling=self._sampling(temperature, top_k, top_p, min_p, seed), grammar=gbnf)
+        reply = _Reply(new_id("chatcmpl"), int(time.time()), model or self.model_path)
         fmt = LogprobFormatter(self._model.vocab) if n_top is not None else None
-        run = (toks, max_tokens, sampling, stop)
         if stream and treq is not None:
-            return self._chat_tool_chunks(run, cid, created, name, n_top, fmt, gbnf, treq)
+            return self._chat_tool_chunks(request, reply, fmt, treq)
         if stream:
-            return self._chat_chunks(*run, cid, created, name, n_top, fmt, gbnf)
-        r = self._run(*run, False, n_top, gbnf)
-        d = chat_response(cid, created, name, r.text, r.stop_reason, len(toks), r.n_generated)
+            return self._chat_chunks(request, reply, fmt)
+        r = self._model.run(request)
+        d = chat_response(*reply, r.text, r.stop_reason, len(toks), r.n_generated)
         if treq is not None:
             msg, finish = tooling.answer(r.text, r.stop_reason, treq)
             d["choices"][0].update(message=msg, finish_reason=finish)
@@ -320,11 +333,12 @@ class Llama:
                               "leaves the tools out)")
         return treq, (tooling.call_grammar(treq) if treq.mode != "auto" else None)
 
-    def _chat_tool_chunks(self, run, cid, created, name, n_top, fmt, gbnf, treq) -> Iterator[dict]:
+    def _chat_tool_chunks(self, request: Request, reply: _Reply, fmt, treq) -> Iterator[dict]:
         """A tools answer as chunks: generated whole first (a call is known
         only once its block has closed), then its deltas and the last chunk
         (with the logprobs)."""
-        r = self._run(*run, False, n_top, gbnf)
+        cid, created, name = reply
+        r = self._model.run(request)
         yield chat_chunk(cid, created, name, {"role": "assistant"})
         msg, finish = tooling.answer(r.text, r.stop_reason, treq)
         for delta in tooling.deltas(msg):
@@ -334,9 +348,9 @@ class Llama:
             last["choices"][0]["logprobs"] = fmt.chat(r.logprobs)
         yield last
 
-    def _chat_chunks(self, toks, max_tokens, sampling, stop, cid, created, name, n_top=None,
-                     fmt=None, gbnf=None) -> Iterator[dict]:
-        with self._run(toks, max_tokens, sampling, stop, True, n_top, gbnf) as s:
+    def _chat_chunks(self, request: Request, reply: _Reply, fmt) -> Iterator[dict]:
+        cid, created, name = reply
+        with self._model.run_stream(request) as s:
             yield chat_chunk(cid, created, name, {"role": "assistant"})
             lp = []         # logprobs of tokens whose text is held back (a possible stop string)
             for c in s:

@@ -2,9 +2,11 @@
 event loop before any work: the table of fields (HONOURED and _NEUTRAL: every
 field is honoured, or accepted only at its "off" value, or refused with a 400
 that names it), the Limits a request must stay within, one check per field,
-and RequestParser, which turns a request body into the request the server
-runs.  Nothing here tokenizes (edgespec.app.request_tokens does, once the
-request holds a queue slot).
+and RequestParser, which turns a request body into the one value the server
+runs (ServeRequest: a core Request and what only HTTP needs) over the
+server's defaults (SERVE_DEFAULTS, which `edgespec serve`'s options change).
+Nothing here tokenizes (edgespec.app.request_tokens does, once the request
+holds a queue slot).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from edgespec.app import tools as tooling
 from edgespec.app.structured import ConstraintError, response_format_schema
 from edgespec.backend.grammar import MAX_GRAMMAR_BYTES
 from edgespec.core.logprobs import MAX_TOP_LOGPROBS
+from edgespec.core.params import Request
 from edgespec.core.verify import SamplingConfig
 
 BODY_BASE = 1 << 20        # default body limit: this many bytes ...
@@ -44,6 +47,34 @@ _NEUTRAL = {"frequency_penalty": (0,), "presence_penalty": (0,), "n": (1,), "bes
             "modalities": (None, ["text"]), "audio": (None,), "reasoning_effort": (None,), "verbosity": (None,),
             "web_search_options": (None,)}
 _ONLY = {"messages": True, "prompt": False, "tools": True, "tool_choice": True}   # one endpoint's only (chat: True)
+
+
+SERVE_DEFAULTS = Request(max_tokens=None)
+"""What a request to the server gets for a field it leaves out: Request's
+defaults, but max_tokens None (until the end of the turn or a full context,
+OpenAI's and llama-server's meaning).  `edgespec serve`'s options change
+them (app/cli/serve.py: --max-tokens, --temp, ..., --drafter,
+--no-cache-prompt); the server takes the result as its `defaults`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeRequest:
+    """One request to `edgespec serve`, built whole by RequestParser.parse
+    before any work and never changed after: the Request the model runs and
+    what only HTTP needs.  request.prompt is the messages (chat) or the
+    prompt (text or token ids) until RequestTokenizer.tokens resolves it,
+    its prediction and its grammar to token ids and GBNF (a new value)."""
+    request: Request
+    chat: bool                      # /v1/chat/completions (else /v1/completions)
+    model: str                      # the model id the answer names
+    stream: bool = False
+    include_usage: bool = False     # stream_options.include_usage: a last chunk with the usage
+    tools: tooling.ToolRequest | None = None      # the tools a chat may call
+    grammar_param: str | None = None    # the field to name when llama.cpp refuses the grammar
+    text_offset: int = 0            # a completion's logprobs' text_offset base: the prompt text's length
+
+    def but(self, **changes) -> "ServeRequest":
+        return dataclasses.replace(self, **changes)
 
 
 @dataclasses.dataclass
@@ -285,12 +316,32 @@ def _prediction(body: dict) -> str | None:
     return _text(p.get("content"), "prediction.content") or None
 
 
+def _sampling(body: dict, d: SamplingConfig) -> SamplingConfig:
+    """The request's sampling over the server's default sampling d."""
+    return SamplingConfig(temperature=_number(body, "temperature", 0.0, 2.0, d.temperature),
+                          top_k=_integer(body, "top_k", 0, d.top_k),
+                          top_p=_number(body, "top_p", 0.0, 1.0, d.top_p, lo_open=True),
+                          min_p=_number(body, "min_p", 0.0, 0.999, d.min_p), seed=_seed(body, d.seed))
+
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage)."""
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(400, "stream must be a boolean", "stream", "invalid_type")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
+        raise RequestError(400, "stream_options must be an object like {\"include_usage\": true}",
+                           "stream_options", "invalid_type")
+    return stream, bool(opts.get("include_usage"))
+
+
 # ------------------------------------------------------------ a whole request
 class RequestParser:
-    """A request body of one endpoint, checked, into the request dict the
+    """A request body of one endpoint, checked, into the ServeRequest the
     server runs (the model id, the defaults and the limits of one server)."""
 
-    def __init__(self, model, model_id: str, defaults: dict, limits: Limits):
+    def __init__(self, model, model_id: str, defaults: Request, limits: Limits):
         self.model, self.model_id, self.defaults, self.limits = model, model_id, defaults, limits
         self.n_ctx, self.n_vocab = model.n_ctx, model.vocab.n_vocab
 
@@ -298,7 +349,7 @@ class RequestParser:
     def chat_template(self) -> str | None:
         return self.model.vocab.chat_template()
 
-    def parse(self, body: dict, chat: bool) -> dict:
+    def parse(self, body: dict, chat: bool) -> ServeRequest:
         d = self.defaults
         _check_fields(body, chat)
         # one model is served: whatever name the app sends (Continue's model:, Aider's openai/<name>)
@@ -306,33 +357,23 @@ class RequestParser:
         if body.get("model") is not None and not isinstance(body["model"], str):
             raise RequestError(400, "model must be a string (the model's name)", "model", "invalid_type")
         max_tokens = _integer(body, "max_completion_tokens", 1, None)
-        max_tokens = _integer(body, "max_tokens", 1, max_tokens or d["max_tokens"])    # None: see request_tokens
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise RequestError(400, "stream must be a boolean", "stream", "invalid_type")
-        opts = body.get("stream_options") or {}
-        if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
-            raise RequestError(400, "stream_options must be an object like {\"include_usage\": true}",
-                               "stream_options", "invalid_type")
-        sampling = SamplingConfig(temperature=_number(body, "temperature", 0.0, 2.0, d["temperature"]),
-                                  top_k=_integer(body, "top_k", 0, d["top_k"]),
-                                  top_p=_number(body, "top_p", 0.0, 1.0, d["top_p"], lo_open=True),
-                                  min_p=_number(body, "min_p", 0.0, 0.999, d["min_p"]), seed=_seed(body, d["seed"]))
-        reuse = body.get("cache_prompt", d.get("cache_prompt", True))     # llama-server's name for prefix reuse
+        max_tokens = _integer(body, "max_tokens", 1, max_tokens or d.max_tokens)    # None: to the end
+        stream, include_usage = _stream(body)
+        sampling = _sampling(body, d.sampling)
+        reuse = body.get("cache_prompt", d.reuse_prefix)     # llama-server's name for prefix reuse
         if not isinstance(reuse, bool):
             raise RequestError(400, "cache_prompt must be a boolean", "cache_prompt", "invalid_type")
-        req = {"chat": chat, "stream": stream, "include_usage": bool(opts.get("include_usage")), "reuse_prefix": reuse,
-               "max_tokens": max_tokens, "stop": _stop(body, d["stop"], self.limits),
-               "sampling": sampling, "prediction": _prediction(body), "model": self.model_id,
-               "logprobs": _logprobs(body, chat), "constraint": _constraint(body), "tools": None}
-        if chat:
-            req["messages"] = _messages(body)
-            req["tools"] = self._tools(body, req["constraint"])
-        else:
-            req["prompt"] = self._prompt(body.get("prompt"))
-        # the field to name when llama.cpp refuses the grammar (on the model thread)
-        req["grammar_param"] = "tools" if req["tools"] is not None else (req["constraint"] or (None,))[0]
-        return req
+        stop, prediction, logprobs = _stop(body, list(d.stop), self.limits), _prediction(body), _logprobs(body, chat)
+        constraint = _constraint(body)
+        field, value = constraint or (None, None)
+        prompt = _messages(body) if chat else self._prompt(body.get("prompt"))
+        tools = self._tools(body, constraint) if chat else None
+        request = d.but(prompt=prompt, max_tokens=max_tokens, sampling=sampling, stop=tuple(stop),
+                        reuse_prefix=reuse, prediction=prediction, logprobs=logprobs,
+                        grammar=value if field == "grammar" else None,
+                        json_schema=value if field not in (None, "grammar") else None)
+        return ServeRequest(request, chat, self.model_id, stream, include_usage, tools,
+                            "tools" if tools is not None else field)
 
     def _tools(self, body: dict, constraint) -> tooling.ToolRequest | None:
         """The request's tools, when it may call one (see edgespec.app.tools)."""

@@ -9,22 +9,21 @@ from __future__ import annotations
 import numpy as np
 
 from edgespec.app import tools as tooling
-from edgespec.app.request_fields import Limits, RequestError, shutting_down, utf8_len
+from edgespec.app.request_fields import Limits, RequestError, ServeRequest, shutting_down, utf8_len
 from edgespec.app.structured import ConstraintError, grammar_text, schema_gbnf
 from edgespec.errors import ConfigError, ModelClosedError, PromptTooLongError
 
 
-def _grammar(req: dict) -> str | None:
+def _grammar(call: ServeRequest) -> str | None:
     """The GBNF of a request's constraint (a tool call's, for tool_choice
     "required" or a named function), bounded; ConstraintError or ToolError
     name the field at fault."""
-    tools = req["tools"]
+    tools, req = call.tools, call.request
     if tools is not None and tools.mode != "auto":
         return tooling.call_grammar(tools)
-    if req["constraint"] is None:
-        return None
-    field, value = req["constraint"]
-    return grammar_text(value, field) if field == "grammar" else schema_gbnf(value, field)
+    if req.json_schema is not None:
+        return schema_gbnf(req.json_schema, call.grammar_param)
+    return grammar_text(req.grammar, "grammar") if req.grammar is not None else None
 
 
 def _max_piece_bytes(vocab) -> int:
@@ -36,8 +35,8 @@ def _max_piece_bytes(vocab) -> int:
 
 
 class RequestTokenizer:
-    """The tokens of a parsed request (RequestParser's dict) for one model,
-    refused with a RequestError where they cannot fit."""
+    """The tokens of a parsed request (RequestParser's ServeRequest) for one
+    model, refused with a RequestError where they cannot fit."""
 
     def __init__(self, model, limits: Limits):
         self.model, self.limits = model, limits
@@ -65,20 +64,20 @@ class RequestTokenizer:
             raise RequestError(400, f"the model's chat template refused these messages: {str(e)[:200]}",
                                "messages", "invalid_value") from None
 
-    def _prompt_tokens(self, req: dict, where: str) -> np.ndarray:
+    def _prompt_tokens(self, call: ServeRequest, where: str) -> np.ndarray:
         """The prompt's tokens, its text checked against the context first."""
-        m = self.model
-        tools = req["tools"].tools if req["tools"] is not None else None
-        if req["chat"] and tools:
-            self._fits(self._render(req["messages"], tools), self.n_ctx, where)
-            return tooling.prompt_tokens(m, req["messages"], tools)
-        if req["chat"]:
-            self._fits(self._render(req["messages"]), self.n_ctx, where)
-            return m.prompt_tokens(req["messages"])
-        if isinstance(req["prompt"], str):
-            self._fits(req["prompt"], self.n_ctx, where)
-            return m.tokenize(req["prompt"], add_special=True, parse_special=True)
-        return np.asarray(req["prompt"], np.int32)
+        m, prompt = self.model, call.request.prompt
+        tools = call.tools.tools if call.tools is not None else None
+        if call.chat and tools:
+            self._fits(self._render(prompt, tools), self.n_ctx, where)
+            return tooling.prompt_tokens(m, prompt, tools)
+        if call.chat:
+            self._fits(self._render(prompt), self.n_ctx, where)
+            return m.prompt_tokens(prompt)
+        if isinstance(prompt, str):
+            self._fits(prompt, self.n_ctx, where)
+            return m.tokenize(prompt, add_special=True, parse_special=True)
+        return np.asarray(prompt, np.int32)
 
     def _prediction_tokens(self, text: str) -> np.ndarray:
         limit = self.limits.max_prediction_tokens
@@ -89,18 +88,28 @@ class RequestTokenizer:
                                "(--max-prediction-tokens)", "prediction", "invalid_value")
         return pred
 
-    def tokens(self, req: dict) -> tuple[np.ndarray, np.ndarray | None]:
-        """The prompt's and the prediction's tokens, checked against the
-        context and the limits (runs beside the model thread); sets
-        req["gbnf"].  A max_tokens of None stays (Request.max_tokens: until
-        the end of the turn or a full context)."""
-        m = self.model
-        where = "messages" if req["chat"] else "prompt"
+    def _text_offset(self, call: ServeRequest) -> int:
+        """Where a completion's answer starts in its prompt's text (logprobs'
+        text_offset counts from the prompt text's start)."""
+        p = call.request.prompt
+        if call.chat or call.request.logprobs is None:
+            return 0
+        return len(p) if isinstance(p, str) else len(self.model.detokenize(p))
+
+    def tokens(self, call: ServeRequest) -> ServeRequest:
+        """The request resolved: its prompt and prediction as token ids and
+        its grammar as GBNF, checked against the context and the limits
+        (runs beside the model thread), as a new value.  A max_tokens of None
+        stays (Request.max_tokens: until the end of the turn or a full
+        context)."""
+        m, req = self.model, call.request
+        where = "messages" if call.chat else "prompt"
         try:
-            toks = self._prompt_tokens(req, where)
-            m.check_request(toks, req["max_tokens"], req["sampling"])
-            pred = self._prediction_tokens(req["prediction"]) if req["prediction"] else None
-            req["gbnf"] = _grammar(req)
+            toks = self._prompt_tokens(call, where)
+            m.check_request(toks, req.max_tokens, req.sampling)
+            pred = self._prediction_tokens(req.prediction) if req.prediction else None
+            gbnf = _grammar(call)
+            offset = self._text_offset(call)
         except (ConstraintError, tooling.ToolError) as e:
             raise RequestError(400, str(e)[:300], e.param, e.code) from None
         except PromptTooLongError as e:
@@ -109,4 +118,5 @@ class RequestTokenizer:
             raise shutting_down() from None
         except ConfigError as e:
             raise RequestError(400, str(e)[:300], None, "invalid_value") from None
-        return toks, pred
+        resolved = req.but(prompt=toks, prediction=pred, grammar=gbnf, json_schema=None)
+        return call.but(request=resolved, text_offset=offset)

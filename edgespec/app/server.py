@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import signal
@@ -77,10 +76,10 @@ from starlette.routing import Route
 
 from edgespec.app.answers import Answers
 from edgespec.app.guard import Access, Guard, error_body
-from edgespec.app.request_fields import Limits, RequestError, RequestParser, parse_json, shutting_down
+from edgespec.app.request_fields import (SERVE_DEFAULTS, Limits, RequestError, RequestParser, ServeRequest,
+                                         parse_json, shutting_down)
 from edgespec.app.request_tokens import RequestTokenizer
 from edgespec.core import params
-from edgespec.core.verify import SamplingConfig
 from edgespec.errors import ConfigError, ModelClosedError
 
 log = logging.getLogger("edgespec.app.server")
@@ -113,22 +112,21 @@ async def _http_error(request: Request, exc) -> Response:
 class Server:
     """The ASGI app (self.app) over one loaded SpecModel.
 
-    defaults: the request settings used where a request leaves them out
-    (max_tokens, temperature, top_k, top_p, min_p, seed, stop, drafter);
-    max_tokens None (the default) runs to the end of the turn or a full context.
+    defaults: the Request whose fields a request gets where it leaves them
+    out (max_tokens, sampling, stop, drafter, reuse_prefix); None:
+    SERVE_DEFAULTS (max_tokens None: to the end of the turn or a full context).
     limits: what a request may ask for (Limits); access: who may ask
     (edgespec.app.guard.Access; by default loopback names, no CORS, api_key)."""
 
     def __init__(self, model, *, model_id: str, api_key: str | None = None, max_queue: int = 16,
-                 defaults: dict | None = None, limits: Limits | None = None, access: Access | None = None):
+                 defaults: params.Request | None = None, limits: Limits | None = None,
+                 access: Access | None = None):
         self.model = model
         self.model_id = model_id
         self.max_queue = max_queue
         self.n_ctx = model.n_ctx
         self.limits = (limits or Limits()).resolve(self.n_ctx)
-        # the sampling defaults are SamplingConfig's; max_tokens None: until the end of the turn or a full context
-        self.defaults = {"max_tokens": None, **dataclasses.asdict(SamplingConfig()), "stop": [], "drafter": None,
-                         "cache_prompt": True, **(defaults or {})}
+        self.defaults = defaults if defaults is not None else SERVE_DEFAULTS
         self.parser = RequestParser(model, model_id, self.defaults, self.limits)
         self.tokenizer = RequestTokenizer(model, self.limits)
         self.answers = Answers(model, self.defaults, lambda: self._draining)
@@ -215,11 +213,11 @@ class Server:
     async def props(self, request: Request):
         """GET /props: llama-server's fields that apply, plus edgespec's own
         (behind the API key: edgespec.app.guard.KEYED)."""
-        m, d = self.model, self.defaults
-        n_predict = -1 if d["max_tokens"] is None else d["max_tokens"]
-        params = {"n_predict": n_predict, "max_tokens": n_predict, "temperature": d["temperature"],
-                  "top_k": d["top_k"], "top_p": d["top_p"], "min_p": d["min_p"],
-                  "seed": -1 if d["seed"] is None else d["seed"], "stop": list(d["stop"]), "n_probs": 0}
+        m, d, sp = self.model, self.defaults, self.defaults.sampling
+        n_predict = -1 if d.max_tokens is None else d.max_tokens
+        params = {"n_predict": n_predict, "max_tokens": n_predict, "temperature": sp.temperature,
+                  "top_k": sp.top_k, "top_p": sp.top_p, "min_p": sp.min_p,
+                  "seed": -1 if sp.seed is None else sp.seed, "stop": list(d.stop), "n_probs": 0}
         drafter = self.answers.drafter_name()
         from edgespec.version import __version__
         from edgespec.backend.process import llama_cpp_version
@@ -243,7 +241,7 @@ class Server:
         """Parse and check, admit, tokenize, queue, answer: the cheap refusals
         first, the tokenizer only for a request that holds a queue slot."""
         try:
-            req = self.parser.parse(await self._body(request), chat)
+            call = self.parser.parse(await self._body(request), chat)
             ahead = self._admit()
         except RequestError as e:
             if e.status != 503:
@@ -252,7 +250,7 @@ class Server:
         except Exception:
             return _internal("checking a request").response()
         try:
-            req["tokens"], req["prediction"] = await run_in_threadpool(self.tokenizer.tokens, req)
+            call = await run_in_threadpool(self.tokenizer.tokens, call)
         except Exception as e:
             self._release(None)
             if not isinstance(e, RequestError):
@@ -260,11 +258,11 @@ class Server:
             if e.status != 503:
                 self._count("rejected_bad")
             return e.response()
-        response = await self._queue(request, req, ahead)
+        response = await self._queue(request, call, ahead)
         response.headers["X-Queue-Position"] = str(ahead)
         return response
 
-    async def _queue(self, request: Request, req: dict, ahead: int = 0):
+    async def _queue(self, request: Request, call: ServeRequest, ahead: int = 0):
         """Hand an admitted request to the model thread and answer it (ahead:
         the requests running or waiting before it)."""
         if ahead:
@@ -280,7 +278,7 @@ class Server:
             loop.call_soon_threadsafe(queue.put_nowait, item)
         with self._jobs_lock:
             self._waiting[id(cancel)] = (cancel, emit)
-        self._worker.submit(self._job, req, cancel, emit, loop)
+        self._worker.submit(self._job, call, cancel, emit, loop)
         watch = asyncio.ensure_future(self._watch_disconnect(request, cancel))
         try:
             kind, item = await queue.get()          # ("started", None) once the model runs it
@@ -288,12 +286,12 @@ class Server:
                 return item.response()
             if kind == "cancelled":
                 return RequestError(499, "cancelled", None, "cancelled").response()
-            if req["stream"]:
+            if call.stream:
                 # the status is sent once the model has started: an error before that gets its own
-                events = (self.answers.sse_tools if req["tools"] is not None else self.answers.sse)(req, queue, cancel)
+                events = (self.answers.sse_tools if call.tools is not None else self.answers.sse)(call, queue, cancel)
                 return StreamingResponse(events, media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            return await self.answers.collect(req, queue)
+            return await self.answers.collect(call, queue)
         finally:
             watch.cancel()
 
@@ -318,7 +316,7 @@ class Server:
             self._avg_s = 0.8 * self._avg_s + 0.2 * seconds
 
     # ---------------------------------------------------------- model thread
-    def _job(self, req: dict, cancel: threading.Event, emit, loop) -> None:
+    def _job(self, call: ServeRequest, cancel: threading.Event, emit, loop) -> None:
         """Run one request on the model thread, handing ("started", None), then
         ("chunk", StreamChunk)s, or ("error", RequestError) or ("cancelled",
         None) to the event loop."""
@@ -333,13 +331,13 @@ class Server:
                 self._count("cancelled", 0)
                 emit(("cancelled", None))
             elif mine:
-                self._run(req, cancel, emit)
+                self._run(call, cancel, emit)
                 took = time.perf_counter() - t0
         except Exception as e:
             if isinstance(e, ModelClosedError):
                 err = shutting_down()
             elif isinstance(e, ConfigError):     # llama.cpp refused the grammar, or the like
-                param = req["grammar_param"] if str(e).startswith("the grammar") else None
+                param = call.grammar_param if str(e).startswith("the grammar") else None
                 err = RequestError(400, str(e)[:300], param, "invalid_value")
             else:                        # llama.cpp failed, or a bug: the details go to the log
                 self._count("failed")
@@ -354,16 +352,15 @@ class Server:
             except RuntimeError:        # its loop has ended (a test client's loop per request): nothing else runs there
                 self._release(took)
 
-    def _run(self, req: dict, cancel: threading.Event, emit) -> None:
-        request = params.Request(req["tokens"], max_tokens=req["max_tokens"], sampling=req["sampling"],
-                                 stop=req["stop"], drafter=self.defaults["drafter"], cancel=cancel,
-                                 reuse_prefix=req["reuse_prefix"],
-                                 prediction=req["prediction"], logprobs=req["logprobs"], grammar=req["gbnf"])
-        with self.model.run_stream(request) as s:
+    def _run(self, call: ServeRequest, cancel: threading.Event, emit) -> None:
+        """Run the request (resolved to token ids and GBNF) with the model,
+        handing its chunks to the event loop; cancel: the client left."""
+        to_end = call.request.max_tokens is None      # runs to the end of its turn or the context
+        with self.model.run_stream(call.request.but(cancel=cancel)) as s:
             emit(("started", None))
             for c in s:
                 if c.result is not None:        # counted and logged before the client has the answer
-                    self._ended(c.result, req["max_tokens"] is None)     # runs to the end of its turn or the context
+                    self._ended(c.result, to_end)
                 emit(("chunk", c))
 
     def _ended(self, r, to_end: bool) -> None:
@@ -423,7 +420,8 @@ def _log_to_stderr() -> None:
 
 
 def serve(model, *, host: str = "127.0.0.1", port: int = 8080, model_id: str, api_key: str | None = None,
-          max_queue: int = 16, defaults: dict | None = None, log_level: str = "info", limits: Limits | None = None,
+          max_queue: int = 16, defaults: params.Request | None = None, log_level: str = "info",
+          limits: Limits | None = None,
           allow_hosts=(), cors=()) -> None:
     """Run the server until SIGTERM or Ctrl-C (blocks); returns normally then."""
     import uvicorn

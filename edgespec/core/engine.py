@@ -39,7 +39,7 @@ from edgespec.core.config import EngineConfig
 from edgespec.core.feedback import DrafterFeedback
 from edgespec.core.gate import AcceptanceModel, Gate
 from edgespec.core.guard import SpeedGuard
-from edgespec.core.logprobs import check_top, token_logprobs
+from edgespec.core.logprobs import token_logprobs
 from edgespec.core.params import Request, token_limit
 from edgespec.core.plan import StepPlan
 from edgespec.core.prefix_cache import PrefixCache, common_prefix
@@ -135,9 +135,11 @@ class Engine:
         choice among the tokens it admits, drafts included; its state advances
         with the answer.  The engine reads prompt, max_tokens, sampling, stop,
         reuse_prefix, record_topk, cancel, logprobs and grammar; the request
-        stays in the state (RunState.request)."""
+        stays in the state (RunState.request).  The request is trusted: it
+        checked itself when it was built (Request.__post_init__), and its
+        caller checked it against this engine (check_request) where it
+        resolved it (SpecModel._start)."""
         is_cancelled = cancel_check(request.cancel)
-        check_top(request.logprobs)
         st = self._start(request, is_cancelled)
         be = self.backend
         try:
@@ -161,8 +163,9 @@ class Engine:
     def check_request(self, n_prompt: int, max_tokens: int, sampling: SamplingConfig,
                       constrained: bool = False) -> None:
         """Raise a ConfigError (PromptTooLongError for a prompt that does not
-        fit the context) for a request this engine cannot run; run() checks
-        this first, callers may check before queueing a request.
+        fit the context) for a request this engine cannot run: the one check
+        of a request against the engine, made by whoever hands run() a
+        request (run() trusts it).  max_tokens: token_limit's.
         constrained: the request has a grammar."""
         n_ctx = self.backend.n_ctx
         if n_prompt == 0:
@@ -179,12 +182,11 @@ class Engine:
             raise ConfigError(f"--verify {vcfg.mode} cannot be combined with a grammar")
 
     def _start(self, request: Request, is_cancelled) -> RunState:
-        """Check the request, reuse the common prefix of the KV cache, prefill
-        the rest and choose the first token."""
+        """Reuse the common prefix of the KV cache, prefill the rest and
+        choose the first token."""
         prompt = self._prompt_array(request.prompt)
         grammar = request.grammar
         max_tokens = token_limit(request.max_tokens, self.backend.n_ctx, len(prompt))
-        self.check_request(len(prompt), max_tokens, request.sampling, grammar is not None)
         st = RunState(request=request, prompt=prompt, max_tokens=max_tokens,
                       out=TextStream(self.backend.vocab, list(request.stop)), t_start=time.perf_counter())
         if self.config.history_cap is not None:

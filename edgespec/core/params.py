@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from edgespec.core.logprobs import check_top
 from edgespec.core.verify import SamplingConfig
+from edgespec.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,9 @@ class Request:
     """Token ids (what the engine takes); SpecModel also takes a string (one
     user message in the chat template unless raw) or a messages list."""
     max_tokens: int | None = 256
-    """Most tokens to generate; None: until the end of the turn or a full
-    context (the server's default)."""
+    """Most tokens to generate (>= 1), never past the context's end
+    (token_limit); None: until the end of the turn or a full context (the
+    server's default)."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """How each token is chosen (None: SamplingConfig's defaults, greedy)."""
     stop: tuple[str, ...] = ()
@@ -61,6 +64,12 @@ class Request:
     every step and between prefill chunks (stop_reason "cancelled")."""
 
     def __post_init__(self):
+        # what a request can get wrong by itself is refused where it is built;
+        # what depends on the model (the prompt fits the context, the verification
+        # mode admits the sampling) is checked once where SpecModel resolves it
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ConfigError("max_tokens must be >= 1")
+        check_top(self.logprobs)
         if self.sampling is None:
             object.__setattr__(self, "sampling", SamplingConfig())
         if not isinstance(self.stop, tuple):
@@ -72,8 +81,12 @@ class Request:
 
 
 def token_limit(max_tokens: int | None, n_ctx: int, n_prompt: int) -> int:
-    """A request's max_tokens, or with None the room the context leaves."""
-    return max_tokens if max_tokens is not None else n_ctx - n_prompt
+    """The most tokens a request generates: its max_tokens, and never past
+    the context's end (the room n_ctx - n_prompt leaves); None: to the
+    context's end.  The one rule, for every edge (the drop-in maps
+    llama-cpp-python's max_tokens onto it: edgespec.app.compat)."""
+    room = n_ctx - n_prompt
+    return room if max_tokens is None else min(max_tokens, room)
 
 
 DEFAULT = Request()

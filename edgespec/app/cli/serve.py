@@ -93,10 +93,10 @@ def serve(model, max_tokens, temperature, top_k, top_p, min_p, seed, stop, confi
         api_key = _read_key_file(api_key_file)
     try:
         from edgespec.app import server as S
-        from edgespec.app.request_fields import Limits
+        from edgespec.app.request_fields import SERVE_DEFAULTS, Limits
     except ImportError as e:
         raise click.ClickException(f"serve needs {e.name}: pip install 'edgespec[serve]'") from None
-    make_sampling(temperature, top_k, top_p, min_p, seed)      # a bad value fails before the model loads
+    sampling = make_sampling(temperature, top_k, top_p, min_p, seed)      # a bad value fails before the model loads
     m = load_model(model, config.but(calibrate="background"))
     notice = exactness_notice(m)
     if notice:
@@ -104,12 +104,13 @@ def serve(model, max_tokens, temperature, top_k, top_p, min_p, seed, stop, confi
     if m.calibration_state == "measuring":
         click.echo(calibration_line(m), err=True)
     name = model_id or os.path.basename(m.model_path).removesuffix(".gguf")
-    # without --max-tokens a request that leaves max_tokens out runs to the end
-    # of its turn or a full context (OpenAI's and llama-server's meaning)
+    # the server's defaults (SERVE_DEFAULTS) with the options given; without
+    # --max-tokens a request that leaves max_tokens out runs to the end of its
+    # turn or a full context (OpenAI's and llama-server's meaning)
     if click.get_current_context().get_parameter_source("max_tokens") == click.core.ParameterSource.DEFAULT:
-        max_tokens = None
-    defaults = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-                "min_p": min_p, "seed": seed, "stop": list(stop), "drafter": config.drafter, "cache_prompt": cache_prompt}
+        max_tokens = SERVE_DEFAULTS.max_tokens
+    defaults = SERVE_DEFAULTS.but(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop),
+                                  drafter=config.drafter, reuse_prefix=cache_prompt)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it may use it", err=True)
     click.echo(f"edgespec serve: {name} (drafter {config.drafter}) on http://{host}:{port}/  (chat page at /, "
