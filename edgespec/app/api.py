@@ -36,6 +36,7 @@ from edgespec.core.result import GenerationResult
 from edgespec.core.logprobs import check_top
 from edgespec.core.params import DEFAULT, Request, token_limit
 from edgespec.core.prefix_cache import PrefixCache
+from edgespec.core.prompt_disk import PromptDisk, cells_key
 from edgespec.core.verify import SamplingConfig
 from edgespec.errors import ConfigError, ModelBusyError, ModelClosedError
 from edgespec.memory import close_memory
@@ -84,8 +85,9 @@ class SpecModel(ModelEngines):
         self.kernels_setting = kernels_setting(c.kernels)
         self.kernels, self.kernel_price = c.resolve_kernels(self.model_path)   # "auto": measured, else exact
         self.backend = LlamaBackend(self.model_path, c.backend_settings(self.kernels), load_progress=load_progress)
-        self.prefix_cache = PrefixCache(int(c.prompt_cache_mib * 2**20)) if c.prompt_cache_mib else None
+        self.prefix_cache: PrefixCache | None = None
         try:
+            self._set_prompt_cache(c.prompt_cache_mib, c.prompt_cache_disk_mib, None)
             self._setup(c, progress)
         except BaseException:      # a bad corpus, drafter or setting, a failed calibration, Ctrl-C
             self._gate.closed = True
@@ -115,6 +117,27 @@ class SpecModel(ModelEngines):
         the live conversation in the prompt cache, so its next turn restores it."""
         if self.prefix_cache is not None:
             self.prefix_cache.keep_live(self.backend)
+
+    # --------------------------------------------------------- prompt cache
+    def use_prompt_cache(self, memory_mib: float, disk_mib: float = 0, folder: str | None = None) -> None:
+        """Replace the prompt cache (RunConfig's prompt_cache_mib and
+        prompt_cache_disk_mib): `memory_mib` MiB of host memory and `disk_mib`
+        MiB of files in `folder` (None: the cache directory's prompts/; see
+        edgespec.core.prompt_disk); 0 turns a tier off.  The prefixes the old
+        one held in memory are dropped; its files stay for the next use."""
+        with self._request():
+            self._set_prompt_cache(memory_mib, disk_mib, folder)
+
+    def _set_prompt_cache(self, memory_mib: float, disk_mib: float | None, folder: str | None) -> None:
+        if memory_mib < 0 or not (disk_mib or 0) >= 0:
+            raise ConfigError("the prompt cache's sizes must be >= 0 MiB")
+        if self.prefix_cache is not None:
+            self.prefix_cache.close()
+        disk_bytes = int((disk_mib or 0) * 2**20)
+        disk = PromptDisk(cells_key(self.backend), disk_bytes, folder) if disk_bytes > 0 else None
+        self.prefix_cache = PrefixCache(int(memory_mib * 2**20), disk=disk) if (memory_mib or disk) else None
+        for e in self._engines.values():
+            e.prefix_cache = self.prefix_cache
 
     def _idle(self) -> bool:
         """Nobody holds or waits for the model (a background calibration may take a slice)."""
@@ -216,6 +239,8 @@ class SpecModel(ModelEngines):
                 return
             self._freed = True
         self._stop_calibration()
+        if self.prefix_cache is not None:
+            self.prefix_cache.close()           # the files still queued are written first
         self.backend.close()
         close_memory(getattr(self, "memory", None))
 
@@ -308,6 +333,8 @@ class SpecModel(ModelEngines):
         gen = engine.run(request.but(prompt=toks, grammar=grammar, json_schema=None, cancel=is_cancelled))
 
         def on_end():
+            if self.prefix_cache is not None:       # the cells' copy for the disk tier (its writer writes)
+                self.prefix_cache.persist(self.backend)
             if pred is not None:
                 engine.drafter.set_prediction(None)
             if grammar is not None:
