@@ -44,8 +44,9 @@ import numpy as np
 from edgespec.errors import BackendError
 
 MIN_GAIN = 64       # tokens: a smaller difference is prefilled rather than restored or saved
-# seconds a prefilled token costs before this process has timed one: the fastest CPU prefill
-# measured (SmolLM2-135M, 2 threads; docs/serving.md), so a GPU's prefill is not overestimated for long
+# seconds a prefilled token costs before this process has timed one: nearly three times the
+# fastest CPU prefill in BENCHMARKS.md (Gemma-3-270M, 548 tokens/s on 2 AVX2 cores), so that
+# the first request after a start does not prefer a disk read that a fast prefill would beat
 PREFILL_S_PER_TOKEN = 1 / 1500
 
 

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -91,10 +92,11 @@ MAGIC = b"ESPKVC\x00\x01"
 SUFFIX = ".kv"
 BLOCK = MIN_GAIN                # tokens per hashed block: a smaller match is prefilled anyway
 STALE_PART_S = 3600             # a temporary file this old was left by a writer that died: deleted
-# What a restore costs, before this process has timed one (tools/prompt_disk_cost.py, docs/serving.md):
-# reading the file from the page cache, checking its CRC and llama.cpp's copy into the KV cache.
+# What a restore costs before this process has timed one: reading the file, its CRC check and
+# llama.cpp's copy into the KV cache ran at 300-670 MB/s, from the page cache or not, on a loaded
+# 2-core machine (tools/prompt_disk_cost.py; docs/serving.md has the figures).
 LOAD_OVERHEAD_S = 0.002
-LOAD_S_PER_BYTE = 1 / 400e6     # conservative: 400 MB/s (a cold SSD read); a warm read is faster
+LOAD_S_PER_BYTE = 1 / 400e6
 _HEAD = struct.Struct("<I")
 
 
@@ -161,26 +163,43 @@ def read_head(path: str, key: str) -> DiskEntry:
     """The index entry of a file; BadEntry for a file that is not a whole,
     intact file of this key; OSError where it cannot be read."""
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        lead = f.read(len(MAGIC) + _HEAD.size)
-        if len(lead) < len(MAGIC) + _HEAD.size or lead[:len(MAGIC)] != MAGIC:
-            raise BadEntry("not a prompt cache file (truncated or overwritten)")
-        (n_head,) = _HEAD.unpack(lead[len(MAGIC):])
-        try:
-            head = json.loads(f.read(min(n_head, 4096)))
-            n, fmt, their_key = int(head["n_tokens"]), head["format"], head["key"]
-            state_bytes, state_crc, tokens_crc = int(head["state_bytes"]), int(head["state_crc"]), int(head["tokens_crc"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise BadEntry(f"its header is corrupt ({e})") from None
-        if fmt != FORMAT or their_key != key:
-            raise BadEntry("it was saved for another model, llama.cpp build or setting", ours=False)
-        raw = f.read(4 * n)
+        return _parse_head(f, os.fstat(f.fileno()).st_size, key, path)
+
+
+def _parse_head(f, size: int, key: str, path: str) -> DiskEntry:
+    lead = f.read(len(MAGIC) + _HEAD.size)
+    if len(lead) < len(MAGIC) + _HEAD.size or lead[:len(MAGIC)] != MAGIC:
+        raise BadEntry("not a prompt cache file (truncated or overwritten)")
+    (n_head,) = _HEAD.unpack(lead[len(MAGIC):])
+    try:
+        head = json.loads(f.read(min(n_head, 4096)))
+        n, fmt, their_key = int(head["n_tokens"]), head["format"], head["key"]
+        state_bytes, state_crc, tokens_crc = int(head["state_bytes"]), int(head["state_crc"]), int(head["tokens_crc"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise BadEntry(f"its header is corrupt ({e})") from None
+    if fmt != FORMAT or their_key != key:
+        raise BadEntry("it was saved for another model, llama.cpp build or setting", ours=False)
+    raw = f.read(4 * n)
     offset = len(MAGIC) + _HEAD.size + n_head + 4 * n
     if len(raw) < 4 * n or size != offset + state_bytes:
         raise BadEntry(f"it is truncated ({size} bytes, {offset + state_bytes} expected)")
     if zlib.crc32(raw) != tokens_crc:
         raise BadEntry("its tokens are corrupt (CRC mismatch)")
     return DiskEntry(path, np.frombuffer(raw, "<i4").astype(np.int32), offset, state_bytes, state_crc)
+
+
+def encode_state(key: str, tokens: np.ndarray, state: np.ndarray) -> bytes:
+    """A prefix's cells as one value: a cache file's bytes (the drop-in's LlamaState.llama_state)."""
+    return encode_head(key, tokens, state) + state.tobytes()
+
+
+def decode_state(blob: bytes, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, state) of an encode_state() value, checked as a file is (BadEntry)."""
+    e = _parse_head(io.BytesIO(blob), len(blob), key, "")
+    state = np.frombuffer(blob, np.uint8, e.state_bytes, e.state_offset)
+    if zlib.crc32(state.data) != e.state_crc:
+        raise BadEntry("its KV state is corrupt (CRC mismatch)")
+    return e.tokens, state
 
 
 def read_state(e: DiskEntry) -> np.ndarray:
@@ -277,6 +296,7 @@ class PromptDisk:
     def refresh(self) -> None:
         """Bring the index up to the folder: read the heads of new files, drop vanished ones."""
         try:
+            os.makedirs(self.folder, mode=0o700, exist_ok=True)     # (deleted by hand meanwhile: made again)
             mtime = os.stat(self.folder).st_mtime_ns
             if mtime == self._mtime:
                 return
@@ -284,7 +304,9 @@ class PromptDisk:
         except OSError as e:
             self._turn_off(f"cannot read {self.folder}: {e.strerror or e}")
             return
-        self._mtime = mtime
+        # the clock the folder's mtime is set from is coarse (a few ms): a file another process
+        # adds within the same tick leaves it unchanged, so a recent mtime is not trusted
+        self._mtime = mtime if time.time_ns() - mtime > 2 * 10**9 else None
         with self._lock:
             gone = [n for n in self.entries if n not in names]
             new = [n for n in names if n not in self.entries and n not in self._warned]
@@ -380,6 +402,7 @@ class PromptDisk:
         name = f"{self.key}-{hashlib.sha256(tokens.tobytes()).hexdigest()[:24]}{SUFFIX}"
         path = os.path.join(self.folder, name)
         head = encode_head(self.key, tokens, state)
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".", suffix=".part")    # mode 0600
         try:
             with os.fdopen(fd, "wb") as f:
