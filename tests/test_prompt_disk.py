@@ -360,3 +360,79 @@ def test_the_cache_command_shows_and_clears_the_files(tmp_path, monkeypatch):
     assert f"{KEY}: 2 files" in out.output
     out = CliRunner().invoke(main, ["cache", "clear"])
     assert out.exit_code == 0 and "deleted 3 files" in out.output and os.listdir(folder) == []
+
+
+def served(m, requests: list) -> tuple[list, str]:
+    """The answers of a server of m to chat requests (messages, max_tokens), then its /metrics."""
+    from starlette.testclient import TestClient
+
+    from edgespec.app.server import Server
+
+    s = Server(m, model_id="smol", defaults={"drafter": "none"})
+    client = TestClient(s.app, base_url="http://127.0.0.1")
+    try:
+        out = [client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": n}).json()
+               for msgs, n in requests]
+        m.prefix_cache.disk.flush()
+        return out, client.get("/metrics").text
+    finally:
+        s._worker.shutdown(wait=True)
+
+
+def test_the_server_counts_the_disk_tier(ref, cache_home):
+    """A server writes a file, a restarted one answers from it: timings.cache_n,
+    and /metrics' disk counters (hits, misses, bytes read and written, evictions, files)."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.utils import floatToGoString     # how the exposition writes a value
+    a, side = convo(QUESTIONS[0]), [{"role": "user", "content": "Name three colours."}]
+    with restarted() as m:
+        (r,), metrics = served(m, [(a, 4)])
+    (name,) = os.listdir(cache_home / "prompts")
+    size = os.path.getsize(cache_home / "prompts" / name)
+    assert r["timings"]["cache_n"] == 0
+    for line in ("edgespec_prompt_cache_disk_hits_total 0.0", "edgespec_prompt_cache_disk_misses_total 1.0",
+                 f"edgespec_prompt_cache_disk_written_bytes_total {floatToGoString(size)}",
+                 "edgespec_prompt_cache_disk_files 1.0", "edgespec_prompt_cache_disk_on 1.0"):
+        assert line in metrics, [m for m in metrics.splitlines() if "disk" in m and not m.startswith("#")]
+    with restarted() as m:
+        (r, _), metrics = served(m, [(a, 4), (side, 4)])     # a from the file; the side request: a miss
+    assert r["timings"]["cache_n"] == r["usage"]["prompt_tokens"] - 1
+    for line in ("edgespec_prompt_cache_disk_hits_total 1.0", "edgespec_prompt_cache_disk_misses_total 1.0",
+                 f"edgespec_prompt_cache_disk_read_bytes_total {floatToGoString(size)}",
+                 "edgespec_prompt_cache_disk_written_bytes_total 0.0",     # the file holds a's answer already
+                 "edgespec_prompt_cache_disk_evictions_total 0.0"):
+        assert line in metrics, [m for m in metrics.splitlines() if "disk" in m and not m.startswith("#")]
+
+
+def test_chat_load_resumes_without_prefilling_the_history(ref, cache_home, tmp_path, capsys):
+    """`edgespec chat`'s session: /save, then in a new model /load and a new
+    message: only the new message is prefilled, and the answer is the one a
+    full prefill gives."""
+    import re
+
+    from edgespec.app.cli.chat_session import ChatSession
+    from edgespec.core.verify import SamplingConfig
+
+    saved = tmp_path / "conversation.json"
+
+    def session(m, system=None) -> ChatSession:
+        return ChatSession(m, max_tokens=MAX_TOKENS, sampling=SamplingConfig(), stop=(), system=system, color=False)
+    with restarted() as m:
+        s = session(m, SYSTEM)
+        s.handle(QUESTIONS[0])
+        s.handle(f"/save {saved}")
+    assert "/load resumes without prefilling them" in capsys.readouterr().out
+    with restarted() as m:
+        s = session(m)
+        s.handle(f"/load {saved}")
+        s.handle("Say it again, shorter.")
+        question = m.prompt_tokens(s.messages[:-3])        # the system message and the first question
+        answer = s.messages[-1]["content"]
+    line = re.search(r"prefill (\d+) new tokens in [\d.]+s \((\d+) reused\)", capsys.readouterr().out)
+    new, reused = int(line.group(1)), int(line.group(2))
+    # the question and the answer's cells came from the file; prefilled: the new message and the
+    # template's tokens around it (and the answer's last token, which was never decoded)
+    assert reused > len(question) and new < 24, (new, reused, len(question))
+    full = ref.generate(s.messages[:-1], max_tokens=MAX_TOKENS, reuse_prefix=False)
+    assert answer == full.text
