@@ -130,6 +130,44 @@ def test_two_disks_on_one_folder_see_each_others_files(tmp_path):
     two.close()
 
 
+WRITER = """
+import sys
+import numpy as np
+from edgespec.core.prompt_disk import PromptDisk
+folder, seed = sys.argv[1], int(sys.argv[2])
+disk = PromptDisk("k" * 24, 60_000, folder)
+for i in range(60):            # half the prefixes are the other process's too (same names), all share a head
+    start = 1000 * (i % 30) + (0 if i % 2 else 10**6 * (seed + 1))
+    t = np.concatenate([np.arange(64, dtype=np.int32), np.arange(start, start + 64 + i, dtype=np.int32)])
+    disk.put(t, np.full(4000 + i, (i * 7 + seed) % 256, np.uint8))
+    if i % 10 == 0:
+        disk.lookup(t, len(t))
+disk.close()
+"""
+
+
+def test_two_processes_write_one_folder_without_corruption(tmp_path):
+    """Two processes writing, replacing the same names, looking up and
+    evicting in one folder at once: every file left is whole and intact,
+    no temporary file is left, the folder is within the budget (give or
+    take the one file the other process wrote meanwhile)."""
+    folder = str(tmp_path / "prompts")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), folder, str(seed)], env=env,
+                              stderr=subprocess.PIPE, text=True) for seed in (0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    names = os.listdir(folder)
+    assert names and all(n.endswith(pd.SUFFIX) for n in names)
+    sizes = 0
+    for n in names:
+        e = pd.read_head(os.path.join(folder, n), KEY)
+        assert pd.read_state(e).nbytes == e.state_bytes
+        sizes += e.file_bytes
+    assert sizes <= 60_000 + 5_000
+
+
 def corrupt(path: str, how: str) -> None:
     """Damage a cache file the way a crash, a disk or a copy would."""
     data = bytearray(Path(path).read_bytes())
