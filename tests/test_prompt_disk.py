@@ -474,3 +474,25 @@ def test_chat_load_resumes_without_prefilling_the_history(ref, cache_home, tmp_p
     assert reused > len(question) and new < 24, (new, reused, len(question))
     full = ref.generate(s.messages[:-1], max_tokens=MAX_TOKENS, reuse_prefix=False)
     assert answer == full.text
+
+
+def test_the_settings_turn_it_on_and_off(monkeypatch):
+    from click.testing import CliRunner
+
+    from edgespec import RunConfig
+    from edgespec.app.cli import main
+    from edgespec.errors import ConfigError
+    from edgespec.run.settings import DISK_MIB, DISK_MIB_ENV
+
+    assert RunConfig().prompt_cache_disk_mib == DISK_MIB == 2048
+    monkeypatch.setenv(DISK_MIB_ENV, "64")
+    assert RunConfig.defaults().prompt_cache_disk_mib == 64 and RunConfig(prompt_cache_disk_mib=None).prompt_cache_disk_mib == 64
+    monkeypatch.setenv(DISK_MIB_ENV, "lots")
+    with pytest.raises(ConfigError, match=DISK_MIB_ENV):
+        RunConfig.defaults()
+    with pytest.raises(ConfigError, match="prompt_cache_disk_mib"):
+        RunConfig(prompt_cache_disk_mib=-1)
+    monkeypatch.delenv(DISK_MIB_ENV)
+    out = CliRunner().invoke(main, ["generate", "--prompt-cache-disk-mib", "5", "--no-prompt-cache-disk", "hi"])
+    assert out.exit_code == 2 and "contradict" in out.output
+    assert "--no-prompt-cache-disk" in CliRunner().invoke(main, ["serve", "--help"]).output
