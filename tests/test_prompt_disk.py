@@ -238,7 +238,10 @@ def test_a_full_or_read_only_folder_turns_the_tier_off(tmp_path, caplog, monkeyp
 # ------------------------------------------------------- with llama.cpp
 @pytest.fixture
 def cache_home(tmp_path, monkeypatch):
-    """A cache directory of the test's own (its prompts/ is the disk tier's folder)."""
+    """A cache directory of the test's own (its prompts/ is the disk tier's folder); the
+    benchmark models stay where they are."""
+    from edgespec.models.zoo import models_dir
+    monkeypatch.setenv("EDGESPEC_MODELS_DIR", models_dir())
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path / "cache"
 
