@@ -140,6 +140,7 @@ for i in range(60):            # half the prefixes are the other process's too (
     start = 1000 * (i % 30) + (0 if i % 2 else 10**6 * (seed + 1))
     t = np.concatenate([np.arange(64, dtype=np.int32), np.arange(start, start + 64 + i, dtype=np.int32)])
     disk.put(t, np.full(4000 + i, (i * 7 + seed) % 256, np.uint8))
+    disk.flush()               # (a put while two wait is dropped)
     if i % 10 == 0:
         disk.lookup(t, len(t))
 disk.close()
@@ -166,6 +167,25 @@ def test_two_processes_write_one_folder_without_corruption(tmp_path):
         assert pd.read_state(e).nbytes == e.state_bytes
         sizes += e.file_bytes
     assert sizes <= 60_000 + 5_000
+
+
+def test_a_writer_that_is_behind_drops_new_files_not_memory(tmp_path, monkeypatch):
+    import threading
+    gate = threading.Event()
+    real = pd.PromptDisk._write
+
+    def slow(self, tokens, state):
+        gate.wait(30)
+        real(self, tokens, state)
+    monkeypatch.setattr(pd.PromptDisk, "_write", slow)
+    disk = pd.PromptDisk(KEY, 1 << 20, str(tmp_path / "prompts"))
+    for i in range(pd.MAX_PENDING + 2):
+        assert disk.busy == (i >= pd.MAX_PENDING)
+        disk.put(toks((i * 1000, 128)), np.zeros(100, np.uint8))
+    gate.set()
+    assert disk.flush(30) and not disk.busy
+    assert disk.n_written == pd.MAX_PENDING == len(os.listdir(tmp_path / "prompts"))
+    disk.close()
 
 
 def corrupt(path: str, how: str) -> None:

@@ -148,10 +148,10 @@ class PrefixCache:
     def persist(self, backend) -> None:
         """After a request: hand the live cache's cells to the disk tier
         (copied now, with the model held; written by its writer thread) unless
-        it is short or a file holds it already."""
+        it is short, a file holds it already or the writer is behind."""
         disk = self.disk
         live = backend.kv_tokens[:backend.n_past]
-        if disk is None or disk.off is not None or len(live) < self.min_gain or disk.covers(live):
+        if disk is None or disk.off is not None or len(live) < self.min_gain or disk.busy or disk.covers(live):
             return
         t0 = time.perf_counter()
         try:

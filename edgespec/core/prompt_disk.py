@@ -91,6 +91,7 @@ FORMAT = 1
 MAGIC = b"ESPKVC\x00\x01"
 SUFFIX = ".kv"
 BLOCK = MIN_GAIN                # tokens per hashed block: a smaller match is prefilled anyway
+MAX_PENDING = 2                 # files queued for the writer at most: a slow disk skips snapshots, not memory
 STALE_PART_S = 3600             # a temporary file this old was left by a writer that died: deleted
 # What a restore costs before this process has timed one: reading the file, its CRC check and
 # llama.cpp's copy into the KV cache ran at 300-670 MB/s, from the page cache or not, on a loaded
@@ -363,10 +364,16 @@ class PromptDisk:
             held = [e.tokens for e in self.entries.values()] + self._pending
         return any(common_prefix(t, tokens, len(tokens)) >= need for t in held)
 
+    @property
+    def busy(self) -> bool:
+        """MAX_PENDING files wait for the writer: a new one would be dropped (the caller need not copy it)."""
+        with self._lock:
+            return len(self._pending) >= MAX_PENDING
+
     def put(self, tokens: np.ndarray, state: np.ndarray) -> None:
         """Queue the cells of `tokens` (a save_state() copy the caller no
-        longer changes) for the writer thread."""
-        if self.off is not None or state.nbytes > self.budget:
+        longer changes) for the writer thread; dropped when it is busy."""
+        if self.off is not None or state.nbytes > self.budget or self.busy:
             return
         tokens = np.array(tokens, np.int32)
         with self._lock:
