@@ -28,6 +28,10 @@ from edgespec import SpecModel
 # exact ones, child processes included.  tests/test_kernelchoice.py exercises
 # auto itself (it names the setting explicitly).
 os.environ["EDGESPEC_KERNELS"] = "exact"
+# No prompt prefixes on disk unless a test asks for them (tests/test_prompt_disk.py, in
+# folders of its own): files a run leaves would change how much of a later run's prompts
+# is reused, and the tests assert that.
+os.environ["EDGESPEC_PROMPT_CACHE_DISK_MIB"] = "0"
 from edgespec.drafters.base import Drafter
 from edgespec.drafters.tree import DraftTree
 

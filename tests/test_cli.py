@@ -513,12 +513,15 @@ def test_run_config_makes_the_backend_settings():
     from edgespec.backend.settings import BackendSettings
 
     assert RunConfig().n_ctx == BackendSettings().n_ctx
-    b = RunConfig(n_ctx=1024, n_threads=3, max_nodes=16, rpc="h:1,h:2", rpc_output="remote",
-                  verbose=True).backend_settings("fast")
+    run = RunConfig(n_ctx=1024, n_threads=3, max_nodes=16, rpc="h:1,h:2", rpc_output="remote", verbose=True,
+                    kernels="fast")
+    b = run.backend_settings(run.resolve_kernels("no.gguf"))
     assert (b.n_ctx, b.n_threads, b.max_nodes, b.max_leaves, b.verbose) == (1024, 3, EXACT_MAX_BATCH, None, True)
     assert (b.rpc, b.rpc_output, b.exact, b.flash_attn, b.tiled_mm) == (["h:1", "h:2"], "remote", False, False, "1")
-    g = RunConfig(n_gpu_layers=-1).backend_settings("fast")          # fast changes nothing on a GPU
-    assert (g.exact, g.flash_attn, g.tiled_mm) == (True, None, "0")
+    assert b.cache_type_k == "f16"          # fast kernels over RPC: not a CPU's fast path
+    gpu = RunConfig(n_gpu_layers=-1, kernels="fast")
+    g = gpu.backend_settings(gpu.resolve_kernels("no.gguf"))          # fast changes nothing on a GPU
+    assert (g.exact, g.flash_attn, g.tiled_mm, g.cache_type_k) == (True, None, "0", "f16")
     with pytest.raises(TypeError):
         BackendSettings().but(ctx=1)
 

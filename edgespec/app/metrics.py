@@ -22,10 +22,31 @@ several servers in one process count apart.  Counters (exposed with the
 Gauges: edgespec_queue_depth (requests waiting), edgespec_requests_running,
 edgespec_prompt_cache_bytes and edgespec_prompt_cache_entries (the saved
 prefixes of edgespec.core.prefix_cache, 0 when it is off).
+
+The prompt cache's disk tier (edgespec.core.prompt_disk), counted by this
+process, 0 when it is off:
+
+    edgespec_prompt_cache_disk_hits           prefixes restored from files
+    edgespec_prompt_cache_disk_misses         prompts no file shared a whole block with
+    edgespec_prompt_cache_disk_read_bytes     bytes of files read
+    edgespec_prompt_cache_disk_written_bytes  bytes of files written
+    edgespec_prompt_cache_disk_evictions      files deleted for the budget (this process's)
+
+and the gauges edgespec_prompt_cache_disk_bytes / _files (this model's files
+in the folder) and edgespec_prompt_cache_disk_on (0 once the tier turned off).
 """
 from __future__ import annotations
 
 from typing import Callable
+
+
+DISK_COUNTERS = (
+    ("edgespec_prompt_cache_disk_hits", "disk_hits", "Prompt prefixes restored from the prompt cache's files"),
+    ("edgespec_prompt_cache_disk_misses", "disk_misses", "Prompts that no prompt cache file shared a block with"),
+    ("edgespec_prompt_cache_disk_read_bytes", "disk_bytes_read", "Bytes of prompt cache files read"),
+    ("edgespec_prompt_cache_disk_written_bytes", "disk_bytes_written", "Bytes of prompt cache files written"),
+    ("edgespec_prompt_cache_disk_evictions", "disk_evicted", "Prompt cache files deleted for the disk budget"),
+)
 
 
 class ServerMetrics:
@@ -59,6 +80,24 @@ class ServerMetrics:
               registry=r).set_function(lambda: prompt_cache().get("bytes", 0))
         Gauge("edgespec_prompt_cache_entries", "Prompt prefixes saved in the prompt cache",
               registry=r).set_function(lambda: prompt_cache().get("entries", 0))
+        self._disk_tier(prompt_cache)
+
+    def _disk_tier(self, prompt_cache: Callable[[], dict]) -> None:
+        """The disk tier's counters, read from the cache's stats at every scrape."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        class DiskTier:
+            def collect(self):
+                s = prompt_cache()
+                for name, key, doc in DISK_COUNTERS:
+                    yield CounterMetricFamily(name, doc, value=s.get(key, 0))
+                yield GaugeMetricFamily("edgespec_prompt_cache_disk_bytes", "Bytes of this model's prompt cache files",
+                                        value=s.get("disk_bytes", 0))
+                yield GaugeMetricFamily("edgespec_prompt_cache_disk_files", "This model's prompt cache files",
+                                        value=s.get("disk_entries", 0))
+                yield GaugeMetricFamily("edgespec_prompt_cache_disk_on", "1 while the prompt cache's disk tier is on",
+                                        value=int("disk_off" in s and s["disk_off"] is None))
+        self.registry.register(DiskTier())
 
     def request(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint, str(status)).inc()

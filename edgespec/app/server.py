@@ -191,9 +191,10 @@ class Server:
         """This server's Prometheus counters, or None without prometheus-client."""
         try:
             from edgespec.app.metrics import ServerMetrics
-            cache = getattr(self.model, "prefix_cache", None)
-            return ServerMetrics(lambda: max(0, self._pending - 1), lambda: min(1, self._pending),
-                                 cache.stats if cache is not None else dict)
+            def cache_stats() -> dict:      # the model's cache now (use_prompt_cache replaces it)
+                cache = getattr(self.model, "prefix_cache", None)
+                return cache.stats() if cache is not None else {}
+            return ServerMetrics(lambda: max(0, self._pending - 1), lambda: min(1, self._pending), cache_stats)
         except ImportError:
             return None
 

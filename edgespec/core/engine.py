@@ -240,13 +240,15 @@ class Engine:
         """Prefill the prompt past the reused prefix and lay it into st.ctx;
         returns the drafter's prefill buffers (DrafterFeedback.prefill_buffers).
         A cancel during the prefill ends the request (stop_reason "cancelled")."""
-        be, prompt = self.backend, st.prompt
+        be, prompt, t0 = self.backend, st.prompt, time.perf_counter()
         pre, hid = self._feedback.prefill_buffers(len(prompt) - st.n_common)
         try:
             be.prefill(prompt[st.n_common:], topk_out=pre, cancel=is_cancelled, hidden_out=hid)
         except BaseException:
             self.reset()
             raise
+        if self.prefix_cache is not None:       # the rate a disk read is weighed against
+            self.prefix_cache.observe_prefill(be.n_past - st.n_common, time.perf_counter() - t0)
         st.ctx = np.empty(be.n_ctx + self.config.max_nodes + 2, np.int32)
         st.ctx[:len(prompt)] = prompt
         st.n = len(prompt)

@@ -19,6 +19,14 @@ and no saved entry already starts with all of them; an entry whose tokens
 are a prefix of the new one is dropped (the new one matches every prompt at
 least as far).
 
+The disk tier (core/prompt_disk.py's PromptDisk, `disk`) lies under both:
+after every request the live cache's cells are copied and handed to its
+writer thread (`persist`, skipped when a file holds them already), and a
+request whose prompt a file matches `min_gain` tokens further than the live
+cache and the saved entries restores it from disk, when reading it costs less
+than prefilling the difference (at this process's measured prefill rate,
+`observe_prefill`).
+
 The KV cells of a prefix do not depend on what follows it, so with exact
 kernels an answer does not depend on which of these the prefix came from
 (tests/test_prefix_cache.py).  The cache holds no lock of its own: the engine
@@ -29,12 +37,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import time
 
 import numpy as np
 
 from edgespec.errors import BackendError
 
 MIN_GAIN = 64       # tokens: a smaller difference is prefilled rather than restored or saved
+# seconds a prefilled token costs before this process has timed one: nearly three times the
+# fastest CPU prefill in BENCHMARKS.md (Gemma-3-270M, 548 tokens/s on 2 AVX2 cores), so that
+# the first request after a start does not prefer a disk read that a fast prefill would beat
+PREFILL_S_PER_TOKEN = 1 / 1500
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
@@ -53,13 +66,19 @@ class Entry:
 class PrefixCache:
     """Saved KV prefixes, at most `budget_bytes` of state in all (see the module doc)."""
 
-    def __init__(self, budget_bytes: int, min_gain: int = MIN_GAIN):
+    def __init__(self, budget_bytes: int, min_gain: int = MIN_GAIN, disk=None):
         self.budget = int(budget_bytes)
         self.min_gain = int(min_gain)
+        self.disk = disk            # a core.prompt_disk.PromptDisk, or None
+        self.prefill_s_per_token = PREFILL_S_PER_TOKEN      # EMA of this process's prefills
+        self.copy_s = 0.0           # the last persist()'s copy of the cells, in seconds
+        # (the backend's kv_tokens array, its save_state()) of the last persist(): the
+        # same cells saved again before anything changed them are not copied twice
+        self._snapshot: tuple[np.ndarray, int, np.ndarray] | None = None
         self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()   # oldest use first
         self._next_key = 0
         self.n_bytes = 0
-        self.n_saved = self.n_restored = self.n_evicted = 0
+        self.n_saved = self.n_restored = self.n_evicted = self.n_disk_restored = 0
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -70,10 +89,10 @@ class PrefixCache:
 
     def choose(self, backend, prompt: np.ndarray, reuse: bool) -> int:
         """Before a request: leave in the backend the cells of the longest
-        prefix of `prompt` (all but its last token at most) that the live cache
-        or a saved entry holds, saving the live cache first when it is worth
-        keeping.  Returns that prefix's length (the caller truncates to it);
-        reuse False: 0 (the live cache may still be saved)."""
+        prefix of `prompt` (all but its last token at most) that the live cache,
+        a saved entry or the disk tier holds, saving the live cache first when
+        it is worth keeping.  Returns that prefix's length (the caller truncates
+        to it); reuse False: 0 (the live cache may still be saved)."""
         limit = len(prompt) - 1
         live = backend.kv_tokens[:backend.n_past]
         n_live = common_prefix(live, prompt, limit) if reuse else 0
@@ -83,12 +102,70 @@ class PrefixCache:
                 n = common_prefix(e.tokens, prompt, limit)
                 if n > n_best:
                     key, n_best = k, n
+            have = n_live if key is None else n_best
+            n_disk = self._from_disk(backend, prompt, limit, live, have)
+            if n_disk is not None:
+                return n_disk
         kept = n_live if key is None else 0
         if len(live) - kept >= self.min_gain:
             self._save(backend, live, keep=key)
+        self._snapshot = None
         if key is None:
             return n_live
         return self._restore(backend, key, n_best)
+
+    def _from_disk(self, backend, prompt: np.ndarray, limit: int, live: np.ndarray, have: int) -> int | None:
+        """Restore the disk tier's longest match when it beats `have` tokens
+        (the live cache's or a saved entry's) by min_gain and reading it costs
+        less than prefilling the difference; its length (0 if llama.cpp refused
+        it), or None to go on without it."""
+        disk = self.disk
+        if disk is None or disk.off is not None:
+            return None
+        e, n = disk.lookup(prompt, limit)
+        if e is None or n < have + self.min_gain or not disk.worth_loading(e, n - have, self.prefill_s_per_token):
+            return None
+        state = disk.load(e)
+        if state is None:
+            return None
+        if len(live) >= self.min_gain:
+            self._save(backend, live)
+        self._snapshot = None
+        try:
+            backend.restore_state(state, e.tokens)
+        except BackendError:
+            disk.refused(e)
+            backend.reset()
+            return 0
+        self.n_disk_restored += 1
+        return n
+
+    def observe_prefill(self, n_tokens: int, seconds: float) -> None:
+        """A prefill of n_tokens took `seconds`: the rate worth_loading compares a disk read with."""
+        if n_tokens >= self.min_gain and seconds > 0:
+            self.prefill_s_per_token = 0.5 * self.prefill_s_per_token + 0.5 * seconds / n_tokens
+
+    def persist(self, backend) -> None:
+        """After a request: hand the live cache's cells to the disk tier
+        (copied now, with the model held; written by its writer thread) unless
+        it is short, a file holds it already or the writer is behind."""
+        disk = self.disk
+        live = backend.kv_tokens[:backend.n_past]
+        if disk is None or disk.off is not None or len(live) < self.min_gain or disk.busy or disk.covers(live):
+            return
+        t0 = time.perf_counter()
+        try:
+            state = backend.save_state()
+        except BackendError:        # nothing to keep; the request's own outcome stands
+            return
+        self.copy_s = time.perf_counter() - t0
+        self._snapshot = (backend.kv_tokens, backend.n_past, state)
+        disk.put(live, state)
+
+    def close(self) -> None:
+        """Write what the disk tier has queued (a model's close())."""
+        if self.disk is not None:
+            self.disk.close()
 
     def keep_live(self, backend) -> None:
         """Save the live cache's cells (when worth keeping) before something
@@ -114,11 +191,17 @@ class PrefixCache:
         """Keep the live cache's cells as the most recently used entry (unless
         an entry already holds them), within the budget, evicting the least
         recently used entries but `keep` (the one about to be restored)."""
+        if self.budget <= 0:        # a disk tier without the memory tier
+            return
         for k, e in self.entries.items():
             if len(e.tokens) >= len(live) and np.array_equal(e.tokens[:len(live)], live):
                 self.entries.move_to_end(k)
                 return
-        state = backend.save_state()
+        snap = self._snapshot       # the engine replaces kv_tokens whenever the cells change
+        if snap is not None and snap[0] is backend.kv_tokens and snap[1] == backend.n_past:
+            state = snap[2]
+        else:
+            state = backend.save_state()
         if state.nbytes > self.budget:
             return
         for k in [k for k, e in self.entries.items()
@@ -140,6 +223,10 @@ class PrefixCache:
         self.n_bytes -= self.entries.pop(key).state.nbytes
 
     def stats(self) -> dict:
-        """Entries, bytes held, the budget, and how many saves, restores and evictions so far."""
-        return {"entries": len(self.entries), "bytes": self.n_bytes, "budget_bytes": self.budget,
-                "saved": self.n_saved, "restored": self.n_restored, "evicted": self.n_evicted}
+        """Entries, bytes held, the budget, and how many saves, restores and
+        evictions so far; with the disk tier its counters too (PromptDisk.stats)."""
+        s = {"entries": len(self.entries), "bytes": self.n_bytes, "budget_bytes": self.budget,
+             "saved": self.n_saved, "restored": self.n_restored, "evicted": self.n_evicted}
+        if self.disk is not None:
+            s.update(self.disk.stats(), disk_restored=self.n_disk_restored)
+        return s

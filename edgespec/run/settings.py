@@ -16,6 +16,7 @@ ranges are checked, once, when a RunConfig is made), and `resolve_kernels()`
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,21 @@ from edgespec.core.config import EngineConfig
 from edgespec.core.verify import VerifyConfig
 from edgespec.errors import ConfigError
 from edgespec.run.kernels import Loadout, loadout
+
+
+DISK_MIB = 2048.0        # prompt_cache_disk_mib's default (RunConfig's doc says why)
+DISK_MIB_ENV = "EDGESPEC_PROMPT_CACHE_DISK_MIB"
+
+
+def disk_mib_setting() -> float:
+    """prompt_cache_disk_mib as this process's environment sets it (DISK_MIB_ENV), else DISK_MIB."""
+    raw = os.environ.get(DISK_MIB_ENV)
+    if raw is None or not raw.strip():
+        return DISK_MIB
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{DISK_MIB_ENV} must be a number of MiB (0 = off), not {raw!r}") from None
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,19 @@ class RunConfig:
         prefix of its prompt held in either (edgespec.core.prefix_cache;
         docs/serving.md says what a token costs).  0 turns it off (the live
         cache's common prefix is still reused).
+    prompt_cache_disk_mib: disk (MiB) for prompt prefixes' KV cells kept in
+        files under the cache directory (<cache dir>/prompts: $EDGESPEC_CACHE_DIR,
+        else $XDG_CACHE_HOME/edgespec, else ~/.cache/edgespec), found again by a later
+        process: a restarted server, a resumed chat, an app's next launch
+        (edgespec.core.prompt_disk; docs/serving.md).  The budget is shared by
+        every model and process using the folder; the least recently used
+        files go first.  2048 MiB holds about 220,000 cached tokens of
+        Qwen2.5-Coder-0.5B (9.2 KiB of cells a token with the q8_0 K cache),
+        120,000 of SmolLM2-135M (17.2 KiB) or 95,000 of Qwen2.5-Coder-1.5B
+        (21.4 KiB): two dozen 4,000-token conversations of the 1.5B, or an
+        Aider system prompt and its examples for a hundred sessions, while
+        staying a small share of a laptop's disk.  0 turns it off; None:
+        $EDGESPEC_PROMPT_CACHE_DISK_MIB, else 2048 (RunConfig.defaults() reads it).
     verbose: llama.cpp's own log on stderr.
     """
     drafter: Any = "suffix"
@@ -111,6 +140,7 @@ class RunConfig:
     rpc_output: str = "local"
     memory: Any = True
     prompt_cache_mib: float = 256
+    prompt_cache_disk_mib: float | None = DISK_MIB
     verbose: bool = False
 
     def __post_init__(self):
@@ -119,8 +149,11 @@ class RunConfig:
         object.__setattr__(self, "corpora", tuple(self.corpora))
         if self.calibrate not in (True, False, "background"):
             raise ConfigError(f"calibrate must be True, False or 'background', not {self.calibrate!r}")
-        if not self.prompt_cache_mib >= 0:
-            raise ConfigError(f"prompt_cache_mib must be >= 0, not {self.prompt_cache_mib!r}")
+        if self.prompt_cache_disk_mib is None:
+            object.__setattr__(self, "prompt_cache_disk_mib", disk_mib_setting())
+        for name in ("prompt_cache_mib", "prompt_cache_disk_mib"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)!r}")
         if self.rpc_output not in RPC_OUTPUTS:     # checked here without workers too (the backend: with them)
             raise ConfigError(f"rpc_output must be one of {', '.join(RPC_OUTPUTS)}, not {self.rpc_output!r}")
         self.engine_config()           # max_nodes' range and verify's mode: EngineConfig checks them
@@ -161,8 +194,9 @@ class RunConfig:
 
     @classmethod
     def defaults(cls) -> "RunConfig":
-        """The defaults as this process sees them (kernels from $EDGESPEC_KERNELS when set)."""
-        return cls(kernels=kernels_setting(None))
+        """The defaults as this process sees them (kernels from $EDGESPEC_KERNELS,
+        prompt_cache_disk_mib from $EDGESPEC_PROMPT_CACHE_DISK_MIB when set)."""
+        return cls(kernels=kernels_setting(None), prompt_cache_disk_mib=disk_mib_setting())
 
     def but(self, **changes) -> "RunConfig":
         """A copy with `changes`; TypeError names a keyword that is no setting."""

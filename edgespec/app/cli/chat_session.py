@@ -27,7 +27,7 @@ COMMANDS = {
     "/file PATH": f"attach a text file (up to {FILE_LIMIT // 1024} KiB) to your next message",
     "/system TEXT": "set the system message (/system alone shows it)",
     "/save FILE": "save the conversation as JSON (OpenAI messages format)",
-    "/load FILE": "replace the conversation with a saved one",
+    "/load FILE": "replace the conversation with a saved one (its KV cache comes from disk when kept)",
     "/retry": "drop the last answer and generate it again",
     "/stats": "acceptance report and totals of this session",
     "/reset": "forget the conversation (the system message stays)",
@@ -260,7 +260,13 @@ class ChatSession:
                 f.write("\n")
         except OSError as e:
             raise ValueError(f"{arg}: {e.strerror or e}") from None
-        self.dim(f"saved {len(self.messages)} messages to {arg}")
+        # the last answer's KV cells are on their way to the prompt cache's folder: wait for
+        # them, so that a /load in a later run finds the conversation there and prefills only what is new
+        pc = getattr(self.m, "prefix_cache", None)
+        disk = pc.disk if pc is not None else None
+        kept = disk is not None and disk.flush(30) and disk.off is None
+        self.dim(f"saved {len(self.messages)} messages to {arg}"
+                 + ("; their KV cache is kept on disk: /load resumes without prefilling them" if kept else ""))
 
     def cmd_load(self, arg: str) -> None:
         if not arg:

@@ -19,7 +19,7 @@ import click
 from edgespec.backend.llama import MIN_CTX
 from edgespec.calibration.kernelchoice import ENV as KERNELS_ENV
 from edgespec.drafters.registry import help_text as drafters_help
-from edgespec.run.settings import DEFAULTS, RunConfig
+from edgespec.run.settings import DEFAULTS, DISK_MIB, RunConfig
 from edgespec.run.specs import check_drafter_name
 from edgespec.core.params import DEFAULT as REQUEST
 
@@ -217,6 +217,12 @@ def run_config_options(f):
             settings["cost_gate"] = not kw.pop("no_gate")
         if "no_memory" in kw:
             settings["memory"] = memory_setting(kw.pop("memory_file"), kw.pop("no_memory"))
+        if "no_prompt_cache_disk" in kw:
+            disk_mib, off = kw.pop("prompt_cache_disk_mib"), kw.pop("no_prompt_cache_disk")
+            if off and disk_mib:
+                raise click.UsageError("--prompt-cache-disk-mib and --no-prompt-cache-disk contradict each other")
+            if off or disk_mib is not None:
+                settings["prompt_cache_disk_mib"] = 0 if off else disk_mib
         kw["config"] = run_config(**settings)
         return f(*args, **kw)
     return command
@@ -261,6 +267,13 @@ def generation_options(f):
                      help="Host memory (MiB) for the KV cells of earlier prompts' prefixes: a request starts "
                           "from the longest prefix of its prompt held there or in the live cache (0 = off; "
                           "docs/serving.md)."),
+        click.option("--prompt-cache-disk-mib", type=click.FloatRange(min=0), default=None,
+                     help="Disk (MiB) for prompt prefixes' KV cells kept under the cache directory, so that a "
+                          "later run starts from them: a restarted server, a resumed chat (0 = off; default "
+                          f"{DISK_MIB:g}, or $EDGESPEC_PROMPT_CACHE_DISK_MIB; `edgespec cache` shows and clears "
+                          "them; docs/serving.md)."),
+        click.option("--no-prompt-cache-disk", is_flag=True,
+                     help="Keep no prompt prefixes on disk (the same as --prompt-cache-disk-mib 0)."),
         click.option("--verify", type=click.Choice(("exact", "relaxed", "entropy", "entropy_inv")), default=DEFAULTS.verify,
                      show_default=True,
                      help="exact = lossless. relaxed (ReSpec), entropy (AASD) and entropy_inv are LOSSY opt-ins "
