@@ -39,8 +39,8 @@ QUICK_REPS = 2
 def quick_curve(backend, progress=None) -> CostCurve:
     """A first c(T) for a model on a fresh cache, measured at load: sizes up
     to 32 after 300 cells, two timed rounds after a warm-up, without the
-    short regime and the steady widths (about 4 s for Qwen2.5-Coder-0.5B on
-    2 cores), so that the first requests draft under this machine's own
+    short regime and the steady widths (docs/calibration.md has what it
+    took), so that the first requests draft under this machine's own
     prices rather than the built-in guess while the full curve is measured
     between requests.  Not cached; capped like a busy machine's where
     implausible; ValueError where not finite."""
