@@ -427,9 +427,10 @@ def served(m, requests: list) -> tuple[list, str]:
     """The answers of a server of m to chat requests (messages, max_tokens), then its /metrics."""
     from starlette.testclient import TestClient
 
+    from edgespec.app.request_fields import SERVE_DEFAULTS
     from edgespec.app.server import Server
 
-    s = Server(m, model_id="smol", defaults={"drafter": "none"})
+    s = Server(m, model_id="smol", defaults=SERVE_DEFAULTS.but(drafter="none"))
     client = TestClient(s.app, base_url="http://127.0.0.1")
     try:
         out = [client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": n}).json()

@@ -22,10 +22,8 @@ costs learn from those timings (stepcost.py), and the speed guard (guard.py)
 stops drafting in a request that drafting has made slower than plain
 decoding would have been, until probes show it would pay again.
 
-Here: the request's start (prefix reuse, prefill, first token), the step
-loop, the verification walk and the commit.  A request's state and what it
-yields are in request.py, the answer's text in stream.py, what the drafter
-is told in feedback.py.
+Here: the request's start (prefix reuse, prefill, first token), the step loop, the verification walk and the
+commit.  A request's state and what it yields are in request.py, the answer's text in stream.py, the drafter's in feedback.py.
 """
 from __future__ import annotations
 
