@@ -21,9 +21,11 @@ or, on a bench-sessions results file (edgespec bench-sessions, docs/sessions.md)
     swall:A      A's wall seconds, summed: "62.9"
     sttft:A      A's median time to first token of the follow-up chat requests, ms: "3834"
     sprefill:A   A's prefill time over the sessions, seconds: "56.1"
+    sprefill:A/B A's prefill time over B's (a cost: below 1 is less time): "0.63x"
     sdecode:A    A's decode speed over the sessions (generated tokens over decode time), tok/s: "86.8"
     scached:A    A's cached share of the prompt tokens, percent: "35%"
     sidentical:A/B  A's answers equal to B's, of the requests both answered: "19/21"
+    sfirst:A/B   A's time to first token summed over the streamed requests both answered, over B's: "0.55x"
 
 then filters: category=C[,C...] (those categories only), repeat=N (that pass),
 requests=A-B (requests A to B of the file's order, counted from 1); on a
@@ -87,6 +89,10 @@ def _session_figure(path: str, expr: str, filters: str) -> str:
         return f"{wall(b) / wall(a):.2f}x"
     if kind == "swall":
         return f"{wall(arg):.1f}"
+    prefill = lambda t: sum(r["prefill_ms"] for r in of(t, "session")) / 1e3  # noqa: E731
+    if kind == "sprefill" and "/" in arg:
+        a, b = arg.split("/")
+        return f"{prefill(a) / prefill(b):.2f}x"
     if kind == "sprefill":
         return f"{sum(r['prefill_ms'] for r in of(arg, 'session')) / 1e3:.1f}"
     if kind == "sdecode":
@@ -97,18 +103,25 @@ def _session_figure(path: str, expr: str, filters: str) -> str:
     if kind == "scached":
         ss = of(arg, "session")
         return f"{100 * sum(r['cache_n'] for r in ss) / sum(r['prompt_tokens'] for r in ss):.0f}%"
+    if kind == "sfirst":
+        a, b = arg.split("/")
+        ttft = lambda t: {(r.get("round"), r["session"], r["index"]): r["ttft_ms"] for r in of(t, "request")  # noqa: E731
+                          if r["status"] == 200 and r["ttft_ms"] is not None}
+        ta, tb = ttft(a), ttft(b)
+        both = [k for k in ta if k in tb]
+        return f"{sum(ta[k] for k in both) / sum(tb[k] for k in both):.2f}x"
     if kind == "sidentical":
         a, b = arg.split("/")
-        ref = {(r["session"], r["index"]): r["text"] for r in of(b, "request") if r["status"] == 200}
-        got = [(r["session"], r["index"], r["text"]) for r in of(a, "request") if r["status"] == 200]
-        both = [t == ref[(s, i)] for s, i, t in got if (s, i) in ref]
+        ref = {(r.get("round"), r["session"], r["index"]): r["text"] for r in of(b, "request") if r["status"] == 200}
+        got = [((r.get("round"), r["session"], r["index"]), r["text"]) for r in of(a, "request") if r["status"] == 200]
+        both = [t == ref[k] for k, t in got if k in ref]
         return f"{sum(both)}/{len(both)}"
     raise ValueError(f"unknown sessions computation {expr}")
 
 
 def figure(files: str, expr: str, filters: str = "") -> str:
     """The figure a marker names, formatted as the docs write it."""
-    if expr.split(":")[0] in ("swall", "sttft", "scached", "sidentical", "sprefill", "sdecode"):
+    if expr.split(":")[0] in ("swall", "sttft", "scached", "sidentical", "sprefill", "sdecode", "sfirst"):
         return _session_figure(files, expr, filters)
     rows = _rows(files)
     for f in filters.split():

@@ -197,6 +197,39 @@ def test_replay_on_edgespec_serve(model_path, tmp_path, monkeypatch):
     assert "4/4" in format_sessions(rows, head)
 
 
+def test_restarts_keep_the_prompt_cache_folder(model_path, tmp_path, monkeypatch):
+    """--restart session: a server started again before each session, with
+    no warm-up; an edgespec target keeps its own folder across them (a copy
+    of the calibration, no saved prompts: nothing of the environment's
+    prompts folder can serve these prompts) with the disk tier on, and its
+    greedy answers equal those of a server that ran straight through."""
+    import shutil
+    folder = tmp_path / "two"
+    folder.mkdir()
+    for name in ("a", "b"):
+        shutil.copy(TINY, folder / f"{name}.jsonl")
+    home = tmp_path / "home"
+    (home / "prompts").mkdir(parents=True)
+    (home / "prompts" / "junk.kv").write_bytes(b"not an entry")
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(home))
+    sessions = S.load_sessions(str(folder))
+    targets = T.parse_targets(["edgespec-disk=--prompt-cache-disk-mib 64"])
+    head, rows = T.run_sessions(sessions, targets, model_path, 2048, None, 8, str(tmp_path / "r.jsonl"),
+                                restart="session")
+    assert head["restart"] == "session" and len(head["restarts_s"]["edgespec-disk"]) == 2
+    assert head["cache"] == {"edgespec-disk": "own, calibration copied"}
+    _check_rows(rows, ["edgespec-disk", "edgespec-disk"], 4)
+    reqs = [r for r in rows if r["kind"] == "request"]
+    assert [r["text"] for r in reqs[:4]] == [r["text"] for r in reqs[4:]]
+    # the second request's prompt shares nothing with the first's: in the first session it was
+    # prefilled whole, after the restart the first session's cells came from disk (the first
+    # requests after a start weigh a read by built-in rates: no timing decides it)
+    assert reqs[1]["cache_n"] == 0 and reqs[5]["cache_n"] > 0, [(r["prompt_n"], r["cache_n"]) for r in reqs]
+    assert (home / "prompts" / "junk.kv").exists() and len(list((home / "prompts").iterdir())) == 1
+    with pytest.raises(BenchError):
+        T.run_sessions(sessions, targets, model_path, 2048, None, 8, str(tmp_path / "x.jsonl"), restart="hourly")
+
+
 def test_replay_on_llama_server(server_binary, model_path, tmp_path):
     """llama-server plain and ngram-simple as the bench starts them: the same
     rows, and the same greedy answers from both."""

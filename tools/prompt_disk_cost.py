@@ -90,7 +90,7 @@ def restore(m: SpecModel, toks: np.ndarray, cold: bool) -> tuple[float, float, i
     return w, c, n, e.file_bytes
 
 
-def report(m: SpecModel, n: int, repeat: int) -> str:
+def report(m: SpecModel, n: int, repeat: int) -> tuple[str, dict]:
     toks = text_tokens(m, n)
     got = prefill_and_write(m, toks)
     for cold in (False, True):
@@ -99,10 +99,13 @@ def report(m: SpecModel, n: int, repeat: int) -> str:
     n, nbytes = runs[0][2], runs[0][3]
     k = 1000 / n
     ms = {name: (w * 1e3, c * 1e3) for name, (w, c) in got.items()}
+    row = {"tokens": n, "file_bytes": nbytes, **{f"{name}_ms": round(w, 2) for name, (w, _) in ms.items()},
+           **{f"{name}_cpu_ms": round(c, 2) for name, (_, c) in ms.items()},
+           "restore_cold_ms_per_1k": round(ms["cold"][0] * k, 2), "restore_warm_ms_per_1k": round(ms["warm"][0] * k, 2)}
     return (f"  {n:5d} tokens, {nbytes / n:,.0f} B/token: "
             + ", ".join(f"{name} {w:.1f}/{c:.1f}" for name, (w, c) in ms.items())
             + f"; per 1,000 tokens: restore {ms['warm'][0] * k:.1f} warm, {ms['cold'][0] * k:.1f} cold, "
-              f"prefill {ms['prefill'][0] * k:.0f}; prefill / cold restore = {ms['prefill'][0] / ms['cold'][0]:.0f}x")
+              f"prefill {ms['prefill'][0] * k:.0f}; prefill / cold restore = {ms['prefill'][0] / ms['cold'][0]:.0f}x"), row
 
 
 def main() -> None:
@@ -110,6 +113,7 @@ def main() -> None:
     ap.add_argument("model", nargs="?", default=None)
     ap.add_argument("--tokens", default="512,2048")
     ap.add_argument("--repeat", type=int, default=5, help="restores per length (the prefill runs once)")
+    ap.add_argument("--out", help="append one JSON line per length here (model, machine, date and the figures)")
     a = ap.parse_args()
     folder = tempfile.mkdtemp(prefix="edgespec-prompt-disk-")
     try:
@@ -118,7 +122,17 @@ def main() -> None:
             print(f"{os.path.basename(m.model_path)}: K cache {m.backend.cache_type_k}, {m.backend.n_threads} "
                   f"threads; wall ms / CPU ms (restores: median of {a.repeat})", flush=True)
             for n in (int(x) for x in a.tokens.split(",")):
-                print(report(m, n, a.repeat), flush=True)
+                text, row = report(m, n, a.repeat)
+                print(text, flush=True)
+                if a.out:
+                    import datetime
+
+                    from edgespec.calibration.cache import cpu_name
+                    row = {"model": os.path.basename(m.model_path), "cache_type_k": m.backend.cache_type_k,
+                           "threads": m.backend.n_threads, "cpu": cpu_name(),
+                           "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), **row}
+                    with open(a.out, "a", encoding="utf-8") as f:
+                        f.write(json.dumps(row) + "\n")
     finally:
         for name in os.listdir(folder):
             os.unlink(os.path.join(folder, name))

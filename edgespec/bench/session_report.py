@@ -67,10 +67,15 @@ def _head_lines(head: dict) -> list[str]:
            f"greedy (temperature 0), max_tokens {head.get('max_tokens')} where a request has none; "
            f"{head.get('n_sessions')} sessions, {head.get('n_requests')} requests"]
     started, cache = head.get("started_s") or {}, head.get("cache") or {}
+    if head.get("restart"):
+        out.append(f"every server stopped and started again before each {head['restart']} (no warm-up)")
     for name, cmd in (head.get("targets") or {}).items():
         how = f" (started in {started[name]:.1f} s" + (f", cache folder {cache[name]}" if name in cache else "") + ")" \
             if name in started else ""
         out.append(f"{name}: {' '.join(cmd) if cmd else 'a running server'}{how}")
+        starts = (head.get("restarts_s") or {}).get(name)
+        if starts:
+            out.append(f"  {name} started {len(starts)} times, {sum(starts) / len(starts):.1f} s on average")
         waits = (head.get("calibration_waits_ms") or {}).get(name)
         if waits:
             after = (head.get("calibrated_after_s") or {}).get(name)

@@ -23,6 +23,16 @@ user's server between two sessions), so the next --same-cache target
 starts with what it cached.  The time each target took to start (to its
 first /health) and that wait are in the header: a fresh start's load-time
 measurements are there, not in the sessions' wall time.
+
+`restart` ("session" or "request") stops every target and starts it again
+before each session (or each request), as a user's server is restarted (a
+reboot, an update, a model switch) or an embedding app relaunched: no
+warm-up after a restart, and every start's seconds in the header.  An
+edgespec target then keeps one cache folder across its restarts (the prompt
+cache's disk tier, issue 57): its own fresh one with --fresh-cache, the last
+fresh one's with --same-cache, else a folder of its own that starts with a
+copy of the environment's calibration and no saved prompts (so that files
+from earlier runs cannot serve these prompts).
 """
 from __future__ import annotations
 
@@ -44,6 +54,7 @@ CALIBRATION_TIMEOUT_S = 1200.0     # a fresh target's background calibration, wa
 
 
 CACHE_OPTIONS = ("--fresh-cache", "--same-cache")
+RESTARTS = ("session", "request")
 
 
 @dataclass(frozen=True)
@@ -201,36 +212,122 @@ def header(model_path: str, sessions, n_ctx: int, threads: int | None, max_token
             "pythonpath": os.environ.get("PYTHONPATH", "")}
 
 
+def seeded_cache(folder: str) -> str:
+    """`folder` holding a copy of the environment's calibration (c(T), the
+    self-check, the kernels' price) and nothing else: a calibrated user's
+    cache without saved prompts."""
+    import shutil
+
+    from edgespec.paths import cache_dir
+
+    src = os.path.join(cache_dir(), "calibration")
+    if os.path.isdir(src):
+        shutil.copytree(src, os.path.join(folder, "calibration"), ignore=shutil.ignore_patterns("*.lock"))
+    return folder
+
+
+class Restarting:
+    """A target's server, started again whenever the replay asks with a new
+    key (run_sessions' restart); start() is a started(...) context."""
+
+    def __init__(self, start):
+        self._start, self._key, self._cm = start, None, None
+        self.args: list[str] = []
+        self.starts_s: list[float] = []
+
+    def client(self, key):
+        if self._cm is None or key != self._key:
+            self.close()
+            t0 = time.monotonic()
+            cm = self._start()
+            self.client_now, self.args = cm.__enter__()
+            self._cm, self._key = cm, key
+            self.starts_s.append(round(time.monotonic() - t0, 2))
+        return self.client_now
+
+    def close(self) -> None:
+        cm, self._cm = self._cm, None
+        if cm is not None:
+            cm.__exit__(None, None, None)
+
+
+def _restart_key(restart: str):
+    """The replay's (session, index) -> the key whose change restarts a server."""
+    if restart == "session":
+        return lambda s, i: s.name
+    if restart == "request":
+        return lambda s, i: (s.name, i)
+    return lambda s, i: None
+
+
+def _cache_for(t: Target, restart: str, stack, fresh_dir: str | None) -> str | None:
+    if t.cache:
+        return fresh_dir
+    if restart and t.kind == "edgespec":
+        return seeded_cache(stack.enter_context(tempfile.TemporaryDirectory(prefix="edgespec-restarts-")))
+    return None
+
+
 def run_sessions(sessions, targets: list[Target], model_path: str, n_ctx: int, threads: int | None,
-                 max_tokens: int, out_path: str, binary: str | None = None, progress=None) -> tuple[dict, list]:
-    """Every target in turn: started, warmed up, every session replayed, stopped.
-    Rows are written to out_path as they come (header first, rewritten with
-    the targets' command lines at the end)."""
+                 max_tokens: int, out_path: str, binary: str | None = None, progress=None,
+                 restart: str = "", rounds: int = 1) -> tuple[dict, list]:
+    """Every target in turn: started, warmed up, every session replayed, stopped
+    (restart: see the module doc); `rounds` times over, the targets in the
+    same order each round (rows then carry their round: a machine whose speed
+    drifts between runs shows it, and every target gets samples of each part
+    of the run).  Rows are written to out_path as they come (header first,
+    rewritten with the targets' command lines at the end)."""
     import json
 
-    from edgespec.bench.sessions import replay
-
+    if restart and restart not in RESTARTS:
+        raise BenchError(f"restart must be one of {', '.join(RESTARTS)}")
     head = header(model_path, sessions, n_ctx, threads, max_tokens)
     head["started_s"], head["cache"] = {}, {}
+    if restart:
+        head["restart"], head["restarts_s"] = restart, {}
+    if rounds > 1:
+        head["rounds"] = rounds
     rows: list[dict] = []
     with contextlib.ExitStack() as stack:
         fresh_dir = None
-        for t in targets:
-            if t.cache == "fresh":
-                fresh_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgespec-new-user-"))
-            t0 = time.monotonic()
-            with started(t, model_path, n_ctx, threads, binary, fresh_dir if t.cache else None) as (client, args):
-                head["targets"][t.name] = args
-                head["started_s"][t.name] = round(time.monotonic() - t0, 2)
-                head["cache"][t.name] = t.cache or "as found"
-                if t.cache != "fresh":      # a new user's first request pays the cold start
-                    warm_up(client, client.model_id())
-                rows += replay(client, t.name, sessions, max_tokens, progress=progress)
+        for rnd in range(rounds):
+            for t in targets:
                 if t.cache == "fresh":
-                    head.setdefault("calibration_waits_ms", {})[t.name] = client.get("/health").get(
-                        "calibration_waits_ms")
-                    head.setdefault("calibrated_after_s", {})[t.name] = calibration_ended(client)
-            with open(out_path, "w", encoding="utf-8") as f:
-                for r in [head] + rows:
-                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+                    fresh_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgespec-new-user-"))
+                cache = _cache_for(t, restart, stack, fresh_dir)
+                label = t.name if rnd == 0 else f"{t.name} (round {rnd + 1})"
+                got = _run_target(t, label, head, sessions, cache, (model_path, n_ctx, threads, max_tokens, binary),
+                                  restart, progress)
+                rows += [dict(r, round=rnd + 1) for r in got] if rounds > 1 else got
+                with open(out_path, "w", encoding="utf-8") as f:
+                    for r in [head] + rows:
+                        f.write(json.dumps(r, ensure_ascii=False) + "\n")
     return head, rows
+
+
+def _run_target(t: Target, label: str, head: dict, sessions, cache: str | None, run: tuple, restart: str,
+                progress) -> list[dict]:
+    """One target's replay of every session; its start-up (and a fresh
+    target's calibration) noted in `head` under `label`."""
+    from edgespec.bench.sessions import replay
+
+    model_path, n_ctx, threads, max_tokens, binary = run
+    key = _restart_key(restart)
+    server = Restarting(lambda: started(t, model_path, n_ctx, threads, binary, cache))
+    try:
+        client = server.client(key(sessions[0], 0))
+        head["targets"][t.name] = server.args
+        head["started_s"][label] = server.starts_s[0]
+        head["cache"][label] = t.cache or ("own, calibration copied" if cache else "as found")
+        if t.cache != "fresh" and not restart:      # a new user's (a restart's) first request pays the cold start
+            warm_up(client, client.model_id())
+        rows = replay(lambda s, i: server.client(key(s, i)), t.name, sessions, max_tokens, progress=progress)
+        if restart:
+            head["restarts_s"][label] = server.starts_s
+        if t.cache == "fresh":
+            client = server.client_now
+            head.setdefault("calibration_waits_ms", {})[label] = client.get("/health").get("calibration_waits_ms")
+            head.setdefault("calibrated_after_s", {})[label] = calibration_ended(client)
+        return rows
+    finally:
+        server.close()

@@ -226,14 +226,19 @@ def session_row(target: str, session: Session, rows: list[dict]) -> dict:
             "decode_tok_s": num("predicted_n") / decode_s if decode_s > 0 else 0.0}
 
 
-def replay(client: Client, target: str, sessions: list[Session], max_tokens: int, progress=None) -> list[dict]:
-    """Every session's requests in order on one server: request rows, then
-    a session row after each session."""
-    model_id = client.model_id()
+def replay(client_for, target: str, sessions: list[Session], max_tokens: int, progress=None) -> list[dict]:
+    """Every session's requests in order: request rows, then a session row
+    after each session.  client_for(session, index) is the Client a request
+    goes to (a Client itself: all to that one server)."""
+    if isinstance(client_for, Client):
+        client_for = (lambda c: lambda s, i: c)(client_for)
+    model_id = None
     out = []
     for s in sessions:
         rows = []
         for i, req in enumerate(s.requests):
+            client = client_for(s, i)
+            model_id = model_id or client.model_id()
             got = client.send(req["path"], replay_body(req["body"], model_id, max_tokens))
             rows.append(request_row(target, s, i, got))
             if progress:
@@ -258,12 +263,12 @@ def read_results(path: str) -> tuple[dict | None, list[dict]]:
 
 def identical_counts(rows: list[dict], reference: str) -> dict:
     """For each target: (answers identical to the reference target's, answers
-    both have) over the requests both answered with 200."""
-    ref = {(r["session"], r["index"]): r["text"] for r in rows
+    both have) over the requests both answered with 200 (in the same round)."""
+    ref = {(r.get("round"), r["session"], r["index"]): r["text"] for r in rows
            if r["kind"] == "request" and r["target"] == reference and r["status"] == 200}
     out: dict = {}
     for r in rows:
-        key = (r.get("session"), r.get("index"))
+        key = (r.get("round"), r.get("session"), r.get("index"))
         if r["kind"] != "request" or r["target"] == reference or r["status"] != 200 or key not in ref:
             continue
         same, n = out.get(r["target"], (0, 0))

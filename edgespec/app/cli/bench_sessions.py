@@ -38,9 +38,17 @@ def _progress(row: dict) -> None:
 @click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=REQUEST.max_tokens, show_default=True,
               help="max_tokens of the requests that have none (Aider sends none: without a cap an answer "
                    "may run to the end of the context).")
+@click.option("--restart", type=click.Choice(["session", "request"]), default=None,
+              help="Stop each target and start it again before every session (or request), without a warm-up, "
+                   "as a restarted server or relaunched app: what the prompt cache's disk tier keeps.  An "
+                   "edgespec target keeps one cache folder across its restarts (without --fresh-cache or "
+                   "--same-cache: its own, with a copy of the calibration and no saved prompts).")
+@click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run every target this many times, in the same order each round (on a machine whose speed "
+                   "drifts from run to run, each target gets samples of the whole run; the tables pool them).")
 @click.option("--out", "out_path", default="sessions.jsonl", show_default=True, type=click.Path(dir_okay=False),
               help="The results (JSON lines: a header, then a row per request and per session and target).")
-def bench_sessions(model, sessions_path, targets, threads, n_ctx, max_tokens, out_path):
+def bench_sessions(model, sessions_path, targets, threads, n_ctx, max_tokens, restart, rounds, out_path):
     """Replay recorded app sessions (Aider, Open WebUI, Continue) on servers.
 
     Each target is started in turn with MODEL, greeted with one short
@@ -64,7 +72,7 @@ def bench_sessions(model, sessions_path, targets, threads, n_ctx, max_tokens, ou
         click.echo(f"bench-sessions: {len(sessions)} sessions, {sum(len(s.requests) for s in sessions)} requests "
                    f"x {len(target_list)} targets -> {out_path}", err=True)
         head, rows = run_sessions(sessions, target_list, model_path, n_ctx, threads, max_tokens, out_path,
-                                  binary=binary, progress=_progress)
+                                  binary=binary, progress=_progress, restart=restart or "", rounds=rounds)
     click.echo(format_sessions(rows, head))
     click.echo(f"\nresults: {out_path}", err=True)
 
