@@ -230,6 +230,22 @@ def test_restarts_keep_the_prompt_cache_folder(model_path, tmp_path, monkeypatch
         T.run_sessions(sessions, targets, model_path, 2048, None, 8, str(tmp_path / "x.jsonl"), restart="hourly")
 
 
+def test_rounds_run_every_target_again(model_path, tmp_path):
+    """--rounds 2: every target twice in the same order, rows labelled with
+    their round, the header's start-up per round, answers compared within a
+    round (exact kernels: the same answers both rounds)."""
+    sessions = S.load_sessions(str(TINY))
+    targets = T.parse_targets(["edgespec", "edgespec-nogate=--no-gate"])
+    head, rows = T.run_sessions(sessions, targets, model_path, 2048, None, 8, str(tmp_path / "r.jsonl"), rounds=2)
+    assert head["rounds"] == 2
+    assert set(head["started_s"]) == {"edgespec", "edgespec-nogate", "edgespec (round 2)", "edgespec-nogate (round 2)"}
+    assert [(r["target"], r["round"]) for r in rows if r["kind"] == "session"] == [
+        ("edgespec", 1), ("edgespec-nogate", 1), ("edgespec", 2), ("edgespec-nogate", 2)]
+    assert S.identical_counts(rows, "edgespec") == {"edgespec-nogate": (8, 8)}
+    first = [r["text"] for r in rows if r["kind"] == "request" and r["round"] == 1 and r["target"] == "edgespec"]
+    assert first == [r["text"] for r in rows if r["kind"] == "request" and r["round"] == 2 and r["target"] == "edgespec"]
+
+
 def test_replay_on_llama_server(server_binary, model_path, tmp_path):
     """llama-server plain and ngram-simple as the bench starts them: the same
     rows, and the same greedy answers from both."""
