@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,7 +62,7 @@ def conversation(tokens: int) -> list[dict]:
     return msgs
 
 
-def chat(model: str, script: str, cache: str, threads: int, extra=()) -> tuple[int, float, int, str]:
+def chat(model: str, script: str, cache: str, threads: int, extra=()) -> tuple[int, float, int]:
     """One `edgespec chat` process fed `script`: (prefilled, seconds, reused) of its last answer."""
     args = [sys.executable, "-m", "edgespec", "chat", model, "-t", str(threads), "-c", "8192", "-n", "16",
             "--no-color", *extra]
@@ -73,7 +72,7 @@ def chat(model: str, script: str, cache: str, threads: int, extra=()) -> tuple[i
     if r.returncode != 0 or not found:
         raise SystemExit(f"edgespec chat failed ({r.returncode}): {r.stdout[-800:]} {r.stderr[-800:]}")
     new, secs, reused = found[-1]
-    return int(new), float(secs), int(reused), r.stdout
+    return int(new), float(secs), int(reused)
 
 
 def main() -> None:
@@ -89,15 +88,12 @@ def main() -> None:
         with open(conv, "w", encoding="utf-8") as f:
             json.dump(conversation(a.tokens), f)
         cache = seeded_cache(os.path.join(work, "cache"))
-        os.makedirs(cache, exist_ok=True)
         first = chat(a.model, f"/load {conv}\n\nName one prime number.\n\n/save {saved}\n", cache, a.threads)
         step = f"/load {saved}\n\nName one even number.\n"
         resumed = chat(a.model, step, cache, a.threads)
         cold_cache = seeded_cache(os.path.join(work, "cold"))
-        os.makedirs(cold_cache, exist_ok=True)
         cold = chat(a.model, step, cold_cache, a.threads, ("--no-prompt-cache-disk",))
-        shutil.rmtree(cache, ignore_errors=True)
-    rows = {"first": first[:3], "resumed": resumed[:3], "cold": cold[:3]}
+    rows = {"first": first, "resumed": resumed, "cold": cold}
     for name, (new, secs, reused) in rows.items():
         print(f"{name:8} prefilled {new:5} tokens, reused {reused:5}, {secs * 1e3:8.0f} ms before the first token")
     ratio = resumed[1] / cold[1]

@@ -220,6 +220,7 @@ def seeded_cache(folder: str) -> str:
 
     from edgespec.paths import cache_dir
 
+    os.makedirs(folder, exist_ok=True)
     src = os.path.join(cache_dir(), "calibration")
     if os.path.isdir(src):
         shutil.copytree(src, os.path.join(folder, "calibration"), ignore=shutil.ignore_patterns("*.lock"))
