@@ -23,13 +23,32 @@ class ConfigError(EdgespecError, ValueError):
     parameter, a drafter name, max_tokens < 1, ...)."""
 
 
-class PromptTooLongError(ConfigError):
+class RequestFieldError(ConfigError):
+    """A request that cannot run on this model, with the request field at
+    fault (`param`: "prompt", "max_tokens", "prediction", "grammar", ...;
+    None where no one field is) and an OpenAI-style error code, so that an
+    edge (the HTTP server) answers it without reading the message."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value"):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+class PromptTooLongError(RequestFieldError):
     """The prompt does not fit the model's context (n_ctx)."""
 
-    def __init__(self, message: str, n_prompt: int = 0, n_ctx: int = 0):
-        super().__init__(message)
+    def __init__(self, message: str, n_prompt: int = 0, n_ctx: int = 0, param: str = "prompt"):
+        super().__init__(message, param, "context_length_exceeded")
         self.n_prompt = n_prompt
         self.n_ctx = n_ctx
+
+
+class GrammarError(RequestFieldError):
+    """A grammar or JSON schema that cannot be used: too large or deep, not
+    convertible, or refused by llama.cpp's parser (param: the field it came from)."""
+
+    def __init__(self, message: str, param: str | None = "grammar", code: str = "invalid_value"):
+        super().__init__(message, param, code)
 
 
 class ModelFileError(EdgespecError, ValueError):
@@ -77,6 +96,6 @@ class ModelClosedError(EdgespecError, RuntimeError):
     """The model was closed (SpecModel.close()); it cannot run requests any more."""
 
 
-__all__ = ["EdgespecError", "ConfigError", "PromptTooLongError", "ModelFileError", "CorpusError",
+__all__ = ["EdgespecError", "ConfigError", "RequestFieldError", "PromptTooLongError", "GrammarError", "ModelFileError", "CorpusError",
            "EmbeddingsError", "BenchError", "BackendError", "ModelLoadError", "PeerError", "ModelBusyError",
            "ModelClosedError"]

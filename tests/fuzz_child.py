@@ -93,8 +93,8 @@ def target_corpus(path: str, args: dict) -> str:
     for name in ("suffix", "trigram", "adjacency", "auto"):
         d = make_drafter(name, n_vocab=m.vocab.n_vocab, corpora=[c], model_path=m.model_path)
         eng = Engine(m.backend, d, None, EngineConfig(max_nodes=32, cost_gate=False))
-        r = drain(eng.run(Request(m.prompt_tokens(args["prompt"]), max_tokens=args.get("max_tokens", 8),
-                                  reuse_prefix=False)))
+        r = drain(eng.run(eng.resolve(Request(m.prompt_tokens(args["prompt"]), max_tokens=args.get("max_tokens", 8),
+                                  reuse_prefix=False))))
         out.append(f"{name} {r.n_generated}")
     return ", ".join(out)
 

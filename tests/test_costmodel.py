@@ -131,7 +131,7 @@ def test_gate_reads_the_cost_of_its_context(model):
             eng.set_cost(CostCurve(TS, flat, 0.01, {"prefix": n0 // 2}, 0.0,
                                    [{"n_kv": longer_n, "t1_s": 0.01, "rel": steep}]))
             eng.reset()
-            results[name] = drain(eng.run(Request(prompt, max_tokens=48, reuse_prefix=False)))
+            results[name] = drain(eng.run(eng.resolve(Request(prompt, max_tokens=48, reuse_prefix=False))))
         assert results["cheap here"].n_draft_accepted > 10
         assert results["dear here"].n_draft_nodes == 0
         assert results["cheap here"].tokens == results["dear here"].tokens

@@ -123,7 +123,7 @@ def test_forced_tree_shapes_identical_and_kv_exact(model, shape):
         ref, ref_logits = reference(model, row, 64, with_logits=True)
         drafter = OracleDrafter(len(toks), ref.tokens, shape, be.n_vocab, width=4, depth=6, seed=k)
         eng = Engine(be, drafter, model.cost, EngineConfig(max_nodes=32, cost_gate=False))
-        res = drain(eng.run(Request(toks, max_tokens=64, reuse_prefix=False)))
+        res = drain(eng.run(eng.resolve(Request(toks, max_tokens=64, reuse_prefix=False))))
         assert res.tokens == ref.tokens, f"{shape}: question {row['question_id']} diverged"
         spec_logits = final_logits(model, eng, toks, res.tokens)
         assert np.array_equal(spec_logits, ref_logits), \
@@ -147,7 +147,7 @@ def test_eog_inside_accepted_draft_ends_answer(model):
     drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=40,
                             extra=[eos, 1000, 1001, 1002])
     eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=48, cost_gate=False))
-    res = drain(eng.run(Request(toks, max_tokens=40, reuse_prefix=False)))
+    res = drain(eng.run(eng.resolve(Request(toks, max_tokens=40, reuse_prefix=False))))
     assert res.tokens == ref.tokens
     assert res.text == ref.text
     assert res.stop_reason == "stop"
@@ -163,7 +163,7 @@ def test_stop_string_and_max_tokens_inside_accepted_draft(model):
     cut = ref.text.index(stop)
     drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=40)
     eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=48, cost_gate=False))
-    res = drain(eng.run(Request(toks, max_tokens=40, stop=[stop], reuse_prefix=False)))
+    res = drain(eng.run(eng.resolve(Request(toks, max_tokens=40, stop=[stop], reuse_prefix=False))))
     assert res.stop_reason == "stop"
     assert res.text == ref.text[:cut]
     assert stop not in res.text
@@ -175,7 +175,7 @@ def test_stop_string_and_max_tokens_inside_accepted_draft(model):
     # max_tokens inside an accepted chain
     drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=30)
     eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=48, cost_gate=False))
-    res = drain(eng.run(Request(toks, max_tokens=7, reuse_prefix=False)))
+    res = drain(eng.run(eng.resolve(Request(toks, max_tokens=7, reuse_prefix=False))))
     assert res.tokens == ref.tokens[:7] and res.stop_reason == "length"
 
 
@@ -193,7 +193,7 @@ def test_full_context_stops_with_length(model):
         assert len(toks) + ref.n_generated >= n_ctx - 1
         drafter = make_drafter("suffix")
         eng = Engine(small.backend, drafter, small.cost, EngineConfig(max_nodes=32, cost_gate=False))
-        res = drain(eng.run(Request(toks, max_tokens=500, reuse_prefix=False)))
+        res = drain(eng.run(eng.resolve(Request(toks, max_tokens=500, reuse_prefix=False))))
         assert res.tokens == ref.tokens and res.stop_reason == "length"
         with pytest.raises(ValueError, match="does not fit the context"):
             small.generate("word " * (small.backend.n_ctx + 10), max_tokens=5)
@@ -406,7 +406,7 @@ def test_chunks_carry_tokens_and_which_text_came_from_drafts(model):
     drafter = OracleDrafter(len(toks), ref.tokens, "chain", model.backend.n_vocab, depth=5)
     eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=32, cost_gate=False))
     chunks = []
-    res = drain(eng.run(Request(toks, max_tokens=48, reuse_prefix=False)), on_chunk=chunks.append)
+    res = drain(eng.run(eng.resolve(Request(toks, max_tokens=48, reuse_prefix=False))), on_chunk=chunks.append)
     assert res.tokens == ref.tokens
     assert all(isinstance(c, Chunk) for c in chunks)
     assert "".join(c.text for c in chunks) == res.text
@@ -421,7 +421,8 @@ def test_chunks_carry_tokens_and_which_text_came_from_drafts(model):
     assert 0 < len(drafted_text) < len(res.text)
     # plain decoding: one token a chunk, nothing drafted
     plain_chunks = []
-    drain(model.engine_for("none").run(Request(toks, max_tokens=12, reuse_prefix=False)), on_chunk=plain_chunks.append)
+    plain = model.engine_for("none")
+    drain(plain.run(plain.resolve(Request(toks, max_tokens=12, reuse_prefix=False))), on_chunk=plain_chunks.append)
     assert all(len(c.tokens) <= 1 and c.n_drafted == 0 for c in plain_chunks)
 
 
@@ -438,7 +439,7 @@ def test_cancel_stops_within_a_step_and_keeps_the_cache_exact(model, kind):
     # without the memory of earlier requests: from it (ref's answer is there)
     # the whole answer would come in fewer than three steps
     eng = model.engine_for("suffix-nomemory")
-    gen = eng.run(Request(toks, max_tokens=48, cancel=cancel, reuse_prefix=False))
+    gen = eng.run(eng.resolve(Request(toks, max_tokens=48, cancel=cancel, reuse_prefix=False)))
     n_chunks = 0
     while True:
         try:
@@ -457,10 +458,10 @@ def test_cancel_stops_within_a_step_and_keeps_the_cache_exact(model, kind):
     assert r.tokens == ref.tokens
     # cancelled before the first step: only the first token
     ev2 = threading.Event(); ev2.set()
-    r0 = drain(eng.run(Request(toks, max_tokens=48, cancel=ev2, reuse_prefix=False)))
+    r0 = drain(eng.run(eng.resolve(Request(toks, max_tokens=48, cancel=ev2, reuse_prefix=False))))
     assert r0.stop_reason == "cancelled" and r0.tokens == ref.tokens[:1]
     with pytest.raises(TypeError):
-        drain(eng.run(Request(toks, max_tokens=4, cancel=3, reuse_prefix=False)))
+        drain(eng.run(eng.resolve(Request(toks, max_tokens=4, cancel=3, reuse_prefix=False))))
 
 
 def test_pad_tree_fills_a_held_width_with_the_last_successors():
@@ -501,7 +502,7 @@ def test_held_width_verifies_every_step_at_that_width_and_stays_identical(model,
             toks = prompt_of(model, row)
             ref = reference(model, row, 64)[0]
             widths.clear()
-            res = drain(eng.run(Request(toks, max_tokens=64, reuse_prefix=False)))
+            res = drain(eng.run(eng.resolve(Request(toks, max_tokens=64, reuse_prefix=False))))
             assert res.tokens == ref.tokens, f"hold {width}: question {row['question_id']} diverged"
             assert widths and set(widths) == {width}, sorted(set(widths))
             assert res.n_draft_nodes == (width - 1) * len(widths)

@@ -107,7 +107,7 @@ def test_forced_text_is_drafted_and_accepted(model):
         eng = Engine(model.backend, drafter, model.cost, EngineConfig(cost_gate=False, forced_drafts=forced))
         g = Grammar(model.vocab, gbnf)
         try:
-            runs[drafter.name, forced] = drain(eng.run(Request(toks, max_tokens=32, grammar=g, reuse_prefix=False)))
+            runs[drafter.name, forced] = drain(eng.run(eng.resolve(Request(toks, max_tokens=32, grammar=g, reuse_prefix=False))))
         finally:
             g.close()
     plain, off, fast = runs["none", True], runs["silent", False], runs["silent", True]
@@ -242,7 +242,7 @@ def test_oracle_trees_under_a_grammar(model):
         eng = Engine(model.backend, d, model.cost, EngineConfig(max_nodes=32, cost_gate=False, forced_drafts=False))
         g = Grammar(model.vocab, gbnf)
         try:
-            r = drain(eng.run(Request(toks, max_tokens=64, grammar=g, reuse_prefix=False)))
+            r = drain(eng.run(eng.resolve(Request(toks, max_tokens=64, grammar=g, reuse_prefix=False))))
         finally:
             g.close()
         assert r.tokens == ref.tokens, shape

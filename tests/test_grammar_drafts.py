@@ -95,7 +95,7 @@ def test_copied_and_labelled_values_are_accepted_and_change_nothing(model):
         eng = Engine(model.backend, drafter, model.cost, EngineConfig(cost_gate=False))
         g = Grammar(model.vocab, gbnf_for(json_schema=schema))
         try:
-            runs[drafter.name] = drain(eng.run(Request(prompt, max_tokens=48, grammar=g, reuse_prefix=False)))
+            runs[drafter.name] = drain(eng.run(eng.resolve(Request(prompt, max_tokens=48, grammar=g, reuse_prefix=False))))
         finally:
             g.close()
     plain, fast = runs["none"], runs["silent"]

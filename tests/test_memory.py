@@ -342,7 +342,7 @@ def test_memory_keeps_greedy_output_identical_to_none(model):
         d.warmup()
         eng = Engine(model.backend, d, None, EngineConfig(max_nodes=16, learn_costs=False, guard=False))
         try:
-            r = drain(eng.run(Request(model.prompt_tokens(prompt), max_tokens=48, reuse_prefix=False)))
+            r = drain(eng.run(eng.resolve(Request(model.prompt_tokens(prompt), max_tokens=48, reuse_prefix=False))))
         finally:
             eng.reset()
         assert r.tokens == ref.tokens, spec

@@ -160,7 +160,7 @@ def test_forced_trees_off_the_first_path(zoo, shape):
     ref = plain(name, m, toks)
     drafter = OracleDrafter(len(toks), ref.tokens, shape, be.n_vocab, width=4, depth=6, seed=1)
     eng = Engine(be, drafter, None, EngineConfig(max_nodes=32, cost_gate=False))
-    res = drain(eng.run(Request(toks, max_tokens=MAX_TOKENS, reuse_prefix=False)))
+    res = drain(eng.run(eng.resolve(Request(toks, max_tokens=MAX_TOKENS, reuse_prefix=False))))
     assert res.tokens == ref.tokens
     assert res.n_carried > 0 and res.mean_accepted > 1.5
     # the cache: decode the last token again on top of what the run kept

@@ -200,7 +200,7 @@ def test_conditional_verification_relaxes_prompt_and_aligned_sources_only(model)
 
     def run(source):
         eng = Engine(model.backend, _Fixed(tok, source), model.cost, cfg)
-        res = drain(eng.run(Request(toks, max_tokens=24, reuse_prefix=False)))
+        res = drain(eng.run(eng.resolve(Request(toks, max_tokens=24, reuse_prefix=False))))
         eng.reset()
         return res
 

@@ -121,7 +121,7 @@ def test_teacher_backed_replay_matches_the_real_engine(model):
         ref = model.generate(toks, max_tokens=48 + 32, drafter="none", record_topk=8)
         reqs.append(ReplayRequest(str(i), row["category"], toks, np.asarray(ref.tokens, np.int32),
                                   ref.stop_reason == "stop", ref.topk))
-        res = drain(eng.run(Request(toks, max_tokens=48, reuse_prefix=False)))
+        res = drain(eng.run(eng.resolve(Request(toks, max_tokens=48, reuse_prefix=False))))
         assert res.tokens == ref.tokens[:48]
         real.append((res.n_steps, res.n_draft_nodes, res.n_draft_accepted))
     eng.reset()

@@ -313,7 +313,7 @@ def test_relaxed_attempts_are_bounded_by_phi_per_step(model):
         cfg = dataclasses.replace(model.config, cost_gate=False,
                                   verify=VerifyConfig("relaxed", phi=phi, **anything))
         eng = Engine(model.backend, _Chain(chain, source), model.cost, cfg)
-        res = drain(eng.run(Request(toks, max_tokens=24, reuse_prefix=False)))
+        res = drain(eng.run(eng.resolve(Request(toks, max_tokens=24, reuse_prefix=False))))
         eng.reset()
         return res
 

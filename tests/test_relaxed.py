@@ -121,7 +121,7 @@ def test_only_retrieved_drafts_are_relaxed(model):
 
     def run(source):
         eng = Engine(model.backend, _FixedDrafter(tok, source), model.cost, cfg)
-        res = drain(eng.run(Request(toks, max_tokens=24, reuse_prefix=False)))
+        res = drain(eng.run(eng.resolve(Request(toks, max_tokens=24, reuse_prefix=False))))
         eng.reset()
         return res
 
@@ -130,5 +130,5 @@ def test_only_retrieved_drafts_are_relaxed(model):
     r = run(SOURCE_CONTEXT)            # a retrieved one is, under a rule that accepts anything
     assert r.n_relaxed > 0 and tok in r.tokens and r.tokens != ref.tokens
     eng = Engine(model.backend, _FixedDrafter(tok, SOURCE_CONTEXT), model.cost, cfg)
-    with pytest.raises(ValueError, match="greedy"):     # the check SpecModel makes before run (which trusts it)
-        eng.check_request(len(toks), 4, SamplingConfig(temperature=0.7, seed=1))
+    with pytest.raises(ValueError, match="greedy"):     # the one check, made before run (which trusts it)
+        eng.resolve(Request(toks, max_tokens=4, sampling=SamplingConfig(temperature=0.7, seed=1)))

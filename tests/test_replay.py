@@ -60,7 +60,7 @@ def test_replay_matches_real_engine(model, recorded, name):
     real_eng = Engine(model.backend, drafter(), AMD, config)
     real = []
     for rq in reqs:
-        res = drain(real_eng.run(Request(rq.prompt, max_tokens=MAX_TOKENS, reuse_prefix=False)))
+        res = drain(real_eng.run(real_eng.resolve(Request(rq.prompt, max_tokens=MAX_TOKENS, reuse_prefix=False))))
         assert res.tokens == [int(t) for t in rq.output[:MAX_TOKENS]]
         real.append((res.n_steps, res.n_draft_nodes, res.n_draft_accepted))
     real_eng.reset()

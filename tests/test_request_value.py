@@ -89,13 +89,84 @@ def test_cli_and_server_defaults_are_the_values():
 
 def test_a_request_checks_itself_where_it_is_built():
     """What a request can get wrong by itself is refused when it is built
-    (the engine trusts a Request; what depends on the model is checked once,
-    in SpecModel._start)."""
+    (what depends on the model is checked once, by core.params.resolve)."""
     from edgespec.errors import ConfigError
     for bad in ({"max_tokens": 0}, {"max_tokens": -3}, {"logprobs": 21}, {"logprobs": -1}, {"logprobs": True}):
         with pytest.raises(ConfigError):
             Request([1, 2], **bad)
     assert Request([1], max_tokens=None, logprobs=0).max_tokens is None
+
+
+def test_resolve_is_the_one_check():
+    """core.params.resolve: token ids in the vocabulary, a non-empty prompt
+    that leaves room for a token, the verification mode's limits, the token
+    limit; each refusal a RequestFieldError naming the field at fault."""
+    from edgespec.core.params import resolve
+    from edgespec.core.verify import VerifyConfig
+    from edgespec.errors import GrammarError, PromptTooLongError, RequestFieldError
+    r = resolve(Request([1, 2, 3], max_tokens=None), [1, 2, 3], n_ctx=10, n_vocab=50)
+    assert r.prompt.dtype == np.int32 and r.prompt.tolist() == [1, 2, 3] and r.limit == 7
+    assert resolve(Request([1], max_tokens=4), [1], n_ctx=10, n_vocab=50).limit == 4
+    assert resolve(Request([1], max_tokens=40), [1], n_ctx=10, n_vocab=50).limit == 9     # the context's end
+    for ids in ([50], [-1], [[1, 2]], [2**40], [1.5]):
+        with pytest.raises(RequestFieldError, match="token ids") as e:
+            resolve(Request(ids), ids, n_ctx=10, n_vocab=50)
+        assert e.value.param == "prompt"
+    with pytest.raises(RequestFieldError, match="empty") as e:
+        resolve(Request([]), [], n_ctx=10, n_vocab=50, param="messages")
+    assert e.value.param == "messages"
+    with pytest.raises(PromptTooLongError) as e:
+        resolve(Request(list(range(10))), list(range(10)), n_ctx=10, n_vocab=50)
+    assert (e.value.param, e.value.code, e.value.n_prompt) == ("prompt", "context_length_exceeded", 10)
+    with pytest.raises(RequestFieldError, match="prediction") as e:
+        resolve(Request([1]), [1], n_ctx=10, n_vocab=50, prediction=[99])
+    assert e.value.param == "prediction"
+    lossy = VerifyConfig("relaxed")
+    with pytest.raises(RequestFieldError, match="greedy") as e:
+        resolve(Request([1], sampling=SamplingConfig(temperature=0.7)), [1], n_ctx=10, n_vocab=50, verify=lossy)
+    assert e.value.param == "temperature"
+    with pytest.raises(GrammarError):
+        resolve(Request([1]), [1], n_ctx=10, n_vocab=50, verify=lossy, grammar=object())
+
+
+# where a request used to be checked again; now each of these texts and calls has one home
+ONE_HOME = {r"token ids must be": "core/params.py", r"token_limit\(": "core/params.py",
+            r"raise PromptTooLongError\(": "core/params.py", r"def check_request": None,
+            r"str\(e\)\.startswith": None, r"emit\(\(": None, r"RequestError\(499": "app/request_fields.py"}
+
+
+@pytest.mark.parametrize("pattern", sorted(ONE_HOME))
+def test_a_request_is_checked_in_one_place(pattern):
+    where = {p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py") if re.search(pattern, p.read_text())}
+    home = ONE_HOME[pattern]
+    assert where == ({home} if home else set()), where
+
+
+def test_engine_run_checks_nothing():
+    """Engine.run takes a Resolved and reads no field it would have to check."""
+    from edgespec.core import engine
+    src = inspect.getsource(engine.Engine.run) + inspect.getsource(engine.Engine._start)
+    assert "raise" not in src and "n_vocab" not in src and "token_limit" not in src
+    assert "resolved: Resolved" in inspect.getsource(engine.Engine.run).splitlines()[0]
+
+
+def test_model_resolve_refuses_before_waiting(model):
+    """SpecModel.resolve resolves text, messages, a schema and a prediction,
+    and refuses without waiting for the model (the server's 400 before the
+    queue); a Resolved runs as its Request does."""
+    from edgespec.errors import GrammarError, PromptTooLongError
+    r = model.resolve(Request("Name three colours.", max_tokens=4, json_schema={"type": "object"},
+                              prediction="red, green"))
+    assert r.grammar is not None and r.prediction is not None and r.engine_key == (None, True)
+    assert r.prompt.tolist() == model.prompt_tokens("Name three colours.").tolist() and r.limit == 4
+    r.close()
+    with model.stream("Hello", max_tokens=64):       # the model is held by this thread's stream ...
+        with pytest.raises(PromptTooLongError):      # ... and resolve does not wait for it
+            model.resolve(Request("word " * (2 * model.n_ctx), raw=True))
+        with pytest.raises(GrammarError):
+            model.resolve(Request("Hi", grammar="root ::= nonsense-rule"))
+    plain = Request("Name three colours.", max_tokens=6, drafter="none")
+    assert model.run(model.resolve(plain)).tokens == model.run(plain).tokens
 
 
 class _Vocab:

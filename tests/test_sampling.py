@@ -50,7 +50,7 @@ def test_same_seed_gives_same_text_as_plain_sampling(model, shape):
         ref = model.generate(toks, max_tokens=48, sampling=cfg, drafter="none")
         drafter = OracleDrafter(len(toks), ref.tokens, shape, model.backend.n_vocab, seed=seed)
         eng = Engine(model.backend, drafter, model.cost, EngineConfig(max_nodes=24, cost_gate=False))
-        res = drain(eng.run(Request(toks, max_tokens=48, sampling=cfg, reuse_prefix=False)))
+        res = drain(eng.run(eng.resolve(Request(toks, max_tokens=48, sampling=cfg, reuse_prefix=False))))
         assert res.tokens == ref.tokens
         assert res.n_draft_accepted > 5
 

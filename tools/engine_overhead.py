@@ -38,7 +38,7 @@ def measure(eng: Engine, prompts, steps: int, max_tokens: int) -> str:
     eng_s = dec_s = 0.0
     i = 0
     while n_steps < steps:
-        r = drain(eng.run(Request(prompts[i % len(prompts)], max_tokens=max_tokens, reuse_prefix=False)))
+        r = drain(eng.run(eng.resolve(Request(prompts[i % len(prompts)], max_tokens=max_tokens, reuse_prefix=False))))
         i += 1
         n_steps += r.n_steps
         nodes += r.n_draft_nodes + r.n_steps
@@ -62,14 +62,14 @@ def main() -> None:
     if a.case in ("copy", "both"):
         eng = Engine(m.backend, make_drafter("suffix", max_depth=a.nodes, max_nodes=a.nodes), m.cost, cfg)
         toks = m.prompt_tokens(PASSAGE * 12, raw=True)
-        drain(eng.run(Request(toks, max_tokens=16, reuse_prefix=False)))                       # warm-up
+        drain(eng.run(eng.resolve(Request(toks, max_tokens=16, reuse_prefix=False))))                       # warm-up
         print("copy:     ", measure(eng, [toks], a.steps, 256))
     if a.case in ("realistic", "both"):
         from edgespec.bench.prompts import load_prompts
         eng = Engine(m.backend, make_drafter("suffix", min_match=1, max_matches=16, max_nodes=a.nodes),
                      m.cost, cfg)
         prompts = [m.prompt_tokens(p.turn) for p in load_prompts(a.prompts)][::7]
-        drain(eng.run(Request(prompts[0], max_tokens=16, reuse_prefix=False)))                 # warm-up
+        drain(eng.run(eng.resolve(Request(prompts[0], max_tokens=16, reuse_prefix=False))))                 # warm-up
         print("realistic:", measure(eng, prompts, a.steps, 64))
 
 

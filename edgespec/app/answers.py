@@ -6,6 +6,7 @@ with the model's logprobs and tool calls in OpenAI's shapes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from typing import Callable
@@ -15,9 +16,38 @@ from starlette.responses import JSONResponse
 from edgespec.app import tools as tooling
 from edgespec.app.openai_format import (SSE_DONE, chat_chunk, chat_response, completion_response, new_id, sse_error,
                                         sse_event, timings, usage)
-from edgespec.app.request_fields import RequestError, ServeRequest, shutting_down
+from edgespec.app.concurrency import StreamChunk
+from edgespec.app.request_fields import RequestError, ServeRequest, cancelled, shutting_down
 from edgespec.core.logprobs import LogprobFormatter
 from edgespec.core.params import Request
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """What the model thread hands the reader of one request, in order:
+    STARTED once the model runs it, then a chunk per step (the last one
+    carries the result); or, instead of all that, one error (a
+    RequestError) or CANCELLED (the client left before it ran)."""
+    kind: str                           # "started", "chunk", "error" or "cancelled"
+    chunk: StreamChunk | None = None
+    error: RequestError | None = None
+
+
+STARTED = Event("started")
+CANCELLED = Event("cancelled")
+
+
+async def receive(queue: asyncio.Queue) -> StreamChunk | None:
+    """The next event of a request decoded, the one place that reads them:
+    a chunk, None for STARTED; an error raises its RequestError, CANCELLED
+    the 499 (request_fields.cancelled)."""
+    e: Event = await queue.get()
+    if e.kind == "error":
+        assert e.error is not None
+        raise e.error
+    if e.kind == "cancelled":
+        raise cancelled()
+    return e.chunk
 
 
 class Answers:
@@ -42,20 +72,15 @@ class Answers:
 
     async def collect(self, call: ServeRequest, queue: asyncio.Queue):
         """The JSON answer of a request not streamed (or its error)."""
-        text = []
-        while True:
-            kind, item = await queue.get()
-            if kind == "error":
-                return item.response()
-            if kind == "cancelled":
-                return RequestError(499, "cancelled", None, "cancelled").response()
-            text.append(item.text)
-            if item.result is not None:
-                break
+        try:
+            while (item := await receive(queue)) is None or item.result is None:
+                pass
+        except RequestError as e:
+            return e.response()
         r, cid, created = item.result, new_id("chatcmpl" if call.chat else "cmpl"), int(time.time())
         if r.stop_reason == "cancelled" and self._draining():
             return shutting_down().response()
-        n_prompt = len(call.request.prompt)
+        n_prompt = len(call.resolved.prompt)
         if call.chat:
             d = chat_response(cid, created, call.model, r.text, r.stop_reason, n_prompt, r.n_generated)
             if call.tools is not None:
@@ -79,11 +104,13 @@ class Answers:
             if chat:
                 yield sse_event(chat_chunk(cid, created, name, {"role": "assistant", "content": ""}))
             while True:
-                kind, c = await queue.get()
-                if kind != "chunk":
-                    if kind == "error":
-                        yield sse_error(c)
+                try:
+                    c = await receive(queue)
+                except RequestError as e:
+                    yield sse_error(e)
                     break
+                if c is None:
+                    continue
                 if c.result is None:
                     n_tok, n_drafted = n_tok + len(c.tokens), n_drafted + c.n_drafted
                     lp += c.logprobs or []
@@ -114,7 +141,7 @@ class Answers:
              else completion_response(cid, created, name, "", finish))
         if fmt is not None and lp:
             d["choices"][0]["logprobs"] = self._logprobs(call, fmt, lp)
-        d["usage"] = usage(len(call.request.prompt), r.n_generated)
+        d["usage"] = usage(len(call.resolved.prompt), r.n_generated)
         d["timings"] = timings(r, self.drafter_name())
         events = [sse_event(d)]
         if call.include_usage:
@@ -134,14 +161,14 @@ class Answers:
         fmt = self.formatter(call) if call.request.logprobs is not None else None
         try:
             yield sse_event(chat_chunk(cid, created, name, {"role": "assistant", "content": ""}))
-            while True:
-                kind, c = await queue.get()
-                if kind == "error":
-                    yield sse_error(c)
-                if kind != "chunk" or c.result is not None:
-                    break
-            if kind == "chunk":
+            r = None
+            try:
+                while (c := await receive(queue)) is None or c.result is None:
+                    pass
                 r = c.result
+            except RequestError as e:
+                yield sse_error(e)
+            if r is not None:
                 msg, finish = tooling.answer(r.text, r.stop_reason, call.tools)
                 for delta in tooling.deltas(msg):
                     yield sse_event(chat_chunk(cid, created, name, delta))

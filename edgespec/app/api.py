@@ -24,16 +24,14 @@ import numpy as np
 from edgespec.app.concurrency import Stream, Turnstile
 from edgespec.app.engines import ModelEngines
 from edgespec.run.settings import RunConfig
-from edgespec.app.structured import constraint_gbnf
-from edgespec.backend.chattokens import chat_tokens
-from edgespec.backend.grammar import Grammar
+from edgespec.app.resolve import prompt_tokens, resolve_request
 from edgespec.backend.interrupt import attach as attach_interrupt
 from edgespec.backend.llama import LlamaBackend
 from edgespec.calibration.background import BackgroundTask, Pacer
 from edgespec.calibration.curve import CostCurve
 from edgespec.core.engine import cancel_check, drain
 from edgespec.core.result import GenerationResult
-from edgespec.core.params import DEFAULT, Request, token_limit
+from edgespec.core.params import DEFAULT, Request, Resolved
 from edgespec.core.prefix_cache import PrefixCache
 from edgespec.app.prompt_cache import PromptCaching
 from edgespec.core.verify import SamplingConfig
@@ -263,94 +261,73 @@ class SpecModel(ModelEngines, PromptCaching):
             return self.vocab.format_chat(messages)
 
     def prompt_tokens(self, prompt, raw: bool = False) -> np.ndarray:
-        """Tokens for a prompt: a list of ids, a messages list, or a string (wrapped
-        as one user message with the chat template unless raw)."""
-        if isinstance(prompt, np.ndarray) or (isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], (int, np.integer))):
-            ids = np.asarray(prompt)
-            n = self.vocab.n_vocab
-            if ids.ndim != 1 or ids.dtype.kind not in "iu" or (ids.size and (ids.min() < 0 or ids.max() >= n)):
-                raise ConfigError(f"token ids must be a flat list of integers in 0..{n - 1}")
-            return ids.astype(np.int32)
-        if isinstance(prompt, str):
-            if raw:
-                return self.tokenize(prompt, add_special=True, parse_special=False)
-            prompt = [{"role": "user", "content": prompt}]
+        """Tokens for a prompt: a list of ids (as given: resolve() checks them),
+        a messages list, or a string (wrapped as one user message with the chat
+        template unless raw)."""
         with self._gate.using():
-            if not self.vocab.chat_template():
-                raise ConfigError("this model has no chat template; use raw prompts (--raw)")
-            return chat_tokens(self.vocab, list(prompt))
+            return prompt_tokens(self, prompt, raw)
 
-    def check_request(self, prompt_tokens, max_tokens: int | None = DEFAULT.max_tokens,
-                      sampling: SamplingConfig | None = None) -> None:
-        """Raise ConfigError (PromptTooLongError when the prompt does not fit the
-        context) for a request that cannot run, without waiting for the model:
-        the check run() makes (Engine.check_request), which a server asks
-        before queueing a request, to refuse it without a wait."""
+    def resolve(self, request: Request) -> Resolved:
+        """The request resolved against this model, without waiting for it:
+        the one check of a request (edgespec.app.resolve), which run() makes
+        and a server makes before queueing a request, to refuse it at once.
+        Raises RequestFieldError (PromptTooLongError when the prompt does
+        not fit the context, GrammarError for a grammar that cannot be used),
+        ConfigError for a model without a chat template."""
         with self._gate.using():
-            limit = token_limit(max_tokens, self.backend.n_ctx, len(prompt_tokens))
-            self.engine.check_request(len(prompt_tokens), limit, sampling or SamplingConfig())
+            return resolve_request(self, request)
 
     # ------------------------------------------------------------ generate
-    def _start(self, request: Request, stop_event: threading.Event):
-        """With the model held: the engine generator of one request and what to
-        do when it ends.  The engine gets the request with the parts only this
-        layer resolves: the prompt as token ids, the grammar compiled, the
-        cancel check that also sees close() and a closed stream."""
-        user_cancel = cancel_check(request.cancel)
+    def _start(self, resolved: Resolved, stop_event: threading.Event):
+        """With the model held: the engine generator of one resolved request
+        and what to do when it ends.  Its cancel check also sees close() and
+        a closed stream."""
+        user_cancel = cancel_check(resolved.cancel)
         closing = self._closing
 
         def is_cancelled() -> bool:
             return closing.is_set() or stop_event.is_set() or (user_cancel is not None and bool(user_cancel()))
 
-        toks = self.prompt_tokens(request.prompt, raw=request.raw)
-        pred = None
-        prediction = request.prediction
-        if prediction is not None and len(prediction):
-            pred = (self.tokenize(prediction, add_special=False) if isinstance(prediction, str)
-                    else np.asarray(prediction, np.int32))
-        drafter = request.drafter if request.drafter is not None else self._drafter
-        engine = self.engine_for(drafter, prediction=pred is not None)
-        gbnf = constraint_gbnf(request.grammar, request.json_schema)
-        # the request's one check against the model (its own fields checked
-        # themselves when it was built); the engine trusts what it is handed
-        limit = token_limit(request.max_tokens, self.backend.n_ctx, len(toks))
-        engine.check_request(len(toks), limit, request.sampling, gbnf is not None)
-        grammar = Grammar(self.vocab, gbnf) if gbnf is not None else None
-        if pred is not None:
-            engine.drafter.set_prediction(pred)
-        gen = engine.run(request.but(prompt=toks, grammar=grammar, json_schema=None, cancel=is_cancelled))
+        drafter, predicted = resolved.engine_key
+        engine = self.engine_for(drafter if drafter is not None else self._drafter, prediction=predicted)
+        if predicted:
+            engine.drafter.set_prediction(resolved.prediction)
+        gen = engine.run(resolved.but(cancel=is_cancelled))
 
         def on_end():
             if self.prefix_cache is not None:       # the cells' copy for the disk tier (its writer writes)
                 self.prefix_cache.persist(self.backend)
-            if pred is not None:
+            if predicted:
                 engine.drafter.set_prediction(None)
-            if grammar is not None:
-                grammar.close()
+            resolved.close()
         return gen, on_end
 
-    def run(self, request: Request, *, on_text=None, on_chunk=None, wait: bool = True,
+    def _resolved(self, request: Request | Resolved) -> Resolved:
+        return request if isinstance(request, Resolved) else resolve_request(self, request)
+
+    def run(self, request: Request | Resolved, *, on_text=None, on_chunk=None, wait: bool = True,
             timeout: float | None = None) -> GenerationResult:
-        """Run one Request (edgespec.core.params documents its options) to the
-        end; generate() with the request as one value."""
+        """Run one Request (edgespec.core.params documents its options), or
+        one resolve() returned, to the end; generate() with the request as
+        one value."""
         stop_event = threading.Event()
         with self._request(wait, timeout):
-            gen, on_end = self._start(request, stop_event)
+            gen, on_end = self._start(self._resolved(request), stop_event)
             try:
                 return drain(gen, on_text, on_chunk)
             finally:
                 gen.close()
                 on_end()
 
-    def run_stream(self, request: Request, *, wait: bool = True, timeout: float | None = None) -> Stream:
-        """stream() with the request as one value (a Request)."""
+    def run_stream(self, request: Request | Resolved, *, wait: bool = True, timeout: float | None = None) -> Stream:
+        """stream() with the request as one value (a Request, or one resolve() returned)."""
         stop_event = threading.Event()
         self._gate.acquire(wait, timeout)
         entered = False
         try:
             self._pacer.enter()
             entered = True
-            gen, on_end = self._start(request, stop_event)
+            gen, on_end = self._start(self._resolved(request), stop_event)
 
             def end() -> None:
                 try:

@@ -58,7 +58,7 @@ from edgespec.app.compat_state import LlamaDiskCache, LlamaRAMCache, LlamaState,
 from edgespec.app.openai_format import chat_chunk, chat_response, completion_response, new_id
 from edgespec.errors import ConfigError
 from edgespec.core.logprobs import LogprobFormatter
-from edgespec.core.params import Request
+from edgespec.core.params import Request, Resolved
 from edgespec.app.structured import grammar_text, response_format_schema, schema_gbnf
 from edgespec.core.verify import SamplingConfig
 
@@ -243,8 +243,10 @@ class Llama:
                             logit_bias=logit_bias)
         gbnf = grammar_text(grammar)
         toks, prompt_text = self._completion_prompt(prompt)
-        request = Request(toks, max_tokens=_max_tokens(max_tokens), stop=_stops(stop), logprobs=logprobs,
-                          sampling=self._sampling(temperature, top_k, top_p, min_p, seed), grammar=gbnf)
+        # resolved (the one check) before a stream is returned: a bad call raises here
+        request = self._model.resolve(Request(toks, max_tokens=_max_tokens(max_tokens), stop=_stops(stop),
+                                              logprobs=logprobs, grammar=gbnf,
+                                              sampling=self._sampling(temperature, top_k, top_p, min_p, seed)))
         reply = _Reply(new_id("cmpl"), int(time.time()), model or self.model_path)
         head = prompt_text if echo else ""
         fmt = LogprobFormatter(self._model.vocab, len(prompt_text)) if logprobs is not None else None
@@ -258,7 +260,7 @@ class Llama:
 
     __call__ = create_completion
 
-    def _completion_chunks(self, request: Request, reply: _Reply, head: str, fmt) -> Iterator[dict]:
+    def _completion_chunks(self, request: Resolved, reply: _Reply, head: str, fmt) -> Iterator[dict]:
         cid, created, name = reply
         with self._model.run_stream(request) as s:
             if head:
@@ -304,8 +306,9 @@ class Llama:
                     for i, m in enumerate(messages)]
         toks = (tooling.prompt_tokens(self._model, messages, treq.tools) if treq is not None
                 else self._model.prompt_tokens(messages))
-        request = Request(toks, max_tokens=_max_tokens(max_tokens), stop=_stops(stop), logprobs=n_top,
-                          sampling=self._sampling(temperature, top_k, top_p, min_p, seed), grammar=gbnf)
+        request = self._model.resolve(Request(toks, max_tokens=_max_tokens(max_tokens), stop=_stops(stop),
+                                              logprobs=n_top, grammar=gbnf,
+                                              sampling=self._sampling(temperature, top_k, top_p, min_p, seed)))
         reply = _Reply(new_id("chatcmpl"), int(time.time()), model or self.model_path)
         fmt = LogprobFormatter(self._model.vocab) if n_top is not None else None
         if stream and treq is not None:
@@ -336,7 +339,7 @@ class Llama:
                               "leaves the tools out)")
         return treq, (tooling.call_grammar(treq) if treq.mode != "auto" else None)
 
-    def _chat_tool_chunks(self, request: Request, reply: _Reply, fmt, treq) -> Iterator[dict]:
+    def _chat_tool_chunks(self, request: Resolved, reply: _Reply, fmt, treq) -> Iterator[dict]:
         """A tools answer as chunks: generated whole first (a call is known
         only once its block has closed), then its deltas and the last chunk
         (with the logprobs)."""
@@ -351,7 +354,7 @@ class Llama:
             last["choices"][0]["logprobs"] = fmt.chat(r.logprobs)
         yield last
 
-    def _chat_chunks(self, request: Request, reply: _Reply, fmt) -> Iterator[dict]:
+    def _chat_chunks(self, request: Resolved, reply: _Reply, fmt) -> Iterator[dict]:
         cid, created, name = reply
         with self._model.run_stream(request) as s:
             yield chat_chunk(cid, created, name, {"role": "assistant"})

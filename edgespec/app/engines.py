@@ -22,8 +22,9 @@ from edgespec.calibration.curve import CostCurve, cached_curve, load_or_measure,
 from edgespec.calibration.first import builtin_curve, quick_curve
 from edgespec.calibration.exactness import ExactnessReport, load_or_check_exactness
 from edgespec.core.engine import Engine
+from edgespec.core.verify import VerifyConfig
 from edgespec.run.settings import RunConfig
-from edgespec.run.specs import drafter_from_spec, engine_settings
+from edgespec.run.specs import drafter_from_spec, engine_settings, split_verify
 from edgespec.errors import ConfigError
 from edgespec.memory import close_memory, open_memory
 
@@ -148,6 +149,13 @@ class ModelEngines:
             self.memory = open_memory(memory, self.vocab)
             self._engines = {}
             self.engine = self.engine_for(self._drafter)
+
+    def verify_for(self, drafter) -> VerifyConfig:
+        """The verification mode the engine of `drafter` (None: the model's)
+        runs, without building it: an '@mode' of a spec's own, else the model's."""
+        if isinstance(drafter, str):
+            return engine_settings(split_verify(drafter)[1]).get("verify", self.config.verify)
+        return self.config.verify
 
     def engine_for(self, drafter, prediction: bool = False) -> Engine:
         """The engine of a drafter: a Drafter, or a name such as "auto",

@@ -21,7 +21,7 @@ from edgespec.app import tools as tooling
 from edgespec.app.structured import ConstraintError, response_format_schema
 from edgespec.backend.grammar import MAX_GRAMMAR_BYTES
 from edgespec.core.logprobs import MAX_TOP_LOGPROBS
-from edgespec.core.params import Request
+from edgespec.core.params import Request, Resolved
 from edgespec.core.verify import SamplingConfig
 
 BODY_BASE = 1 << 20        # default body limit: this many bytes ...
@@ -61,9 +61,10 @@ them (app/cli/serve.py: --max-tokens, --temp, ..., --drafter,
 class ServeRequest:
     """One request to `edgespec serve`, built whole by RequestParser.parse
     before any work and never changed after: the Request the model runs and
-    what only HTTP needs.  request.prompt is the messages (chat) or the
-    prompt (text or token ids) until RequestTokenizer.tokens resolves it,
-    its prediction and its grammar to token ids and GBNF (a new value)."""
+    what only HTTP needs.  request is as the body asked (the messages, or
+    the prompt as text or token ids); RequestTokenizer.tokens resolves it
+    once against the model into `resolved` (a new value), which the model
+    thread runs and the answer reads (the prompt's token ids)."""
     request: Request
     chat: bool                      # /v1/chat/completions (else /v1/completions)
     model: str                      # the model id the answer names
@@ -72,6 +73,7 @@ class ServeRequest:
     tools: tooling.ToolRequest | None = None      # the tools a chat may call
     grammar_param: str | None = None    # the field to name when llama.cpp refuses the grammar
     text_offset: int = 0            # a completion's logprobs' text_offset base: the prompt text's length
+    resolved: Resolved | None = None    # the request resolved against the model (core.params.Resolved)
 
     def but(self, **changes) -> "ServeRequest":
         return dataclasses.replace(self, **changes)
@@ -129,6 +131,11 @@ class RequestError(Exception):
 def shutting_down() -> RequestError:
     return RequestError(503, "the server is shutting down; retry later", None, "server_shutting_down",
                         "server_error", {"Retry-After": "5"})
+
+
+def cancelled() -> RequestError:
+    """The answer to a request whose client left before it ran (499, nginx's "client closed request")."""
+    return RequestError(499, "cancelled", None, "cancelled")
 
 
 def parse_json(raw: bytes) -> dict:
@@ -343,7 +350,6 @@ class RequestParser:
 
     def __init__(self, model, model_id: str, defaults: Request, limits: Limits):
         self.model, self.model_id, self.defaults, self.limits = model, model_id, defaults, limits
-        self.n_ctx, self.n_vocab = model.n_ctx, model.vocab.n_vocab
 
     @functools.cached_property
     def chat_template(self) -> str | None:
@@ -398,9 +404,4 @@ class RequestParser:
         if not (isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)):
             raise RequestError(400, "prompt must be a string or a list of token ids (one prompt per request)",
                                "prompt", "invalid_type")
-        if len(p) >= self.n_ctx:
-            raise RequestError(400, f"the prompt has {len(p)} tokens, which does not fit the context of "
-                               f"{self.n_ctx} tokens", "prompt", "context_length_exceeded")
-        if not all(0 <= t < self.n_vocab for t in p):
-            raise RequestError(400, f"prompt token ids must be in 0..{self.n_vocab - 1}", "prompt", "invalid_value")
-        return p
+        return p        # its ids and length are checked where it is resolved (edgespec.app.resolve)

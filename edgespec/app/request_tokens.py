@@ -1,29 +1,27 @@
-"""The model-side half of taking a request to `edgespec serve`: its prompt
-rendered and tokenized, its prediction tokenized and its grammar converted,
-each checked against the context and the limits.  This runs beside the event
-loop and the model thread, and only for a request that holds a queue slot;
-the cheap field checks before it are edgespec.app.request_fields.
+"""The model-side half of taking a request to `edgespec serve`: the
+server's own bounds on its texts (before anything is tokenized), what only
+HTTP has (a completion's text prompt with its special tokens, a chat's tools
+rendered, a tool call's grammar), then the request resolved once against the
+model (SpecModel.resolve: the one check, edgespec.app.resolve), its errors
+answered by their type.  This runs beside the event loop and the model
+thread, and only for a request that holds a queue slot; the cheap field
+checks before it are edgespec.app.request_fields.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from edgespec.app import tools as tooling
 from edgespec.app.request_fields import Limits, RequestError, ServeRequest, shutting_down, utf8_len
-from edgespec.app.structured import ConstraintError, grammar_text, schema_gbnf
-from edgespec.errors import ConfigError, ModelClosedError, PromptTooLongError
+from edgespec.errors import ConfigError, GrammarError, ModelClosedError, RequestFieldError
 
 
-def _grammar(call: ServeRequest) -> str | None:
-    """The GBNF of a request's constraint (a tool call's, for tool_choice
-    "required" or a named function), bounded; ConstraintError or ToolError
-    name the field at fault."""
+def _grammar(call: ServeRequest):
+    """The grammar field the model resolves: a tool call's GBNF for
+    tool_choice "required" or a named function (ToolError names the field),
+    else the request's own."""
     tools, req = call.tools, call.request
     if tools is not None and tools.mode != "auto":
         return tooling.call_grammar(tools)
-    if req.json_schema is not None:
-        return schema_gbnf(req.json_schema, call.grammar_param)
-    return grammar_text(req.grammar, "grammar") if req.grammar is not None else None
+    return req.grammar
 
 
 def _max_piece_bytes(vocab) -> int:
@@ -64,8 +62,11 @@ class RequestTokenizer:
             raise RequestError(400, f"the model's chat template refused these messages: {str(e)[:200]}",
                                "messages", "invalid_value") from None
 
-    def _prompt_tokens(self, call: ServeRequest, where: str) -> np.ndarray:
-        """The prompt's tokens, its text checked against the context first."""
+    def _prompt(self, call: ServeRequest, where: str):
+        """The prompt the model resolves, its text bounded first: a chat's
+        messages as they are (tools rendered into token ids), a completion's
+        text as token ids with its special tokens read as such (llama-server's
+        and OpenAI's meaning), token ids as given."""
         m, prompt = self.model, call.request.prompt
         tools = call.tools.tools if call.tools is not None else None
         if call.chat and tools:
@@ -73,20 +74,19 @@ class RequestTokenizer:
             return tooling.prompt_tokens(m, prompt, tools)
         if call.chat:
             self._fits(self._render(prompt), self.n_ctx, where)
-            return m.prompt_tokens(prompt)
+            return prompt
         if isinstance(prompt, str):
             self._fits(prompt, self.n_ctx, where)
             return m.tokenize(prompt, add_special=True, parse_special=True)
-        return np.asarray(prompt, np.int32)
+        return prompt
 
-    def _prediction_tokens(self, text: str) -> np.ndarray:
+    def _check_prediction(self, resolved) -> None:
+        """The server's bound on a prediction's tokens (--max-prediction-tokens)."""
         limit = self.limits.max_prediction_tokens
-        self._fits(text, limit, "prediction")
-        pred = self.model.tokenize(text, add_special=False)
-        if len(pred) > limit:
-            raise RequestError(400, f"the prediction has {len(pred)} tokens, more than {limit} "
+        if resolved.prediction is not None and len(resolved.prediction) > limit:
+            resolved.close()
+            raise RequestError(400, f"the prediction has {len(resolved.prediction)} tokens, more than {limit} "
                                "(--max-prediction-tokens)", "prediction", "invalid_value")
-        return pred
 
     def _text_offset(self, call: ServeRequest) -> int:
         """Where a completion's answer starts in its prompt's text (logprobs'
@@ -97,26 +97,28 @@ class RequestTokenizer:
         return len(p) if isinstance(p, str) else len(self.model.detokenize(p))
 
     def tokens(self, call: ServeRequest) -> ServeRequest:
-        """The request resolved: its prompt and prediction as token ids and
-        its grammar as GBNF, checked against the context and the limits
-        (runs beside the model thread), as a new value.  A max_tokens of None
-        stays (Request.max_tokens: until the end of the turn or a full
-        context)."""
-        m, req = self.model, call.request
+        """The request resolved against the model (call.resolved), its texts
+        bounded first; every refusal a RequestError naming the field at
+        fault.  A max_tokens of None stays (Request.max_tokens: until the end
+        of the turn or a full context)."""
+        req = call.request
         where = "messages" if call.chat else "prompt"
         try:
-            toks = self._prompt_tokens(call, where)
-            m.check_request(toks, req.max_tokens, req.sampling)
-            pred = self._prediction_tokens(req.prediction) if req.prediction else None
-            gbnf = _grammar(call)
+            if req.prediction:
+                self._fits(req.prediction, self.limits.max_prediction_tokens, "prediction")
+            resolved = self.model.resolve(req.but(prompt=self._prompt(call, where), grammar=_grammar(call)))
+            self._check_prediction(resolved)
             offset = self._text_offset(call)
-        except (ConstraintError, tooling.ToolError) as e:
+        except tooling.ToolError as e:
             raise RequestError(400, str(e)[:300], e.param, e.code) from None
-        except PromptTooLongError as e:
-            raise RequestError(400, str(e), where, "context_length_exceeded") from None
+        except GrammarError as e:
+            param = e.param if call.grammar_param in (None, "grammar") else call.grammar_param
+            raise RequestError(400, str(e)[:300], param, e.code) from None
+        except RequestFieldError as e:
+            param = where if e.param == "prompt" else e.param
+            raise RequestError(400, str(e)[:300], param, e.code) from None
         except ModelClosedError:
             raise shutting_down() from None
         except ConfigError as e:
             raise RequestError(400, str(e)[:300], None, "invalid_value") from None
-        resolved = req.but(prompt=toks, prediction=pred, grammar=gbnf, json_schema=None)
-        return call.but(request=resolved, text_offset=offset)
+        return call.but(resolved=resolved, text_offset=offset)

@@ -74,7 +74,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from edgespec.app.answers import Answers
+from edgespec.app.answers import CANCELLED, STARTED, Answers, Event, receive
 from edgespec.app.guard import Access, Guard, error_body
 from edgespec.app.request_fields import (SERVE_DEFAULTS, Limits, RequestError, RequestParser, ServeRequest,
                                          parse_json, shutting_down)
@@ -282,11 +282,10 @@ class Server:
         self._worker.submit(self._job, call, cancel, emit, loop)
         watch = asyncio.ensure_future(self._watch_disconnect(request, cancel))
         try:
-            kind, item = await queue.get()          # ("started", None) once the model runs it
-            if kind == "error":
-                return item.response()
-            if kind == "cancelled":
-                return RequestError(499, "cancelled", None, "cancelled").response()
+            try:
+                await receive(queue)                # STARTED once the model runs it
+            except RequestError as e:
+                return e.response()
             if call.stream:
                 # the status is sent once the model has started: an error before that gets its own
                 events = (self.answers.sse_tools if call.tools is not None else self.answers.sse)(call, queue, cancel)
@@ -318,9 +317,8 @@ class Server:
 
     # ---------------------------------------------------------- model thread
     def _job(self, call: ServeRequest, cancel: threading.Event, emit, loop) -> None:
-        """Run one request on the model thread, handing ("started", None), then
-        ("chunk", StreamChunk)s, or ("error", RequestError) or ("cancelled",
-        None) to the event loop."""
+        """Run one request on the model thread, handing its Events (answers.Event)
+        to the event loop: STARTED, then its chunks; or an error, or CANCELLED."""
         t0 = time.perf_counter()
         took = None
         with self._jobs_lock:
@@ -330,21 +328,22 @@ class Server:
         try:
             if mine and cancel.is_set():    # the client left while queued
                 self._count("cancelled", 0)
-                emit(("cancelled", None))
+                emit(CANCELLED)
             elif mine:
                 self._run(call, cancel, emit)
                 took = time.perf_counter() - t0
         except Exception as e:
             if isinstance(e, ModelClosedError):
                 err = shutting_down()
-            elif isinstance(e, ConfigError):     # llama.cpp refused the grammar, or the like
-                param = call.grammar_param if str(e).startswith("the grammar") else None
-                err = RequestError(400, str(e)[:300], param, "invalid_value")
+            elif isinstance(e, ConfigError):     # a drafter the model cannot build, or the like
+                err = RequestError(400, str(e)[:300], None, "invalid_value")
             else:                        # llama.cpp failed, or a bug: the details go to the log
                 self._count("failed")
                 err = _internal("a generation")
-            emit(("error", err))
+            emit(Event("error", error=err))
         finally:
+            if took is None and call.resolved is not None:
+                call.resolved.close()       # it never ran (or failed): its grammar is freed now
             with self._jobs_lock:
                 if self._running is cancel:
                     self._running = None
@@ -357,12 +356,13 @@ class Server:
         """Run the request (resolved to token ids and GBNF) with the model,
         handing its chunks to the event loop; cancel: the client left."""
         to_end = call.request.max_tokens is None      # runs to the end of its turn or the context
-        with self.model.run_stream(call.request.but(cancel=cancel)) as s:
-            emit(("started", None))
+        assert call.resolved is not None
+        with self.model.run_stream(call.resolved.but(cancel=cancel)) as s:
+            emit(STARTED)
             for c in s:
                 if c.result is not None:        # counted and logged before the client has the answer
                     self._ended(c.result, to_end)
-                emit(("chunk", c))
+                emit(Event("chunk", chunk=c))
 
     def _ended(self, r, to_end: bool) -> None:
         """Count and log a generation that ended (to_end: its request gave no
@@ -385,7 +385,7 @@ class Server:
             running = self._running
         for cancel, emit in waiting.values():
             cancel.set()
-            emit(("error", shutting_down()))
+            emit(Event("error", error=shutting_down()))
         if running is not None:
             asyncio.get_running_loop().call_later(self.limits.shutdown_timeout, running.set)
 

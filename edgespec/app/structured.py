@@ -24,7 +24,7 @@ import json
 import re
 
 from edgespec.backend.grammar import MAX_GRAMMAR_BYTES, gbnf_for
-from edgespec.errors import ConfigError
+from edgespec.errors import ConfigError, GrammarError
 
 # The largest repetition count a schema may ask for (minItems, maxLength, ...):
 # the converter writes a count out as that many (nested) copies of a rule.
@@ -45,13 +45,12 @@ _EXCEPTION_NAME = re.compile(r"\b[A-Z]\w*(?:Error|Exception): ")
 _GBNF_OPAQUE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*', re.S)
 
 
-class ConstraintError(ConfigError):
+class ConstraintError(GrammarError):
     """A grammar or schema that cannot be used; `param` is the request field
     at fault, `code` an OpenAI-style error code."""
 
     def __init__(self, message: str, param: str, code: str = "invalid_value"):
-        super().__init__(message)
-        self.param, self.code = param, code
+        super().__init__(message, param, code)
 
 
 def response_format_schema(rf, param: str = "response_format"):

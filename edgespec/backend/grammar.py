@@ -32,7 +32,7 @@ import numpy as np
 import llama_cpp as L
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from edgespec.errors import ConfigError
+from edgespec.errors import ConfigError, GrammarError
 
 # llama_token_data {id, logit, p}: laid out as numpy records so a whole row is
 # handed to llama.cpp without a Python loop
@@ -108,7 +108,7 @@ class Grammar:
         if not smpl:
             lines = [s.strip() for s in msg.splitlines() if "error" in s.lower() or "failed" in s.lower()]
             why = "; ".join(lines[:2]) or "llama.cpp rejected it"
-            raise ConfigError(f"the grammar cannot be used: {why}")
+            raise GrammarError(f"the grammar cannot be used: {why}")
         self._smpl = smpl
         n = vocab.n_vocab
         self.n_vocab = n

@@ -38,7 +38,7 @@ from edgespec.core.feedback import DrafterFeedback
 from edgespec.core.gate import AcceptanceModel, Gate
 from edgespec.core.guard import SpeedGuard
 from edgespec.core.logprobs import token_logprobs
-from edgespec.core.params import Request, token_limit
+from edgespec.core.params import Request, Resolved, resolve
 from edgespec.core.plan import StepPlan
 from edgespec.core.prefix_cache import PrefixCache, common_prefix
 from edgespec.core.request import RunState, chunks, count_sources, finish
@@ -47,9 +47,9 @@ from edgespec.core.stream import TextStream
 from edgespec.core.grammar_drafts import SOURCE_LABEL, SOURCE_VALUE, GrammarDrafts
 from edgespec.drafters.tree import SOURCE_GRAMMAR, DraftTree, merge_chain, pad_tree
 from edgespec.core.relaxed import relaxed_path
-from edgespec.core.verify import SamplingConfig, sample_token
+from edgespec.core.verify import sample_token
 from edgespec.drafters.base import Drafter
-from edgespec.errors import ConfigError, PromptTooLongError
+from edgespec.errors import ConfigError
 from edgespec.kernels.tree import warmup as _warmup_tree_kernels
 
 
@@ -121,24 +121,23 @@ class Engine:
         return dict(zip([0] + path[:-1], path))
 
     # --------------------------------------------------------------------- run
-    def run(self, request: Request):
+    def run(self, resolved: Resolved):
         """Generator: yields a Chunk after the first token and after every step;
         its return value (StopIteration.value) is the GenerationResult.  Closing
         the generator early (or an exception such as KeyboardInterrupt) leaves
         the KV cache consistent.
 
-        request: a Request (core/params.py documents every option) whose prompt
-        is token ids and whose grammar, if any, is a backend Grammar
-        (edgespec.backend.grammar): every committed token is the model's
-        choice among the tokens it admits, drafts included; its state advances
-        with the answer.  The engine reads prompt, max_tokens, sampling, stop,
-        reuse_prefix, record_topk, cancel, logprobs and grammar; the request
-        stays in the state (RunState.request).  The request is trusted: it
-        checked itself when it was built (Request.__post_init__), and its
-        caller checked it against this engine (check_request) where it
-        resolved it (SpecModel._start)."""
-        is_cancelled = cancel_check(request.cancel)
-        st = self._start(request, is_cancelled)
+        resolved: a request resolved against this engine's model
+        (core.params.resolve, through SpecModel.resolve or self.resolve),
+        which checked it: the engine checks nothing.  Its prompt is token ids,
+        its grammar, if any, a backend Grammar (edgespec.backend.grammar):
+        every committed token is the model's choice among the tokens it
+        admits, drafts included; its state advances with the answer.  The
+        engine reads the resolved prompt, limit, grammar and cancel, and the
+        request's sampling, stop, reuse_prefix, record_topk and logprobs; the
+        request stays in the state (RunState.request)."""
+        is_cancelled = cancel_check(resolved.cancel)
+        st = self._start(resolved, is_cancelled)
         be = self.backend
         try:
             yield from chunks(st, 0)
@@ -158,34 +157,21 @@ class Engine:
                 self.memory.add(st.generated, st.prompt)
         return (yield from finish(st, self.drafter.name, self.config.verify.mode))
 
-    def check_request(self, n_prompt: int, max_tokens: int, sampling: SamplingConfig,
-                      constrained: bool = False) -> None:
-        """Raise a ConfigError (PromptTooLongError for a prompt that does not
-        fit the context) for a request this engine cannot run: the one check
-        of a request against the engine, made by whoever hands run() a
-        request (run() trusts it).  max_tokens: token_limit's.
-        constrained: the request has a grammar."""
-        n_ctx = self.backend.n_ctx
-        if n_prompt == 0:
-            raise ConfigError("empty prompt")
-        if n_prompt >= n_ctx:
-            raise PromptTooLongError(f"the prompt has {n_prompt} tokens, which does not fit the context of "
-                                     f"{n_ctx} tokens (raise it with --ctx / n_ctx)", n_prompt, n_ctx)
-        if max_tokens < 1:
-            raise ConfigError("max_tokens must be >= 1")
-        vcfg = self.config.verify
-        if not vcfg.exact and not sampling.greedy:
-            raise ConfigError(f"--verify {vcfg.mode} applies to greedy decoding only (temperature 0)")
-        if not vcfg.exact and constrained:
-            raise ConfigError(f"--verify {vcfg.mode} cannot be combined with a grammar")
+    def resolve(self, request: Request) -> Resolved:
+        """A request whose prompt and prediction are token ids and whose
+        grammar, if any, is a compiled backend Grammar, resolved for this
+        engine (the one check, core.params.resolve, with this engine's context
+        and verification mode): for callers that drive an engine directly
+        (the replay, tests); SpecModel.resolve resolves text, messages and schemas."""
+        be = self.backend
+        return resolve(request, request.prompt, n_ctx=be.n_ctx, n_vocab=be.n_vocab, verify=self.config.verify,
+                       grammar=request.grammar, prediction=request.prediction)
 
-    def _start(self, request: Request, is_cancelled) -> RunState:
+    def _start(self, resolved: Resolved, is_cancelled) -> RunState:
         """Reuse the common prefix of the KV cache, prefill the rest and
         choose the first token."""
-        prompt = self._prompt_array(request.prompt)
-        grammar = request.grammar
-        max_tokens = token_limit(request.max_tokens, self.backend.n_ctx, len(prompt))
-        st = RunState(request=request, prompt=prompt, max_tokens=max_tokens,
+        request, prompt, grammar = resolved.request, resolved.prompt, resolved.grammar
+        st = RunState(request=request, prompt=prompt, max_tokens=resolved.limit,
                       out=TextStream(self.backend.vocab, list(request.stop)), t_start=time.perf_counter())
         if self.config.history_cap is not None:
             self.acceptance.shrink(self.config.history_cap)
@@ -208,16 +194,6 @@ class Engine:
         self._feedback.prefilled(st.n_common, pre, hid)
         self._first_token(st)
         return st
-
-    def _prompt_array(self, prompt) -> np.ndarray:
-        """The prompt as a flat int32 array of this vocabulary's token ids."""
-        n_vocab = self.backend.n_vocab
-        ids = np.asarray(prompt)
-        # checked before the cast to int32, which would wrap large ids: a
-        # drafter indexes its tables with them, llama.cpp refuses them
-        if ids.ndim != 1 or (ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= n_vocab)):
-            raise ConfigError(f"a prompt of token ids must be a flat list of integers in 0..{n_vocab - 1}")
-        return np.ascontiguousarray(ids, dtype=np.int32)
 
     def _reuse_prefix(self, st: RunState, reuse_prefix: bool) -> None:
         """With reuse_prefix, keep the KV cells of the longest prefix the cache (or a saved one:

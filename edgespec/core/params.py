@@ -3,21 +3,27 @@ an HTTP body, the llama-cpp-python drop-in, the bench) to the engine, as one
 frozen value.  Every request option and its default is written here once.
 
 The value travels whole: SpecModel.generate/stream/chat build one from their
-keywords (SpecModel.run / run_stream take one directly), SpecModel resolves
-the parts only the application can (the prompt's text or messages into
-token ids, a JSON schema into a grammar, the cancel check) with `but`, and
-Engine.run takes the result and keeps it in the request's state
-(RunState.request).  Adding a request option: a field here with its
-documentation, its use, its test (docs/architecture.md).
+keywords (SpecModel.run / run_stream take one directly).  Before it runs,
+it is resolved once against the model (`Resolved`, made only by `resolve`,
+which SpecModel.resolve calls after turning text, messages and a JSON schema
+into token ids and a grammar): that is the one place a request is checked
+against a model, and Engine.run takes the Resolved and checks nothing.
+Adding a request option: a field here with its documentation, its use, its
+test (docs/architecture.md).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from edgespec.core.logprobs import check_top
-from edgespec.core.verify import SamplingConfig
-from edgespec.errors import ConfigError
+from edgespec.core.verify import SamplingConfig, VerifyConfig
+from edgespec.errors import ConfigError, GrammarError, PromptTooLongError, RequestFieldError
+
+if TYPE_CHECKING:
+    from edgespec.backend.grammar import Grammar
 
 
 @dataclass(frozen=True)
@@ -91,3 +97,72 @@ def token_limit(max_tokens: int | None, n_ctx: int, n_prompt: int) -> int:
 
 DEFAULT = Request()
 """The defaults, for signatures that spell a field out (SpecModel.generate)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Resolved:
+    """A Request resolved against one model: what Engine.run takes, made
+    only by `resolve`, which checked every part.  It runs once (its grammar's
+    state advances with the answer); `close` frees the grammar of one that
+    will not run."""
+    request: Request
+    """The options as asked (prompt, prediction, grammar as the caller gave them)."""
+    prompt: np.ndarray
+    """The prompt's token ids: int32, non-empty, in the vocabulary, leaving room for one token."""
+    limit: int
+    """The most tokens to generate: token_limit of max_tokens (>= 1)."""
+    grammar: Grammar | None = None
+    """The compiled grammar the answer follows (a backend Grammar), or None."""
+    prediction: np.ndarray | None = None
+    """The predicted output's token ids (non-empty), or None."""
+    engine_key: tuple = (None, False)
+    """Which of the model's engines runs it: (the request's drafter, a name
+    or Drafter, or None for the model's; whether it drafts from a prediction)."""
+    cancel: Any = None
+    """The cancel check the engine polls (the request's, which SpecModel
+    widens with its own close and stream events)."""
+
+    def but(self, **changes) -> Resolved:
+        return replace(self, **changes)
+
+    def close(self) -> None:
+        if self.grammar is not None:
+            self.grammar.close()
+
+
+def resolve(request: Request, prompt, *, n_ctx: int, n_vocab: int, verify: VerifyConfig | None = None,
+            grammar: Grammar | None = None, prediction=None, param: str = "prompt") -> Resolved:
+    """The one check of a request against a model: its prompt's token ids
+    (in 0..n_vocab-1, non-empty, fitting n_ctx with room for one token), the
+    token limit, and whether the verification mode admits its sampling and
+    grammar; returns the Resolved the engine runs.  prompt: the token ids the
+    caller made of request.prompt; grammar: its compiled grammar (compiling
+    is its own check: GrammarError); prediction: its token ids; param: the
+    field a bad prompt is named by.  Raises RequestFieldError (PromptTooLongError)."""
+    ids = _ids(prompt, n_vocab, param)
+    if ids.size == 0:
+        raise RequestFieldError("empty prompt", param)
+    if ids.size >= n_ctx:
+        raise PromptTooLongError(f"the prompt has {ids.size} tokens, which does not fit the context of "
+                                 f"{n_ctx} tokens (raise it with --ctx / n_ctx)", int(ids.size), n_ctx, param)
+    vcfg = verify or VerifyConfig()
+    if not vcfg.exact and not request.sampling.greedy:
+        raise RequestFieldError(f"--verify {vcfg.mode} applies to greedy decoding only (temperature 0)",
+                                "temperature")
+    if not vcfg.exact and grammar is not None:
+        raise GrammarError(f"--verify {vcfg.mode} cannot be combined with a grammar")
+    pred = None
+    if prediction is not None and len(prediction):
+        pred = _ids(prediction, n_vocab, "prediction")
+    return Resolved(request, ids, token_limit(request.max_tokens, n_ctx, int(ids.size)), grammar, pred,
+                    (request.drafter, pred is not None), request.cancel)
+
+
+def _ids(tokens, n_vocab: int, param: str) -> np.ndarray:
+    """Token ids as a flat int32 array, each in 0..n_vocab-1 (checked before
+    the cast, which would wrap large ids: drafters index their tables with
+    them, llama.cpp refuses them)."""
+    ids = np.asarray(tokens)
+    if ids.ndim != 1 or (ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= n_vocab)):
+        raise RequestFieldError(f"token ids must be a flat list of integers in 0..{n_vocab - 1}", param)
+    return np.ascontiguousarray(ids, dtype=np.int32)

@@ -434,7 +434,7 @@ def replay(engine, backend: ReplayBackend, requests, max_tokens: int, check: boo
         backend.model_s = 0.0
         w0, d0 = backend.n_width_changes, backend.n_decodes
         t0 = time.perf_counter()
-        res = drain(engine.run(Request(r.prompt, max_tokens=max_tokens, reuse_prefix=False)))
+        res = drain(engine.run(engine.resolve(Request(r.prompt, max_tokens=max_tokens, reuse_prefix=False))))
         wall = time.perf_counter() - t0
         if check and list(res.tokens) != [int(t) for t in r.output[:max_tokens]]:
             raise AssertionError(f"replay of {r.key} diverged from the recorded output")
