@@ -421,8 +421,8 @@ def test_chunks_carry_tokens_and_which_text_came_from_drafts(model):
     assert 0 < len(drafted_text) < len(res.text)
     # plain decoding: one token a chunk, nothing drafted
     plain_chunks = []
-    plain = model.engine_for("none")
-    drain(plain.run(plain.resolve(Request(toks, max_tokens=12, reuse_prefix=False))), on_chunk=plain_chunks.append)
+    none = model.engine_for("none")
+    drain(none.run(none.resolve(Request(toks, max_tokens=12, reuse_prefix=False))), on_chunk=plain_chunks.append)
     assert all(len(c.tokens) <= 1 and c.n_drafted == 0 for c in plain_chunks)
 
 
