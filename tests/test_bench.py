@@ -22,7 +22,7 @@ from edgespec.errors import BenchError
 from edgespec.app.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EDITS = os.path.join(ROOT, "bench", "prompts", "code_edits.jsonl")
+EDITS = os.path.join(ROOT, "benchmarks", "prompts", "code_edits.jsonl")
 
 
 def result(qid, cat, method, n, decode_s, **kw):

@@ -4,8 +4,8 @@ results file with the bench report's own code, and must read as written.
 
 A marker is an HTML comment right after its figure (invisible on GitHub):
 
-    1.90x<!-- fig bench/amd-2026-11-27-qwen05-code-peers.jsonl.gz default/none -->
-    0.88x<!-- fig bench/a.jsonl.gz+bench/b.jsonl.gz suffix/none category=rag -->
+    1.90x<!-- fig benchmarks/results/amd-2026-11-27-qwen05-code-peers.jsonl.gz default/none -->
+    0.88x<!-- fig benchmarks/results/a.jsonl.gz+benchmarks/results/b.jsonl.gz suffix/none category=rag -->
 
 FILES (one, or several joined by "+": their rows pooled, decode tokens over
 decode time) and one computation:
@@ -246,7 +246,7 @@ def test_modelled_figures_say_so_and_name_their_cost_file():
     assert not bad, bad
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "bench", "*.gz"))),
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "*.gz"))),
                          ids=os.path.basename)
 def test_results_files_named_gz_are_gzip(path):
     with gzip.open(path, "rt", encoding="utf-8") as f:

@@ -38,7 +38,7 @@ from conftest import OracleDrafter
 pytestmark = [pytest.mark.model, pytest.mark.matrix]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EDITS = os.path.join(ROOT, "bench", "prompts", "code_edits.jsonl")
+EDITS = os.path.join(ROOT, "benchmarks", "prompts", "code_edits.jsonl")
 MATRIX = ("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b")
 IDENTITY = ("gemma3-270m", "qwen2.5-coder-0.5b")      # SmolLM2's: see above
 identity = pytest.mark.parametrize("zoo", IDENTITY, indirect=True)

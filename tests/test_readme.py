@@ -44,7 +44,7 @@ def test_readme_opens_with_the_setup_and_test_commands():
 def test_readme_links_and_paths_exist():
     text = _read()
     targets = set(re.findall(r"\]\(([^)#\s]+)\)", text))
-    targets |= set(re.findall(r"\b((?:docs|tools|bench|tests|edgespec)/[\w./-]+?\.(?:md|py|png|jsonl|html)(?:\.gz)?)(?![\w.])", text))
+    targets |= set(re.findall(r"\b((?:docs|tools|benchmarks|tests|edgespec)/[\w./-]+?\.(?:md|py|png|jsonl|html)(?:\.gz)?)(?![\w.])", text))
     assert targets
     missing = sorted(t for t in targets if not t.startswith("http") and not os.path.exists(os.path.join(ROOT, t)))
     assert not missing, missing

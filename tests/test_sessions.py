@@ -1,4 +1,4 @@
-"""`edgespec bench-sessions`: the recorded app traces (bench/sessions/), the
+"""`edgespec bench-sessions`: the recorded app traces (benchmarks/sessions/), the
 replay's pure parts, and the replay against a real `edgespec serve` and,
 where one is built, llama-server (docs/sessions.md)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from edgespec.bench.session_report import format_sessions
 from edgespec.errors import BenchError
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = sorted((REPO / "bench" / "sessions").glob("*.jsonl"))
+TRACES = sorted((REPO / "benchmarks" / "sessions").glob("*.jsonl"))
 TINY = Path(__file__).resolve().parent / "data" / "session_tiny.jsonl"
 
 

@@ -3,7 +3,7 @@ cache's disk tier or a fresh cache folder slow an app session?
 
     python tools/diag_disk_tier_replay.py OUT SESSIONS VARIANTS
 
-SESSIONS: trace names in bench/sessions, comma-separated; VARIANTS: NAME or
+SESSIONS: trace names in benchmarks/sessions, comma-separated; VARIANTS: NAME or
 NAME:SERVE OPTIONS, comma-separated, run in order.  A NAME starting with A
 starts on an empty cache folder, replays, waits for its background
 calibration and leaves that folder's calibration to the variants after it;
@@ -11,7 +11,7 @@ F starts on an empty folder; any other on a copy of what A left.  Each
 variant is `edgespec serve` started alone (Qwen2.5-Coder-0.5B from the model
 folder, -c 8192 -t 2), the sessions replayed as `bench-sessions` replays
 them; a variant line, then its rows, appended to OUT.  Its run of
-2026-11-28 is bench/xeon-2026-11-28-qwen05-disk-tier-diagnostic.jsonl
+2026-11-28 is benchmarks/results/xeon-2026-11-28-qwen05-disk-tier-diagnostic.jsonl
 (BENCHMARKS.md).
 """
 import json
@@ -69,7 +69,7 @@ def serve(name: str, cache: str, extra: list[str], wait_calib: bool = False) -> 
 def main() -> None:
     global SESS, OUT
     OUT = sys.argv[1]
-    SESS = [load_session(os.path.join(REPO, "bench", "sessions", f"{n}.jsonl")) for n in sys.argv[2].split(",")]
+    SESS = [load_session(os.path.join(REPO, "benchmarks", "sessions", f"{n}.jsonl")) for n in sys.argv[2].split(",")]
     for v in sys.argv[3].split(","):
         name, _, opts = v.partition(":")
         d = f"{WORK}/cache-{name}"

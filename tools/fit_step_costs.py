@@ -1,9 +1,9 @@
 """Fit what a real step pays on a device beyond its decode's shape, and check the fit.
 
     python tools/fit_step_costs.py --shapes tests/data/h200/cost-smollm2 \
-        --out tests/data/h200/cost-smollm2-fit2 bench/h200-2026-11-27-hold-smollm2-*.jsonl.gz
+        --out tests/data/h200/cost-smollm2-fit2 benchmarks/results/h200-2026-11-27-hold-smollm2-*.jsonl.gz
     python tools/fit_step_costs.py --shapes tests/data/h200/cost-smollm2-fit2 \
-        --check bench/h200-2026-11-27-smollm2-*.jsonl.gz
+        --check benchmarks/results/h200-2026-11-27-smollm2-*.jsonl.gz
 
 RESULTS are `edgespec bench` results files timed on the device the shapes
 (PREFIX-steady.json, PREFIX-alternating.json from tools/gpu/shapes.py) were

@@ -2,7 +2,7 @@
 own README texts (their PyPI long descriptions), which no dev prompt, test or
 corpus preset contains.
 
-    python tools/make_heldout_docs.py [-n 40] [-o bench/heldout-docs-40.jsonl]
+    python tools/make_heldout_docs.py [-n 40] [-o benchmarks/results/heldout-docs-40.jsonl]
 
 Packages with at least 1,500 characters of description, sorted by name (edgespec
 itself left out); each text is cut at a paragraph boundary near 2,500
@@ -36,7 +36,7 @@ def texts():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=40)
-    ap.add_argument("-o", "--out", default="bench/heldout-docs-40.jsonl")
+    ap.add_argument("-o", "--out", default="benchmarks/results/heldout-docs-40.jsonl")
     a = ap.parse_args()
     rows = []
     for i, (name, text) in enumerate(texts()):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Record an app's requests as a session trace for `edgespec bench-sessions`.
 
-    python tools/record_session.py --out bench/sessions/aider-edit.jsonl \\
+    python tools/record_session.py --out benchmarks/sessions/aider-edit.jsonl \\
         --app aider --app-version 0.86.2 --how "aider --message ... x3" \\
         --forward http://127.0.0.1:8080 --forward-max-tokens 300 --port 8099
 

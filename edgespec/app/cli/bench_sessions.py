@@ -22,7 +22,7 @@ def _progress(row: dict) -> None:
 
 @click.command("bench-sessions")
 @click.argument("model", required=False, shell_complete=complete_model)
-@click.option("--sessions", "sessions_path", default="bench/sessions", show_default=True,
+@click.option("--sessions", "sessions_path", default="benchmarks/sessions", show_default=True,
               type=click.Path(exists=True), help="A trace file (JSON lines), or a folder of them (*.jsonl).")
 @click.option("--target", "targets", multiple=True, metavar="SPEC",
               help="A server to replay on (repeatable; the first is the reference of `identical`): edgespec, "
