@@ -149,6 +149,33 @@ def test_cli_errors_are_one_line(tmp_path):
         assert fragment in r.output and "Traceback" not in r.output
 
 
+def test_the_default_traces_are_found_from_any_working_directory(tmp_path, monkeypatch):
+    """Without --sessions, bench-sessions reads the clone's benchmarks/sessions,
+    found from the package's path: from another folder the traces still load
+    (the run then stops at the unknown target, after reading them)."""
+    from edgespec.paths import source_data
+    assert source_data("sessions") == str(REPO / "benchmarks" / "sessions")
+    monkeypatch.chdir(tmp_path)
+    r = _invoke(["bench-sessions", "--target", "vllm"])
+    assert r.exit_code == 1 and "target 'vllm'" in r.output, r.output
+
+
+def test_without_a_clone_the_default_traces_are_a_usage_error(tmp_path, monkeypatch):
+    """An installed package (paths.py outside a source tree) has no traces:
+    source_data says so, and bench-sessions asks for --sessions PATH."""
+    import importlib.util
+    (tmp_path / "site" / "edgespec").mkdir(parents=True)
+    copy = tmp_path / "site" / "edgespec" / "paths.py"
+    copy.write_text((REPO / "edgespec" / "paths.py").read_text(encoding="utf-8"), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("installed_paths", copy)
+    installed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(installed)
+    assert installed.source_data("sessions") is None
+    monkeypatch.setattr("edgespec.paths.source_data", installed.source_data)
+    r = _invoke(["bench-sessions"])
+    assert r.exit_code == 2 and "--sessions PATH" in r.output, r.output
+
+
 def test_cli_report_prints_a_saved_run(tmp_path):
     s = S.load_session(str(TINY))
     got = {"status": 200, "wall_ms": 250.0, "ttft_ms": 80.0, "text": "x",
