@@ -98,7 +98,7 @@ ALLOWED = {         # package -> the packages it may import (besides BASE); docs
     "replay": {"core", "drafters", "calibration", "backend", "kernels"},
     "run": {"core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
     "app": {"run", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
-    "bench": {"run", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
+    "bench": {"run", "replay", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
     "app.cli": {"app", "bench", "run", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
 }
 

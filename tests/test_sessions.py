@@ -286,13 +286,10 @@ def test_replay_on_llama_server(server_binary, model_path, tmp_path):
 
 
 def test_the_recorder_marks_aiders_summaries():
-    """tools/record_session.py labels a request without X-Trace-Role as the
+    """`edgespec record-session` labels a request without X-Trace-Role as the
     recorded Aider traces are labelled: their summaries `summary`, their turns
     (the lint-fix request too) `chat`."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("record_session", REPO / "tools" / "record_session.py")
-    rec = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rec)
+    from edgespec.bench import recorder as rec
     aider = [S.load_session(str(p)) for p in TRACES if S.load_session(str(p)).header["app"] == "aider"]
     roles = [(r["role"], rec.role_of(r["body"])) for s in aider for r in s.requests]
     assert {"summary", "chat"} <= {r for r, _ in roles}

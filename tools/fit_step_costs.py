@@ -10,7 +10,7 @@ RESULTS are `edgespec bench` results files timed on the device the shapes
 measured on.  With --out, the per-decode terms (edgespec.replay.steps:
 plain_ms, draft_ms, held_ms, node_ms) are fitted by least squares over every
 edgespec answer's device time (decode_call_s) and written with the shapes
-to OUT-steady.json and OUT-alternating.json, which `tools/replay.py --cost
+to OUT-steady.json and OUT-alternating.json, which `edgespec replay --cost
 OUT` then charges.  With --check, each method's timed total (decode_s: the
 device time and the engine's) is printed beside the model's, from the
 answers' own step counts and the shapes' terms (the engine time as
