@@ -295,3 +295,43 @@ def test_the_recorder_marks_aiders_summaries():
     assert {"summary", "chat"} <= {r for r, _ in roles}
     assert all(r == got for r, got in roles), roles
 
+
+
+def test_record_session_writes_what_the_app_sent(tmp_path):
+    """`edgespec record-session` (a real process, canned answers): the trace's
+    header names the command, each request is kept as sent, with its role,
+    and the app gets an answer, streamed when it asks; SIGTERM ends it."""
+    import http.client
+    import subprocess
+    import sys
+    import time
+
+    from edgespec.bench.peer_server import free_port
+    port, out = free_port(), tmp_path / "t.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec", "record-session", "--out", str(out), "--app", "test",
+                             "--canned", "Hi there.", "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/v1/models")
+                assert json.loads(conn.getresponse().read())["data"][0]["id"] == "recorded"
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the recorder did not start"
+                time.sleep(0.2)
+        chat = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
+        for body, headers in ((chat, {}), (dict(chat, stream=True), {"X-Trace-Role": "title"})):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                         headers={"Content-Type": "application/json", **headers})
+            answer = conn.getresponse().read().decode()
+            assert "Hi there." in answer and (("data: [DONE]" in answer) == bool(body.get("stream")))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, proc.stderr.read()
+    trace = S.load_session(str(out))
+    assert trace.header["recorder"] == "edgespec record-session" and trace.header["app"] == "test"
+    assert [(r["role"], r["body"]) for r in trace.requests] == [("chat", chat), ("title", dict(chat, stream=True))]
