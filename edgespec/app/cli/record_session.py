@@ -24,8 +24,10 @@ import click
 @click.option("--model-id", default="recorded", show_default=True,
               help="The model /v1/models names without --forward.")
 def record_session(**options):
-    """An OpenAI-compatible endpoint on 127.0.0.1 that appends every chat or
-    text completion request to a trace, exactly as the app sent it, and
+    """Record an app's requests as a session trace for bench-sessions.
+
+    An OpenAI-compatible endpoint on 127.0.0.1 appends every chat or text
+    completion request to the trace (--out), exactly as the app sent it, and
     answers it by forwarding it to a real server (--forward) or with a canned
     answer.  A request's X-Trace-Role header sets its role (default: `summary`
     for Aider's history summaries, else chat).  Ctrl-C or SIGTERM stops."""
