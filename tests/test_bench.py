@@ -22,7 +22,7 @@ from edgespec.errors import BenchError
 from edgespec.app.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EDITS = os.path.join(ROOT, "bench", "prompts", "code_edits.jsonl")
+EDITS = os.path.join(ROOT, "benchmarks", "prompts", "code_edits.jsonl")
 
 
 def result(qid, cat, method, n, decode_s, **kw):
@@ -226,14 +226,10 @@ def test_bench_raw_and_expert_peer(smol, tmp_path):
 
 
 def test_replay_flat_cost_curve():
-    """tools/replay.py --flat: a GPU-like curve, c(T) = 1 + slope (T - 1) at every
+    """`edgespec replay --flat`: a GPU-like curve, c(T) = 1 + slope (T - 1) at every
     context and in the short regime, no after-batch cost, one-token times kept."""
-    import importlib.util
-
+    from edgespec.bench import replay_results as tool
     from edgespec.calibration.curve import CostCurve
-    spec = importlib.util.spec_from_file_location("replay_tool", os.path.join(ROOT, "tools", "replay.py"))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
     ts = [1, 2, 4, 8]
     measured = CostCurve(ts, [1.0, 1.9, 3.0, 5.5], 0.01, {"prefix": 300}, 0.008,
                          [{"n_kv": 1000, "t1_s": 0.012, "rel": [1.0, 2.0, 3.3, 6.0], "after_s": 0.0005}],

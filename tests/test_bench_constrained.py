@@ -32,7 +32,7 @@ from edgespec.app.cli import main
 from edgespec.errors import BenchError, PeerError
 
 ROOT = Path(__file__).resolve().parent.parent
-JSON_SET = ROOT / "bench" / "prompts" / "json_extraction.jsonl"
+JSON_SET = ROOT / "benchmarks" / "prompts" / "json_extraction.jsonl"
 RECORDED = Path(__file__).resolve().parent / "data" / "llama_server_completion.json"
 # two prompts of the set that SmolLM2 answers in full within 96 tokens (63 each)
 SMALL = ("json-log-auth", "json-bug-api")
@@ -319,6 +319,6 @@ def test_llama_server_follows_the_grammar(server_binary):
 
 
 def test_set_documented():
-    text = (ROOT / "bench" / "prompts" / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "benchmarks" / "prompts" / "README.md").read_text(encoding="utf-8")
     assert "json_extraction.jsonl" in text
     assert os.path.basename(JSON_SET) in (ROOT / "docs" / "bench.md").read_text(encoding="utf-8")

@@ -1,11 +1,12 @@
 """Figures in the docs are checked data: every measured figure in README.md,
-BENCHMARKS.md and docs/*.md that carries a marker is recomputed from its
-results file with the bench report's own code, and must read as written.
+BENCHMARKS.md and docs/*.md (docs/benchmarks-history.md among them) that
+carries a marker is recomputed from its results file with the bench report's
+own code, and must read as written.
 
 A marker is an HTML comment right after its figure (invisible on GitHub):
 
-    1.90x<!-- fig bench/amd-2026-11-27-qwen05-code-peers.jsonl.gz default/none -->
-    0.88x<!-- fig bench/a.jsonl.gz+bench/b.jsonl.gz suffix/none category=rag -->
+    1.90x<!-- fig benchmarks/results/amd-2026-11-27-qwen05-code-peers.jsonl.gz default/none -->
+    0.88x<!-- fig benchmarks/results/a.jsonl.gz+benchmarks/results/b.jsonl.gz suffix/none category=rag -->
 
 FILES (one, or several joined by "+": their rows pooled, decode tokens over
 decode time) and one computation:
@@ -34,8 +35,9 @@ Modelled figures (a replay, not a timed run) carry
 <!-- modelled COSTFILE --> instead, on a line that says "modelled"; a figure
 whose run kept no results file carries <!-- nofile --> on a line that says
 "no results file"; a goal, not a measurement, carries <!-- target --> after
-the word "target". In BENCHMARKS.md every ratio above the heading "Older runs
-(kept for the record)" carries one of these.
+the word "target". Every ratio of BENCHMARKS.md (the current report) carries
+one of these, and so does every ratio of its history file above the heading
+"Older runs (kept for the record)" (the full write-ups of the current sections).
 Fast tier: no model is loaded."""
 import gzip
 import glob
@@ -54,6 +56,7 @@ MARKER = re.compile(r"<!--\s*fig\s+(\S+)\s+(\S+)((?:\s+\w+=\S+)*)\s*-->")
 MODELLED = re.compile(r"<!--\s*modelled\s+(\S+)\s*-->")
 NOTE = re.compile(r"<!--\s*(nofile|target)\s*-->")
 OLDER = "## Older runs (kept for the record)"
+HISTORY = os.path.join("docs", "benchmarks-history.md")
 COMMENT = re.compile(r"<!--.*?-->")
 RATIO = re.compile(r"(?<![\w.])\d+\.\d+x(?!\w)")
 COUNT = re.compile(r"(?<![\w./:-])\d+/\d+(?![\w/.])")
@@ -246,7 +249,7 @@ def test_modelled_figures_say_so_and_name_their_cost_file():
     assert not bad, bad
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "bench", "*.gz"))),
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "*.gz"))),
                          ids=os.path.basename)
 def test_results_files_named_gz_are_gzip(path):
     with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -254,20 +257,25 @@ def test_results_files_named_gz_are_gzip(path):
     assert first.startswith("{")
 
 
+def _read(doc: str) -> str:
+    with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+        return f.read()
+
+
 def _current_report() -> list[str]:
-    """The prose lines of BENCHMARKS.md above its "Older runs" heading."""
-    with open(os.path.join(ROOT, "BENCHMARKS.md"), encoding="utf-8") as f:
-        text = f.read()
-    assert OLDER in text.splitlines(), OLDER
-    return _prose(text.split("\n" + OLDER + "\n")[0])
+    """The prose lines of BENCHMARKS.md, and of its history file above its "Older runs" heading."""
+    history = _read(HISTORY)
+    assert OLDER in history.splitlines(), OLDER
+    return _prose(_read("BENCHMARKS.md")) + _prose(history.split("\n" + OLDER + "\n")[0])
 
 
-def test_the_older_runs_follow_the_current_report_and_precede_the_changelog():
-    with open(os.path.join(ROOT, "BENCHMARKS.md"), encoding="utf-8") as f:
-        heads = [line for line in f if line.startswith("## ")]
-    names = [h.strip() for h in heads]
+def test_the_report_is_current_and_its_history_holds_the_older_runs_then_the_changelog():
+    heads = [line.strip() for line in _read("BENCHMARKS.md").splitlines() if line.startswith("## ")]
+    assert OLDER not in heads and "## Changelog" not in heads
+    assert len(heads) >= 6, "the current report has a section per question"
+    names = [line.strip() for line in _read(HISTORY).splitlines() if line.startswith("## ")]
     assert OLDER in names and names.index(OLDER) == len(names) - 2 and names[-1] == "## Changelog"
-    assert names.index(OLDER) >= 6, "the current report has a section per question"
+    assert names.index(OLDER) >= 6, "the history keeps the full write-up of each current section"
 
 
 def test_every_ratio_in_the_current_benchmarks_carries_a_marker():

@@ -4,8 +4,6 @@ the replay of recorded H200 code edits under the H200 cost files (no verdict
 here reads this machine's calibration)."""
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 
@@ -116,20 +114,22 @@ def test_gate_on_a_shape_curve_judges():
 
 
 def _replay_code_edits(model) -> dict:
-    """tools/replay.py --json on the recorded H200 code edits (4 prompts,
+    """`edgespec replay --json` on the recorded H200 code edits (4 prompts,
     two passes) under the H200 shape files: the ALL rows by method."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("replay_tool", os.path.join(ROOT, "tools", "replay.py"))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from click.testing import CliRunner
+
+    from edgespec.app.cli import main
     shapes = os.path.join(H200, "cost-smollm2")
-    argv = [os.path.join(H200, "code-hold-4.jsonl"), "--prompts", os.path.join(H200, "code-4-prompts.jsonl"),
+    argv = ["replay", os.path.join(H200, "code-hold-4.jsonl"), "--prompts", os.path.join(H200, "code-4-prompts.jsonl"),
             "--model", model.model_path, "--methods", "suffix,suffix@holdcost,suffix@hold2,suffix@hold4", "--cost", shapes,
             "--overhead-ms", "0.25", "--gate-overhead", "0.1", "--draft-ms", "0.1", "--json"]
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert tool.main(argv) == 0
-    return {x["method"]: x for x in map(json.loads, buf.getvalue().splitlines()) if x.get("category") == "ALL"}
+    try:
+        runner = CliRunner(mix_stderr=False)        # click < 8.2 mixes stderr in without the flag
+    except TypeError:
+        runner = CliRunner()
+    r = runner.invoke(main, argv)
+    assert r.exit_code == 0, r.output
+    return {x["method"]: x for x in map(json.loads, r.stdout.splitlines()) if x.get("category") == "ALL"}
 
 
 @pytest.mark.model

@@ -1,12 +1,14 @@
 """The package's layout rules (docs/architecture.md), checked on the source:
 no import cycle, llama_cpp only behind backend/, a core without click or
-llama_cpp, and modules and functions short enough to read at once."""
+llama_cpp, modules and functions short enough to read at once; and the
+repository's: data apart from code, few scripts beside the commands."""
 import ast
 import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent / "edgespec"
+REPO = pathlib.Path(__file__).resolve().parent.parent
+ROOT = REPO / "edgespec"
 MAX_MODULE_LINES = 500      # outside kernels/
 MAX_FUNCTION_LINES = 60     # outside kernels/ (numba kernels are one loop nest each)
 # the bench's llama-cpp-python methods run that library's own API as the baseline
@@ -98,7 +100,7 @@ ALLOWED = {         # package -> the packages it may import (besides BASE); docs
     "replay": {"core", "drafters", "calibration", "backend", "kernels"},
     "run": {"core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
     "app": {"run", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
-    "bench": {"run", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
+    "bench": {"run", "replay", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
     "app.cli": {"app", "bench", "run", "core", "drafters", "memory", "calibration", "corpus", "models", "backend", "kernels"},
 }
 
@@ -212,3 +214,23 @@ def test_tests_reach_optional_externals_only_through_conftest():
                 if "chromium" not in [a.arg for a in func.args.args]:
                     bad.append(f"{p.name}:{node.lineno} launches chromium outside the `chromium` fixture")
     assert not bad, bad
+
+
+MAX_TOOLS = 12      # scripts in tools/ outside tools/gpu: what users run is an `edgespec` command
+
+
+def test_results_prompts_and_sessions_live_in_the_data_folder():
+    """Data is not code (issue 63): the bench's results, prompts and session
+    traces are under benchmarks/, none in a root bench/ beside the package's
+    edgespec/bench/."""
+    stray = sorted(str(p.relative_to(REPO)) for p in (REPO / "bench").rglob("*") if p.is_file()) \
+        if (REPO / "bench").exists() else []
+    assert not stray, f"files under a root bench/: {stray[:5]}"
+    assert len(list((REPO / "benchmarks" / "results").glob("*.jsonl*"))) >= 40
+    for folder in ("prompts", "sessions"):
+        assert list((REPO / "benchmarks" / folder).glob("*.jsonl")), folder
+
+
+def test_tools_holds_few_scripts():
+    scripts = sorted(p.name for p in (REPO / "tools").iterdir() if p.is_file())
+    assert len(scripts) <= MAX_TOOLS, f"{len(scripts)} scripts in tools/ (at most {MAX_TOOLS}): {scripts}"

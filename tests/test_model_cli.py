@@ -117,7 +117,7 @@ def test_hf_option_downloads_by_quant(tree, monkeypatch):
 def test_unknown_model_lists_close_matches(tree):
     r = invoke(["generate", "qwen2.5-coder:1.5", "hi"])
     assert r.exit_code == 1
-    assert "close matches: qwen2.5-coder:1.5b" in r.stderr and "get_models" not in r.stderr
+    assert "close matches: qwen2.5-coder:1.5b" in r.stderr and "get_models" not in r.stderr and "get-models" not in r.stderr
 
 
 def test_model_completion_offers_known_names_and_paths(tree):

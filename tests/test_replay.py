@@ -1,4 +1,4 @@
-"""The offline replay (edgespec/replay/simulator.py, tools/replay.py) reproduces the real
+"""The offline replay (edgespec/replay/simulator.py, edgespec replay) reproduces the real
 engine: the same output tokens, and the same step counts as a real run of the
 same drafter on the same prompts, to within the gate's timing noise."""
 from __future__ import annotations
@@ -89,7 +89,7 @@ def test_replay_matches_real_engine(model, recorded, name):
 
 
 def test_oracle_keeps_only_what_the_model_accepts(model, recorded):
-    """OracleDrafter (tools/replay.py's oracle-NAME) passes on only the path of
+    """OracleDrafter (edgespec replay's oracle-NAME) passes on only the path of
     the inner drafter's proposal that the record follows: every node it lets
     through is accepted, and with perfect estimates the gate's modelled time
     is within 2% of the learned ones' or better (the gate chooses step by

@@ -1,5 +1,5 @@
 """A device's per-decode extra (edgespec/replay/steps.py, tools/fit_step_costs.py)
-and tools/replay.py --json, on recorded H200 data in tests/data/h200/ (no
+and `edgespec replay --json`, on recorded H200 data in tests/data/h200/ (no
 verdict here reads this machine's calibration)."""
 from __future__ import annotations
 
@@ -85,20 +85,23 @@ def test_fit_tool_writes_what_replay_reads(tmp_path):
 
 @pytest.mark.model
 def test_replay_json_lines(model, tmp_path):
-    """tools/replay.py --json on the recorded H200 code edits: one line per cost
+    """`edgespec replay --json` on the recorded H200 code edits: one line per cost
     file, method (the bench's names, default and @hold4 included) and
     category, ALL pooled; the fitted terms are charged (a slower modelled
     time than the bare shapes), the bare shapes as before."""
-    import contextlib
-    import io
-    tool = _tool("replay")
-    argv = [RECORDED, "--prompts", os.path.join(H200, "code-4-prompts.jsonl"), "--model", model.model_path,
+    from click.testing import CliRunner
+
+    from edgespec.app.cli import main
+    argv = ["replay", RECORDED, "--prompts", os.path.join(H200, "code-4-prompts.jsonl"), "--model", model.model_path,
             "--methods", "default,suffix@hold4", "--cost", f"{SHAPES},{FIT2}", "--overhead-ms", "0.25",
             "--gate-overhead", "0.1", "--draft-ms", "0.1", "--json"]
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert tool.main(argv) == 0
-    lines = [json.loads(x) for x in buf.getvalue().splitlines() if x.startswith("{")]
+    try:
+        runner = CliRunner(mix_stderr=False)        # click < 8.2 mixes stderr in without the flag
+    except TypeError:
+        runner = CliRunner()
+    r = runner.invoke(main, argv)
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     keys = {(x["cost"], x["method"], x["category"]) for x in lines}
     for cost in (SHAPES, FIT2):
         for meth in ("none", "default", "suffix@hold4"):

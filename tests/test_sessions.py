@@ -1,4 +1,4 @@
-"""`edgespec bench-sessions`: the recorded app traces (bench/sessions/), the
+"""`edgespec bench-sessions`: the recorded app traces (benchmarks/sessions/), the
 replay's pure parts, and the replay against a real `edgespec serve` and,
 where one is built, llama-server (docs/sessions.md)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from edgespec.bench.session_report import format_sessions
 from edgespec.errors import BenchError
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = sorted((REPO / "bench" / "sessions").glob("*.jsonl"))
+TRACES = sorted((REPO / "benchmarks" / "sessions").glob("*.jsonl"))
 TINY = Path(__file__).resolve().parent / "data" / "session_tiny.jsonl"
 
 
@@ -149,6 +149,33 @@ def test_cli_errors_are_one_line(tmp_path):
         assert fragment in r.output and "Traceback" not in r.output
 
 
+def test_the_default_traces_are_found_from_any_working_directory(tmp_path, monkeypatch):
+    """Without --sessions, bench-sessions reads the clone's benchmarks/sessions,
+    found from the package's path: from another folder the traces still load
+    (the run then stops at the unknown target, after reading them)."""
+    from edgespec.paths import source_data
+    assert source_data("sessions") == str(REPO / "benchmarks" / "sessions")
+    monkeypatch.chdir(tmp_path)
+    r = _invoke(["bench-sessions", "--target", "vllm"])
+    assert r.exit_code == 1 and "target 'vllm'" in r.output, r.output
+
+
+def test_without_a_clone_the_default_traces_are_a_usage_error(tmp_path, monkeypatch):
+    """An installed package (paths.py outside a source tree) has no traces:
+    source_data says so, and bench-sessions asks for --sessions PATH."""
+    import importlib.util
+    (tmp_path / "site" / "edgespec").mkdir(parents=True)
+    copy = tmp_path / "site" / "edgespec" / "paths.py"
+    copy.write_text((REPO / "edgespec" / "paths.py").read_text(encoding="utf-8"), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("installed_paths", copy)
+    installed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(installed)
+    assert installed.source_data("sessions") is None
+    monkeypatch.setattr("edgespec.paths.source_data", installed.source_data)
+    r = _invoke(["bench-sessions"])
+    assert r.exit_code == 2 and "--sessions PATH" in r.output, r.output
+
+
 def test_cli_report_prints_a_saved_run(tmp_path):
     s = S.load_session(str(TINY))
     got = {"status": 200, "wall_ms": 250.0, "ttft_ms": 80.0, "text": "x",
@@ -259,15 +286,52 @@ def test_replay_on_llama_server(server_binary, model_path, tmp_path):
 
 
 def test_the_recorder_marks_aiders_summaries():
-    """tools/record_session.py labels a request without X-Trace-Role as the
+    """`edgespec record-session` labels a request without X-Trace-Role as the
     recorded Aider traces are labelled: their summaries `summary`, their turns
     (the lint-fix request too) `chat`."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("record_session", REPO / "tools" / "record_session.py")
-    rec = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rec)
+    from edgespec.bench import recorder as rec
     aider = [S.load_session(str(p)) for p in TRACES if S.load_session(str(p)).header["app"] == "aider"]
     roles = [(r["role"], rec.role_of(r["body"])) for s in aider for r in s.requests]
     assert {"summary", "chat"} <= {r for r, _ in roles}
     assert all(r == got for r, got in roles), roles
 
+
+
+def test_record_session_writes_what_the_app_sent(tmp_path):
+    """`edgespec record-session` (a real process, canned answers): the trace's
+    header names the command, each request is kept as sent, with its role,
+    and the app gets an answer, streamed when it asks; SIGTERM ends it."""
+    import http.client
+    import subprocess
+    import sys
+    import time
+
+    from edgespec.bench.peer_server import free_port
+    port, out = free_port(), tmp_path / "t.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec", "record-session", "--out", str(out), "--app", "test",
+                             "--canned", "Hi there.", "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/v1/models")
+                assert json.loads(conn.getresponse().read())["data"][0]["id"] == "recorded"
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the recorder did not start"
+                time.sleep(0.2)
+        chat = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
+        for body, headers in ((chat, {}), (dict(chat, stream=True), {"X-Trace-Role": "title"})):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                         headers={"Content-Type": "application/json", **headers})
+            answer = conn.getresponse().read().decode()
+            assert "Hi there." in answer and (("data: [DONE]" in answer) == bool(body.get("stream")))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, proc.stderr.read()
+    trace = S.load_session(str(out))
+    assert trace.header["recorder"] == "edgespec record-session" and trace.header["app"] == "test"
+    assert [(r["role"], r["body"]) for r in trace.requests] == [("chat", chat), ("title", dict(chat, stream=True))]

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Drive the request shapes of Open WebUI and Continue with the `openai`
-client, against tools/record_session.py, to record their session traces.
+client, against edgespec record-session, to record their session traces.
 
-    python tools/record_session.py --out bench/sessions/openwebui-chat.jsonl --app open-webui-shape \\
+    edgespec record-session --out benchmarks/sessions/openwebui-chat.jsonl --app open-webui-shape \\
         --forward http://127.0.0.1:8080 --port 8099 &
     python tools/app_session_shapes.py openwebui --base http://127.0.0.1:8099/v1
 

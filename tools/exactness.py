@@ -4,7 +4,7 @@
     python tools/exactness.py smollm2 gemma3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
     python tools/exactness.py model.gguf --cache-type-k q8_0,f16 --contexts 100,600 --max-t 48
 
-For each model (a path, or a name from tools/get_models.py) and K cache type
+For each model (a path, or a name from edgespec get-models) and K cache type
 it runs edgespec.calibration.exactness.check_exactness (the check SpecModel runs at
 calibration): max-t tokens decoded one at a time after each context, then as
 one batch of every size 2..max-t, logits compared bit for bit.  It prints one

@@ -1,16 +1,16 @@
 """Fit what a real step pays on a device beyond its decode's shape, and check the fit.
 
     python tools/fit_step_costs.py --shapes tests/data/h200/cost-smollm2 \
-        --out tests/data/h200/cost-smollm2-fit2 bench/h200-2026-11-27-hold-smollm2-*.jsonl.gz
+        --out tests/data/h200/cost-smollm2-fit2 benchmarks/results/h200-2026-11-27-hold-smollm2-*.jsonl.gz
     python tools/fit_step_costs.py --shapes tests/data/h200/cost-smollm2-fit2 \
-        --check bench/h200-2026-11-27-smollm2-*.jsonl.gz
+        --check benchmarks/results/h200-2026-11-27-smollm2-*.jsonl.gz
 
 RESULTS are `edgespec bench` results files timed on the device the shapes
 (PREFIX-steady.json, PREFIX-alternating.json from tools/gpu/shapes.py) were
 measured on.  With --out, the per-decode terms (edgespec.replay.steps:
 plain_ms, draft_ms, held_ms, node_ms) are fitted by least squares over every
 edgespec answer's device time (decode_call_s) and written with the shapes
-to OUT-steady.json and OUT-alternating.json, which `tools/replay.py --cost
+to OUT-steady.json and OUT-alternating.json, which `edgespec replay --cost
 OUT` then charges.  With --check, each method's timed total (decode_s: the
 device time and the engine's) is printed beside the model's, from the
 answers' own step counts and the shapes' terms (the engine time as

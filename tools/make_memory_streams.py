@@ -1,8 +1,8 @@
-"""Write the three request streams of bench/prompts/ that measure the memory
+"""Write the three request streams of benchmarks/prompts/ that measure the memory
 of earlier requests (issue 41; docs/memory.md): run in file order, each is
 one application's traffic.
 
-    python tools/make_memory_streams.py        # rewrites bench/prompts/stream_*.jsonl
+    python tools/make_memory_streams.py        # rewrites benchmarks/prompts/stream_*.jsonl
 
 - stream_extraction.jsonl: the same kinds of field extraction over many
   invented documents (shipping notices, job posts, flat listings, incident
@@ -21,7 +21,7 @@ import json
 import os
 import random
 
-OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "prompts")
+OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "prompts")
 FIRST = ["Mara", "Tobias", "Ines", "Kwame", "Lena", "Oskar", "Priya", "Dmitri", "Sofia", "Jonah", "Ayla", "Ruben",
          "Hana", "Felix", "Noor", "Emil", "Zara", "Tomas", "Leila", "Marek"]
 LAST = ["Ostrander", "Velasquez", "Kowalczyk", "Abernathy", "Lindqvist", "Okafor", "Brennan", "Marchetti", "Haddad",

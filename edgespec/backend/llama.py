@@ -303,7 +303,7 @@ class LlamaBackend(SeqState):
     def set_single_threads(self, n: int) -> None:
         """Threads for one-token decodes (batches keep every thread).  In exact
         mode decode_tree chooses them itself; with exact=False they stay as set
-        (tools/kcache_numerics.py compares thread counts this way)."""
+        (tools/kcache_numerics.py, in git at ff5bfef, compares thread counts this way)."""
         L.llama_set_n_threads(self.ctx, n, self.n_threads)
         self._single_threads = n
 

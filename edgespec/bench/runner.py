@@ -201,7 +201,7 @@ class _Methods:
         gbnf = None if c is None else c.gbnf
         if peer is None:
             # the plain run also records the model's top-8 at each position, so
-            # that tools/replay.py can replay drafters that read the model's ranking
+            # that edgespec replay can replay drafters that read the model's ranking
             drafter = self.drafter(m)
             self.engine(m)
             kw = {} if c is None else {"json_schema": c.json_schema, "grammar": c.grammar}

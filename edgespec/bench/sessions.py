@@ -1,6 +1,6 @@
 """App sessions: recorded request traces and their replay against a server.
 
-A trace (bench/sessions/*.jsonl, docs/sessions.md) is one app session: a
+A trace (benchmarks/sessions/*.jsonl, docs/sessions.md) is one app session: a
 header line, then the HTTP requests the app sent, in order, one a line:
 
     {"trace": "edgespec-session", "app": ..., "app_version": ..., "model": ...,

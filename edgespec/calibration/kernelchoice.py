@@ -13,7 +13,7 @@ So a price has three parts, each timed as several samples under both
 settings: a prompt token (prefill), a one-token decode and a verification
 batch of 16, after a chat-sized context.  The choice weighs their ratios by
 APP_MIX, the share of a session's time each takes in the recorded app
-sessions (bench/sessions: about 40% reading prompts), and keeps exact where
+sessions (benchmarks/sessions: about 40% reading prompts), and keeps exact where
 that costs at most TOLERANCE more than fast.  Where decoding ties, the prompt
 decides.  A verdict that sits inside the noise (the weighted ratio's range
 over the samples straddles TOLERANCE) is timed once more and decided on all

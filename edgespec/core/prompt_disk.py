@@ -95,7 +95,7 @@ MAX_PENDING = 2                 # files queued for the writer at most: a slow di
 STALE_PART_S = 3600             # a temporary file this old was left by a writer that died: deleted
 # What a restore costs before this process has timed one: reading the file, its CRC check and
 # llama.cpp's copy into the KV cache ran at 230-670 MB/s, from the page cache or not, on a loaded
-# 2-core machine (tools/prompt_disk_cost.py; docs/serving.md has the figures).
+# 2-core machine (tools/prompt_disk_cost.py, in git at 414aa94; docs/serving.md has the figures).
 LOAD_OVERHEAD_S = 0.002
 LOAD_S_PER_BYTE = 1 / 400e6
 _HEAD = struct.Struct("<I")

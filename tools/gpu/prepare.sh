@@ -29,8 +29,8 @@ rm -rf /tmp/gpuprep/smol.* .gpu3; mkdir -p .gpu3; split -b 40M -d "$m" /tmp/gpup
 mv /tmp/gpuprep/smol.00 .gpu/ && mv /tmp/gpuprep/smol.01 .gpu2/ && mv /tmp/gpuprep/smol.0* .gpu3/
 sha256sum "$m" | cut -c1-16 > .gpu/smol.sha256
 PYTHONPATH=.gpu/site python "$here/rand_gguf.py" "$m" .gpu/vocab.gguf vocab
-cp bench/prompts/code_edits.jsonl .gpu/code.jsonl; cp bench/prompts/spec_bench_dev26.jsonl .gpu/chat.jsonl
-cp bench/prompts/json_extraction.jsonl .gpu/json.jsonl; cp bench/prompts/stream_*.jsonl .gpu/
+cp benchmarks/prompts/code_edits.jsonl .gpu/code.jsonl; cp benchmarks/prompts/spec_bench_dev26.jsonl .gpu/chat.jsonl
+cp benchmarks/prompts/json_extraction.jsonl .gpu/json.jsonl; cp benchmarks/prompts/stream_*.jsonl .gpu/
 cp "$here"/run1.sh "$here"/run2.sh "$here"/shapes.py "$here"/rand_gguf.py .gpu/
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 for d in .gpu .gpu2 .gpu3; do t=$(( tree + $(du -sb $d | cut -f1) )); echo "call with $d: $((t / 1048576)) MiB of 64"; [ $t -lt 67108864 ] || echo "  too big: split the model smaller"; done

@@ -31,7 +31,7 @@ SP="$PY $H/../step_parts.py"
 step code-smol 130 $SP $W/smol.gguf $NGL --prompts $W/code.jsonl ${LIMIT:-} --methods $M --max-tokens 128 $R --out $OUT/code-smol.jsonl --parts-out $OUT/parts-code.jsonl
 step json-smol 110 $SP $W/smol.gguf $NGL --prompts $W/json.jsonl ${LIMIT:-} --methods $MJ --max-tokens 256 $R --out $OUT/json-smol.jsonl --parts-out $OUT/parts-json.jsonl
 step chat-smol 110 $ES bench $W/smol.gguf $NGL --prompts $W/chat.jsonl ${LIMIT:-} --methods ${METHODS_CHAT:-none,default,suffix@free,suffix@hold4,llama-server-ngram-simple,llama-server-ngram-mod} --max-tokens 128 --repeat ${REPEAT_CHAT:-1} --out $OUT/chat-smol.jsonl
-# the steady and alternating widths of this build (tools/replay.py --cost), while time is left
+# the steady and alternating widths of this build (edgespec replay --cost), while time is left
 step shapes-smol ${SHAPES_S:-30} $SH $W/smol.gguf 99
 # the calibration before the streams: the 2026-11-27 run reached its deadline in them
 TAILN=40 step cal-smol 30 $ES calibrate $W/smol.gguf $NGL --json

@@ -1,5 +1,5 @@
 """The `edgespec` command line: generate, chat, serve, calibrate, bench, bench-report, bench-sessions,
-bench-sessions-report, build-peers, memory, cache.
+bench-sessions-report, record-session, replay, build-peers, get-models, memory, cache.
 
 Each command resolves its inputs, calls the library and prints.  Mistakes a
 user can make (a missing or broken model file, a prompt longer than the
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import click
 
-from edgespec.app.cli import (bench, bench_sessions, cache, calibrate, chat, corpus, generate, memory, models, rpc_worker,
-                              serve)
+from edgespec.app.cli import (bench, bench_sessions, cache, calibrate, chat, corpus, generate, get_models, memory, models,
+                              record_session, replay, rpc_worker, serve)
 from edgespec.app.cli.options import log_options
 
 
@@ -60,8 +60,11 @@ main.add_command(bench.bench)
 main.add_command(bench.bench_report)
 main.add_command(bench_sessions.bench_sessions)
 main.add_command(bench_sessions.bench_sessions_report)
+main.add_command(record_session.record_session)
+main.add_command(replay.replay)
 main.add_command(rpc_worker.rpc_worker)
 main.add_command(bench.build_peers_cmd)
+main.add_command(get_models.get_models)
 main.add_command(corpus.build_corpus_cmd)
 main.add_command(memory.memory_cmd)
 main.add_command(cache.cache_cmd)

@@ -20,10 +20,23 @@ def _progress(row: dict) -> None:
                f"{status}", err=True)
 
 
+def _default_sessions() -> str:
+    """The clone's recorded traces, found from the package's own path (not the
+    working directory); without a clone, a usage error that says what to pass."""
+    from edgespec.paths import source_data
+
+    path = source_data("sessions")
+    if path is None:
+        raise click.UsageError("no recorded sessions here: edgespec was not imported from a clone of its "
+                               "repository (whose benchmarks/sessions holds them); pass --sessions PATH")
+    return path
+
+
 @click.command("bench-sessions")
 @click.argument("model", required=False, shell_complete=complete_model)
-@click.option("--sessions", "sessions_path", default="bench/sessions", show_default=True,
-              type=click.Path(exists=True), help="A trace file (JSON lines), or a folder of them (*.jsonl).")
+@click.option("--sessions", "sessions_path", default=None, type=click.Path(exists=True),
+              help="A trace file (JSON lines), or a folder of them (*.jsonl).  Default: the recorded traces, "
+                   "benchmarks/sessions of the clone edgespec runs from (an installed wheel has none).")
 @click.option("--target", "targets", multiple=True, metavar="SPEC",
               help="A server to replay on (repeatable; the first is the reference of `identical`): edgespec, "
                    "edgespec-NAME='SERVE OPTIONS' (e.g. edgespec-exact='--kernels exact'), llama-server, "
@@ -61,6 +74,7 @@ def bench_sessions(model, sessions_path, targets, threads, n_ctx, max_tokens, re
     from edgespec.bench.sessions import load_sessions
     from edgespec.models.resolve import resolve_model
 
+    sessions_path = sessions_path or _default_sessions()
     with user_errors():
         sessions = load_sessions(sessions_path)
         target_list = parse_targets(targets or DEFAULT_TARGETS)

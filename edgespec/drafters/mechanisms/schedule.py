@@ -27,7 +27,7 @@ from edgespec.drafters.tree import N_SOURCES
 from edgespec.drafters.mechanisms import RETRIEVAL, Mechanism
 
 clock = time.perf_counter
-"""What times a part's propose(); tools/replay.py --draft-ms puts a fixed
+"""What times a part's propose(); edgespec replay --draft-ms puts a fixed
 step in its place, so a replay's schedule decides the same under any load."""
 
 SCHEDULE_PROBE = 8                  # an idle part proposes again after 8 steps,

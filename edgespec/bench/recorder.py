@@ -1,44 +1,53 @@
-#!/usr/bin/env python3
-"""Record an app's requests as a session trace for `edgespec bench-sessions`.
+"""Recording an app's requests as a session trace for `edgespec bench-sessions`
+(the command is `edgespec record-session`; docs/sessions.md).
 
-    python tools/record_session.py --out bench/sessions/aider-edit.jsonl \\
-        --app aider --app-version 0.86.2 --how "aider --message ... x3" \\
-        --forward http://127.0.0.1:8080 --forward-max-tokens 300 --port 8099
-
-An OpenAI-compatible endpoint on 127.0.0.1 (stdlib only): every POST to
-/v1/chat/completions or /v1/completions is appended to the trace, as
+An OpenAI-compatible endpoint on 127.0.0.1 (standard library only): every
+POST to /v1/chat/completions or /v1/completions is appended to the trace, as
 {"path", "role", "body"} with the body exactly as the app sent it, and
-answered by forwarding it to a real server (--forward: the app sees a real
+answered by forwarding it to a real server (`forward`: the app sees a real
 model's answers, so its follow-up requests carry real histories) or with a
-canned answer (--canned TEXT), streamed when the request asks.  The request
-header X-Trace-Role sets the line's role (default: `summary` for Aider's
-history summaries, see role_of, else chat).  GET /v1/models is
-forwarded, or answered with --model-id.  The trace's first line is its
-header (docs/sessions.md): what recorded it, and how.  Ctrl-C or SIGTERM stops.
+canned answer, streamed when the request asks.  The request header
+X-Trace-Role sets the line's role (default: role_of).  GET /v1/models is
+forwarded, or answered with `model_id`.  The trace's first line is its header
+(what recorded it, and how).
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import http.client
 import json
 import os
-import signal
 import sys
 import threading
 import time
 import urllib.parse
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-LOCK = threading.Lock()
+LOCK = threading.Lock()         # one writer at a time: the server answers requests on threads
 PATHS = ("/v1/chat/completions", "/v1/completions")
 
 
-def header(a) -> dict:
-    return {"trace": "edgespec-session", "app": a.app, "app_version": a.app_version, "model": a.model_note,
-            "recorded": a.how, "answers": f"forwarded to {a.forward}" if a.forward else "canned",
-            "forward_max_tokens": a.forward_max_tokens if a.forward else None,
-            "date": datetime.date.today().isoformat(), "recorder": "tools/record_session.py"}
+@dataclass(frozen=True)
+class Recording:
+    """What a recording writes to and how it answers (the command's options)."""
+    out: str
+    app: str
+    port: int = 8099
+    app_version: str = ""
+    how: str = ""                   # how the app was run, for the header
+    model_note: str = ""            # the model the answers came from, for the header
+    forward: str | None = None      # http://HOST:PORT of a server that answers
+    forward_max_tokens: int = 300   # added to forwarded requests that have none (the trace keeps them without)
+    canned: str = "OK."             # the answer without `forward`
+    model_id: str = "recorded"      # the model /v1/models names without `forward`
+
+
+def header(rec: Recording) -> dict:
+    return {"trace": "edgespec-session", "app": rec.app, "app_version": rec.app_version, "model": rec.model_note,
+            "recorded": rec.how, "answers": f"forwarded to {rec.forward}" if rec.forward else "canned",
+            "forward_max_tokens": rec.forward_max_tokens if rec.forward else None,
+            "date": datetime.date.today().isoformat(), "recorder": "edgespec record-session"}
 
 
 def role_of(body: dict) -> str:
@@ -78,8 +87,8 @@ def canned_json(path: str, text: str, model: str) -> dict:
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
 
 
-class Handler(BaseHTTPRequestHandler):
-    args: argparse.Namespace
+class _Handler(BaseHTTPRequestHandler):
+    rec: Recording              # set on the subclass recorder() makes
 
     def log_message(self, fmt, *a):       # quiet: one line per request below
         pass
@@ -92,10 +101,10 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
-        if self.args.forward:
+        if self.rec.forward:
             return self._forward("GET", None)
         if self.path.rstrip("/") == "/v1/models":
-            data = {"object": "list", "data": [{"id": self.args.model_id, "object": "model", "owned_by": "me"}]}
+            data = {"object": "list", "data": [{"id": self.rec.model_id, "object": "model", "owned_by": "me"}]}
             return self._send(200, json.dumps(data).encode())
         self._send(404, b'{"error": "not found"}')
 
@@ -106,28 +115,28 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(404, b'{"error": {"message": "the recorder takes chat and text completions"}}')
         body = json.loads(raw)
         role = self.headers.get("X-Trace-Role") or role_of(body)
-        append(self.args.out, {"path": path, "role": role, "body": body})
+        append(self.rec.out, {"path": path, "role": role, "body": body})
         print(f"recorded {path} ({role}, stream {bool(body.get('stream'))}, "
               f"{len(body.get('messages') or [])} messages)", file=sys.stderr, flush=True)
-        if self.args.forward:
+        if self.rec.forward:
             fwd = dict(body)
             if fwd.get("max_tokens") is None and fwd.get("max_completion_tokens") is None:
-                fwd["max_tokens"] = self.args.forward_max_tokens
+                fwd["max_tokens"] = self.rec.forward_max_tokens
             return self._forward("POST", json.dumps(fwd).encode())
-        model = body.get("model", self.args.model_id)
+        model = body.get("model", self.rec.model_id)
         if body.get("stream"):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            for e in canned_events(path, self.args.canned, model):
+            for e in canned_events(path, self.rec.canned, model):
                 self.wfile.write(f"data: {json.dumps(e)}\n\n".encode())
             self.wfile.write(b"data: [DONE]\n\n")
             return
-        self._send(200, json.dumps(canned_json(path, self.args.canned, model)).encode())
+        self._send(200, json.dumps(canned_json(path, self.rec.canned, model)).encode())
 
     def _forward(self, method: str, data: bytes | None):
-        """The request to --forward, its answer relayed as it comes (a stream line by line)."""
-        u = urllib.parse.urlsplit(self.args.forward)
+        """The request to `forward`, its answer relayed as it comes (a stream line by line)."""
+        u = urllib.parse.urlsplit(self.rec.forward)
         conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=3600)
         try:
             conn.request(method, self.path, body=data, headers={"Content-Type": "application/json"})
@@ -145,34 +154,10 @@ class Handler(BaseHTTPRequestHandler):
             conn.close()
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="the trace to write (appended to if it exists)")
-    ap.add_argument("--port", type=int, default=8099)
-    ap.add_argument("--app", required=True, help="the app that sends the requests (aider, ...)")
-    ap.add_argument("--app-version", default="")
-    ap.add_argument("--how", default="", help="how the app was run (its command lines), for the header")
-    ap.add_argument("--model-note", default="", help="the model the answers came from, for the header")
-    ap.add_argument("--forward", default=None, help="http://HOST:PORT of a server that answers")
-    ap.add_argument("--forward-max-tokens", type=int, default=300,
-                    help="max_tokens added to forwarded requests that have none (the trace keeps them without)")
-    ap.add_argument("--canned", default="OK.", help="the answer without --forward")
-    ap.add_argument("--model-id", default="recorded", help="the model /v1/models names without --forward")
-    a = ap.parse_args(argv)
-    if not os.path.exists(a.out) or os.path.getsize(a.out) == 0:
-        append(a.out, header(a))
-    Handler.args = a
-    srv = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    print(f"recording to {a.out} on http://127.0.0.1:{a.port}/v1", file=sys.stderr, flush=True)
-    try:
-        srv.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        srv.server_close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def recorder(rec: Recording) -> ThreadingHTTPServer:
+    """The recording server, bound to 127.0.0.1:rec.port (not yet serving); the
+    trace gets its header first when it is new or empty."""
+    if not os.path.exists(rec.out) or os.path.getsize(rec.out) == 0:
+        append(rec.out, header(rec))
+    handler = type("RecordingHandler", (_Handler,), {"rec": rec})
+    return ThreadingHTTPServer(("127.0.0.1", rec.port), handler)
