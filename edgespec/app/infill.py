@@ -37,13 +37,13 @@ import numpy as np
 from edgespec.errors import RequestFieldError
 
 FIM_ROLES = ("pre", "suf", "mid", "pad", "rep", "sep")
-FIM_TEXTS = {     # the tokens' texts where the metadata lacks an id: Qwen2.5-Coder's, StarCoder's / SmolLM's
+FIM_TEXTS = {     # the texts where the metadata lacks an id: Qwen2.5-Coder's, StarCoder's, CodeGemma's file separator
     "pre": ("<|fim_prefix|>", "<fim_prefix>", "<fim-prefix>"),
     "suf": ("<|fim_suffix|>", "<fim_suffix>", "<fim-suffix>"),
     "mid": ("<|fim_middle|>", "<fim_middle>", "<fim-middle>"),
     "pad": ("<|fim_pad|>", "<fim_pad>", "<fim-pad>"),
     "rep": ("<|repo_name|>", "<repo_name>", "<reponame>"),
-    "sep": ("<|file_sep|>", "<file_sep>", "<filename>"),
+    "sep": ("<|file_sep|>", "<file_sep>", "<filename>", "<|file_separator|>"),
 }
 ANSWER_RESERVE = 256      # room left for an answer without max_tokens (at most a quarter of the context)
 
