@@ -44,6 +44,20 @@ def sse_events(text: str) -> list[dict]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
 
 
+def test_request_checks_its_stop_tokens_and_time_limit():
+    """Request.stop_tokens are checked where a request resolves (in the
+    vocabulary), t_max_predict_ms where it is built (> 0)."""
+    from edgespec.core.params import resolve
+    from edgespec.errors import ConfigError
+    r = resolve(Request([1], stop_tokens=[7, 9]), [1], n_ctx=10, n_vocab=50)
+    assert r.request.stop_tokens == (7, 9) and r.truncated is False
+    with pytest.raises(RequestFieldError) as e:
+        resolve(Request([1], stop_tokens=[50]), [1], n_ctx=10, n_vocab=50)
+    assert e.value.param == "stop_tokens"
+    with pytest.raises(ConfigError, match="t_max_predict_ms"):
+        Request([1], t_max_predict_ms=0)
+
+
 # ------------------------------------------------------------ SmolLM2 (always)
 def test_model_without_fim_tokens_is_refused(model):
     """SmolLM2 has <repo_name> and <file_sep> but no FIM prefix/suffix/middle:
