@@ -24,6 +24,7 @@ import numpy as np
 from edgespec.app.concurrency import Stream, Turnstile
 from edgespec.app.engines import ModelEngines
 from edgespec.run.settings import RunConfig
+from edgespec.app.infill import Infill
 from edgespec.app.resolve import prompt_tokens, resolve_request
 from edgespec.backend.interrupt import attach as attach_interrupt
 from edgespec.backend.llama import LlamaBackend
@@ -406,6 +407,19 @@ class SpecModel(ModelEngines, PromptCaching):
                                 drafter=drafter, reuse_prefix=reuse_prefix, cancel=cancel, prediction=prediction,
                                 logprobs=logprobs, grammar=grammar, json_schema=json_schema),
                         on_text=on_text, on_chunk=on_chunk, wait=wait, timeout=timeout)
+
+    def infill(self, prefix: str, suffix: str = "", extra=(), *, middle: str = "",
+               max_tokens: int | None = DEFAULT.max_tokens, sampling: SamplingConfig | None = None,
+               stop: Sequence[str] | None = None, drafter=None, reuse_prefix: bool = DEFAULT.reuse_prefix,
+               on_text=None, cancel=None, wait: bool = True, timeout: float | None = None) -> GenerationResult:
+        """Fill in the middle: the code between prefix and suffix, from the
+        model's FIM prompt (edgespec.app.infill: extra is (filename, text)
+        chunks of other files, oldest first; middle starts the answer).  The
+        prompt the server's /infill builds; a model without FIM tokens raises
+        RequestFieldError."""
+        return self.run(Request(Infill(prefix, suffix, tuple(extra), middle), max_tokens=max_tokens,
+                                sampling=sampling, stop=stop, drafter=drafter, reuse_prefix=reuse_prefix,
+                                cancel=cancel), on_text=on_text, wait=wait, timeout=timeout)
 
     def fit_messages(self, messages: Messages, reserve: int = 0) -> tuple[list, int]:
         """The conversation trimmed to fit the context with `reserve` tokens left

@@ -58,6 +58,7 @@ from edgespec.app.compat_state import LlamaDiskCache, LlamaRAMCache, LlamaState,
 from edgespec.app.openai_format import chat_chunk, chat_response, completion_response, new_id
 from edgespec.errors import ConfigError
 from edgespec.core.logprobs import LogprobFormatter
+from edgespec.app.infill import Infill
 from edgespec.core.params import Request, Resolved
 from edgespec.app.structured import grammar_text, response_format_schema, schema_gbnf
 from edgespec.core.verify import SamplingConfig
@@ -77,7 +78,7 @@ _REFUSED_INIT = ("vocab_only", "kv_overrides", "rope_scaling_type", "pooling_typ
 _TYPE_K = {1: "f16", 8: "q8_0"}     # ggml type ids of the K cache types edgespec runs
 
 # sampling parameters edgespec does not implement, with their neutral values
-_NEUTRAL = {"suffix": None, "typical_p": 1.0, "frequency_penalty": 0.0,
+_NEUTRAL = {"typical_p": 1.0, "frequency_penalty": 0.0,
             "presence_penalty": 0.0, "repeat_penalty": 1.0, "tfs_z": 1.0, "mirostat_mode": 0,
             "stopping_criteria": None, "logits_processor": None, "logit_bias": None,
             "functions": None, "function_call": None}
@@ -208,8 +209,13 @@ class Llama:
                               top_p=float(top_p), min_p=float(min_p),
                               seed=int(seed if seed is not None else self._seed))
 
-    def _completion_prompt(self, prompt) -> tuple[list[int], str]:
-        """A completion's prompt (text, or token ids) as (token ids, text)."""
+    def _completion_prompt(self, prompt, suffix: str | None = None) -> tuple[list[int] | Infill, str]:
+        """A completion's prompt (text, or token ids) as (token ids, text);
+        with a suffix, as the Infill whose FIM prompt the model resolves."""
+        if suffix:
+            if not isinstance(prompt, str) or not isinstance(suffix, str):
+                raise ConfigError("suffix needs the prompt and the suffix as text (fill in the middle)")
+            return Infill(prompt, suffix), prompt
         if isinstance(prompt, str):
             toks = self._model.tokenize(prompt, add_special=True, parse_special=True) if prompt else \
                 self._model.tokenize("", add_special=True)
@@ -232,17 +238,20 @@ class Llama:
         the context's end; never past it (core.params.token_limit).
         logprobs=N (0..20): each token's log-probability and the N likeliest
         tokens there (not with echo: the prompt's own are not computed).
-        grammar: a llama_cpp.LlamaGrammar or GBNF text the answer follows."""
+        grammar: a llama_cpp.LlamaGrammar or GBNF text the answer follows.
+        suffix: the text after the answer; a prompt with a suffix is
+        filled in the middle with the model's FIM tokens (edgespec.app.infill,
+        the prompt /infill builds; ConfigError for a model without them)."""
         if echo and logprobs is not None:
             raise ConfigError("edgespec.Llama does not support logprobs with echo=True (the prompt's "
                               "log-probabilities are not computed)")
-        _refuse_unsupported(suffix=suffix, typical_p=typical_p,
+        _refuse_unsupported(typical_p=typical_p,
                             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                             repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
                             stopping_criteria=stopping_criteria, logits_processor=logits_processor,
                             logit_bias=logit_bias)
         gbnf = grammar_text(grammar)
-        toks, prompt_text = self._completion_prompt(prompt)
+        toks, prompt_text = self._completion_prompt(prompt, suffix)
         # resolved (the one check) before a stream is returned: a bad call raises here
         request = self._model.resolve(Request(toks, max_tokens=_max_tokens(max_tokens), stop=_stops(stop),
                                               logprobs=logprobs, grammar=gbnf,
@@ -253,7 +262,7 @@ class Llama:
         if stream:
             return self._completion_chunks(request, reply, head, fmt)
         r = self._model.run(request)
-        d = completion_response(*reply, head + r.text, r.stop_reason, len(toks), r.n_generated)
+        d = completion_response(*reply, head + r.text, r.stop_reason, len(request.prompt), r.n_generated)
         if fmt is not None:
             d["choices"][0]["logprobs"] = fmt.completion(r.logprobs)
         return d
@@ -370,6 +379,11 @@ class Llama:
                     yield d
 
     # ------------------------------------------------------- state, cache
+    @property
+    def n_tokens(self) -> int:
+        """Tokens whose cells the KV cache holds (llama-cpp-python's n_tokens)."""
+        return int(self._model.backend.n_past)
+
     def save_state(self) -> LlamaState:
         """The KV cache as a LlamaState (llama-cpp-python's fields;
         edgespec.app.compat_state says what each holds)."""

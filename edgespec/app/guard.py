@@ -36,7 +36,7 @@ LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARDS = ("0.0.0.0", "::", "")
 
 
-KEYED = ("/props", "/metrics")     # paths outside /v1/ that need the API key, as in llama-server
+KEYED = ("/props", "/metrics", "/completion", "/infill")   # paths outside /v1/ that need the API key, as in llama-server
 
 
 def host_name(value: str) -> str:

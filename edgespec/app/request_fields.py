@@ -18,6 +18,7 @@ import math
 from starlette.responses import Response
 
 from edgespec.app import tools as tooling
+from edgespec.app.infill import Infill
 from edgespec.app.structured import ConstraintError, response_format_schema
 from edgespec.backend.grammar import MAX_GRAMMAR_BYTES
 from edgespec.core.logprobs import MAX_TOP_LOGPROBS
@@ -39,14 +40,15 @@ INT_MAX = 2**31 - 1        # the largest count, id or top_k a request may give
 HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_k", "top_p",
             "min_p", "seed", "stop", "stream", "stream_options", "prediction", "logprobs", "top_logprobs",
             "response_format", "grammar", "json_schema", "tools", "tool_choice", "cache_prompt",
-            "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
+            "suffix", "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
 _NEUTRAL = {"frequency_penalty": (0,), "presence_penalty": (0,), "n": (1,), "best_of": (1,), "echo": (False,),
             "suffix": (None, ""), "logit_bias": (None, {}),
             "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
             "function_call": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
             "modalities": (None, ["text"]), "audio": (None,), "reasoning_effort": (None,), "verbosity": (None,),
             "web_search_options": (None,)}
-_ONLY = {"messages": True, "prompt": False, "tools": True, "tool_choice": True}   # one endpoint's only (chat: True)
+_ONLY = {"messages": True, "prompt": False, "suffix": False, "tools": True,
+         "tool_choice": True}   # one endpoint's only (chat: True)
 
 
 SERVE_DEFAULTS = Request(max_tokens=None)
@@ -74,6 +76,9 @@ class ServeRequest:
     grammar_param: str | None = None    # the field to name when llama.cpp refuses the grammar
     text_offset: int = 0            # a completion's logprobs' text_offset base: the prompt text's length
     resolved: Resolved | None = None    # the request resolved against the model (core.params.Resolved)
+    native: str = ""                # llama-server's native endpoint ("completion", "infill": app/native.py), or ""
+    response_fields: tuple[str, ...] = ()   # native: the answer's fields to return ("timings/prompt_n"); (): all
+    quiet: bool = False             # native n_predict 0: the prompt is read and cached, the answer left empty
 
     def but(self, **changes) -> "ServeRequest":
         return dataclasses.replace(self, **changes)
@@ -343,6 +348,19 @@ def _stream(body: dict) -> tuple[bool, bool]:
     return stream, bool(opts.get("include_usage"))
 
 
+def _with_suffix(prompt, suffix):
+    """/v1/completions' prompt with OpenAI's suffix: the Infill of the text
+    before and after the answer (filled in the middle: edgespec.app.infill)."""
+    if suffix is None or suffix == "":
+        return prompt
+    if not isinstance(suffix, str):
+        raise RequestError(400, "suffix must be a string", "suffix", "invalid_type")
+    if not isinstance(prompt, str):
+        raise RequestError(400, "suffix needs the prompt as text (fill in the middle)", "suffix", "invalid_value")
+    utf8_len(suffix, "suffix")
+    return Infill(prompt, suffix)
+
+
 # ------------------------------------------------------------ a whole request
 class RequestParser:
     """A request body of one endpoint, checked, into the ServeRequest the
@@ -372,7 +390,7 @@ class RequestParser:
         stop, prediction, logprobs = _stop(body, list(d.stop), self.limits), _prediction(body), _logprobs(body, chat)
         constraint = _constraint(body)
         field, value = constraint or (None, None)
-        prompt = _messages(body) if chat else self._prompt(body.get("prompt"))
+        prompt = _messages(body) if chat else _with_suffix(self._prompt(body.get("prompt")), body.get("suffix"))
         tools = self._tools(body, constraint) if chat else None
         request = d.but(prompt=prompt, max_tokens=max_tokens, sampling=sampling, stop=tuple(stop),
                         reuse_prefix=reuse, prediction=prediction, logprobs=logprobs,

@@ -10,6 +10,7 @@ checks before it are edgespec.app.request_fields.
 from __future__ import annotations
 
 from edgespec.app import tools as tooling
+from edgespec.app.infill import Infill
 from edgespec.app.request_fields import Limits, RequestError, ServeRequest, shutting_down, utf8_len
 from edgespec.errors import ConfigError, GrammarError, ModelClosedError, RequestFieldError
 
@@ -78,7 +79,7 @@ class RequestTokenizer:
         if isinstance(prompt, str):
             self._fits(prompt, self.n_ctx, where)
             return m.tokenize(prompt, add_special=True, parse_special=True)
-        return prompt
+        return prompt       # token ids; or an Infill, bounded by the body's size and cut to fit where it resolves
 
     def _check_prediction(self, resolved) -> None:
         """The server's bound on a prediction's tokens (--max-prediction-tokens)."""
@@ -94,6 +95,8 @@ class RequestTokenizer:
         p = call.request.prompt
         if call.chat or call.request.logprobs is None:
             return 0
+        if isinstance(p, Infill):
+            return len(p.prefix)
         return len(p) if isinstance(p, str) else len(self.model.detokenize(p))
 
     def tokens(self, call: ServeRequest) -> ServeRequest:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgespec.app.infill import Infill, fim_prompt
 from edgespec.app.structured import constraint_gbnf
 from edgespec.backend.chattokens import chat_tokens
 from edgespec.backend.grammar import Grammar
@@ -55,14 +56,23 @@ def resolve_request(model, request: Request) -> Resolved:
     """`request` resolved against `model` (a SpecModel, with its vocabulary
     in use): RequestFieldError (PromptTooLongError, GrammarError) for one
     that cannot run.  A compiled grammar belongs to the Resolved (close() it
-    if it never runs)."""
-    toks = prompt_tokens(model, request.prompt, raw=request.raw)
+    if it never runs).  A prompt given as an Infill becomes its FIM prompt
+    (edgespec.app.infill: the answer also ends at its FIM end tokens, and
+    Resolved.truncated says whether a part was cut to fit)."""
+    truncated = False
+    if isinstance(request.prompt, Infill):
+        fim = fim_prompt(model.vocab, request.prompt, model.n_ctx, request.max_tokens)
+        toks, truncated = fim.ids, fim.truncated
+        request = request.but(stop_tokens=tuple(dict.fromkeys(request.stop_tokens + fim.stop_tokens)))
+    else:
+        toks = prompt_tokens(model, request.prompt, raw=request.raw)
     gbnf = constraint_gbnf(request.grammar, request.json_schema)
     grammar = Grammar(model.vocab, gbnf) if gbnf is not None else None
     try:
-        return resolve(request, toks, n_ctx=model.n_ctx, n_vocab=model.vocab.n_vocab,
-                       verify=model.verify_for(request.drafter), grammar=grammar,
-                       prediction=_prediction(model, request.prediction))
+        resolved = resolve(request, toks, n_ctx=model.n_ctx, n_vocab=model.vocab.n_vocab,
+                           verify=model.verify_for(request.drafter), grammar=grammar,
+                           prediction=_prediction(model, request.prediction))
+        return resolved.but(truncated=True) if truncated else resolved
     except BaseException:
         if grammar is not None:
             grammar.close()

@@ -8,7 +8,9 @@ Starlette routes on uvicorn (the `serve` extra).  Endpoints:
     GET  /props                 the model, context, drafter and request defaults (llama-server's /props)
     GET  /metrics               Prometheus counters (edgespec/app/metrics.py)
     POST /v1/chat/completions   OpenAI chat completions, streamed as server-sent events or not
-    POST /v1/completions        OpenAI (legacy) text completions, likewise
+    POST /v1/completions        OpenAI (legacy) text completions, likewise (`suffix`: fill in the middle)
+    POST /completion            llama-server's native completion (edgespec.app.native)
+    POST /infill                llama-server's fill-in-the-middle (edgespec.app.native, edgespec.app.infill)
 
 Requests run one at a time on one model thread, from a FIFO queue of at most
 `max_queue` waiting requests (a full queue answers 503 with Retry-After);
@@ -76,6 +78,8 @@ from starlette.routing import Route
 
 from edgespec.app.answers import CANCELLED, STARTED, Answers, Event, receive
 from edgespec.app.guard import Access, Guard, error_body
+from edgespec.app.native import NativeAnswers
+from edgespec.app.native import parse as native_request
 from edgespec.app.request_fields import (SERVE_DEFAULTS, Limits, RequestError, RequestParser, ServeRequest,
                                          parse_json, shutting_down)
 from edgespec.app.request_tokens import RequestTokenizer
@@ -130,6 +134,7 @@ class Server:
         self.parser = RequestParser(model, model_id, self.defaults, self.limits)
         self.tokenizer = RequestTokenizer(model, self.limits)
         self.answers = Answers(model, self.defaults, lambda: self._draining)
+        self.native = NativeAnswers(self.answers)
         self.created = int(time.time())
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-model")
         self._pending = 0                    # running + queued requests (event loop thread only)
@@ -150,6 +155,8 @@ class Server:
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/completion", self.native_completion, methods=["POST"]),
+            Route("/infill", self.infill, methods=["POST"]),
         ], lifespan=self._lifespan, exception_handlers={404: _http_error, 405: _http_error})
         self.app = Guard(self.app, access or Access(api_key=api_key), self.limits.max_body_bytes)
 
@@ -238,11 +245,18 @@ class Server:
     async def completions(self, request: Request):
         return self._counted("/v1/completions", await self._handle(request, chat=False))
 
-    async def _handle(self, request: Request, chat: bool):
+    async def native_completion(self, request: Request):
+        return self._counted("/completion", await self._handle(request, chat=False, native="completion"))
+
+    async def infill(self, request: Request):
+        return self._counted("/infill", await self._handle(request, chat=False, native="infill"))
+
+    async def _handle(self, request: Request, chat: bool, native: str = ""):
         """Parse and check, admit, tokenize, queue, answer: the cheap refusals
         first, the tokenizer only for a request that holds a queue slot."""
         try:
-            call = self.parser.parse(await self._body(request), chat)
+            body = await self._body(request)
+            call = native_request(self.parser, body, native) if native else self.parser.parse(body, chat)
             ahead = self._admit()
         except RequestError as e:
             if e.status != 503:
@@ -286,12 +300,13 @@ class Server:
                 await receive(queue)                # STARTED once the model runs it
             except RequestError as e:
                 return e.response()
+            answers = self.native if call.native else self.answers
             if call.stream:
                 # the status is sent once the model has started: an error before that gets its own
-                events = (self.answers.sse_tools if call.tools is not None else self.answers.sse)(call, queue, cancel)
+                events = (self.answers.sse_tools if call.tools is not None else answers.sse)(call, queue, cancel)
                 return StreamingResponse(events, media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            return await self.answers.collect(call, queue)
+            return await answers.collect(call, queue)
         finally:
             watch.cancel()
 

@@ -78,6 +78,20 @@ class Vocab:
     def token_text(self, token: int) -> str:
         return self.piece(token, special=True).decode("utf-8", errors="replace")
 
+    def metadata(self, key: str) -> str | None:
+        """A GGUF metadata value of the model as text (None if it has none)."""
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return None if n < 0 else buf.value.decode("utf-8", errors="replace")
+
+    def special_token(self, text: str) -> int:
+        """The id of the one token whose piece is exactly `text` (a control
+        token's text, read with special-token parsing), or -1."""
+        ids = self.tokenize(text, add_special=False, parse_special=True)
+        if len(ids) == 1 and self.piece(int(ids[0]), special=True) == text.encode("utf-8"):
+            return int(ids[0])
+        return -1
+
     def eos_token(self) -> int:
         """The end-of-sequence token id (-1 if the model has none)."""
         return int(L.llama_vocab_eos(self.ptr))

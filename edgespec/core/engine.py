@@ -41,7 +41,7 @@ from edgespec.core.logprobs import token_logprobs
 from edgespec.core.params import Request, Resolved, resolve
 from edgespec.core.plan import StepPlan
 from edgespec.core.prefix_cache import PrefixCache, common_prefix
-from edgespec.core.request import RunState, chunks, count_sources, finish
+from edgespec.core.request import RunState, chunks, count_sources, finish, over_time
 from edgespec.core.result import GenerationResult
 from edgespec.core.stream import TextStream
 from edgespec.core.grammar_drafts import SOURCE_LABEL, SOURCE_VALUE, GrammarDrafts
@@ -144,7 +144,7 @@ class Engine:
             while st.stop_reason is None:
                 if is_cancelled is not None and is_cancelled():
                     st.stop_reason = "cancelled"
-                elif be.n_ctx - be.n_past < 1:
+                elif be.n_ctx - be.n_past < 1 or over_time(st):
                     st.stop_reason = "length"
                 else:
                     yield from chunks(st, self._step(st))
@@ -180,6 +180,9 @@ class Engine:
         if request.logprobs is not None:
             st.n_logprobs, st.lp = request.logprobs, []
         st.grammar = grammar
+        if request.stop_tokens:
+            st.eog = self.eog.copy()
+            st.eog[list(request.stop_tokens)] = True
         if grammar is not None and self.config.forced_drafts and not self._plain:
             st.gdrafts = GrammarDrafts(grammar, self.backend.vocab, self.backend.vocab.detokenize(prompt))
         st.topk_walk = bool(self._feedback.topk) and sampling.greedy and grammar is None
@@ -255,7 +258,7 @@ class Engine:
         end-of-generation token, at max_tokens or at a completed stop string
         (st.stop_reason is set then); the first n_drafted were drafts."""
         cut = len(toks)
-        eog = self.eog
+        eog = st.eog if st.eog is not None else self.eog
         for i, tok in enumerate(toks):
             if eog[tok]:
                 cut = i

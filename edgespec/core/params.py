@@ -68,6 +68,15 @@ class Request:
     cancel: Any = None
     """A threading.Event or a callable returning True to stop, checked before
     every step and between prefill chunks (stop_reason "cancelled")."""
+    stop_tokens: tuple[int, ...] = ()
+    """Token ids that end the answer as the model's end-of-generation tokens
+    do (not part of it; stop_reason "stop"): an infill's FIM end tokens
+    (edgespec.app.infill)."""
+    t_max_predict_ms: float | None = None
+    """llama-server's t_max_predict_ms: once the answer holds a newline,
+    generation ends (stop_reason "length") as soon as this many milliseconds
+    have passed since the prompt was read; checked before every step, like
+    cancel.  None: no time limit."""
 
     def __post_init__(self):
         # what a request can get wrong by itself is refused where it is built;
@@ -80,6 +89,10 @@ class Request:
             object.__setattr__(self, "sampling", SamplingConfig())
         if not isinstance(self.stop, tuple):
             object.__setattr__(self, "stop", tuple(self.stop or ()))
+        if not isinstance(self.stop_tokens, tuple):
+            object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
+        if self.t_max_predict_ms is not None and not self.t_max_predict_ms > 0:
+            raise ConfigError("t_max_predict_ms must be > 0 (None: no time limit)")
 
     def but(self, **changes) -> Request:
         """This request with the named fields changed."""
@@ -121,6 +134,8 @@ class Resolved:
     cancel: Any = None
     """The cancel check the engine polls (the request's, which SpecModel
     widens with its own close and stream events)."""
+    truncated: bool = False
+    """The prompt was cut to fit the context (an infill's parts: edgespec.app.infill)."""
 
     def but(self, **changes) -> Resolved:
         return replace(self, **changes)
@@ -151,6 +166,8 @@ def resolve(request: Request, prompt, *, n_ctx: int, n_vocab: int, verify: Verif
                                 "temperature")
     if not vcfg.exact and grammar is not None:
         raise GrammarError(f"--verify {vcfg.mode} cannot be combined with a grammar")
+    if request.stop_tokens:
+        _ids(list(request.stop_tokens), n_vocab, "stop_tokens")
     pred = None
     if prediction is not None and len(prediction):
         pred = _ids(prediction, n_vocab, "prediction")

@@ -60,6 +60,8 @@ class RunState:
     gdrafts: GrammarDrafts | None = None   # its drafts, when the engine drafts under it
     n_logprobs: int = 0               # alternatives per token when logprobs are asked for (lp then)
     lp: list | None = None            # a TokenLogprob per token of `generated` (then)
+    eog: np.ndarray | None = None     # the tokens that end the answer: the model's EOG and request.stop_tokens
+    newline: bool = False             # the answer holds a newline (request.t_max_predict_ms counts then)
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -68,6 +70,17 @@ class RunState:
     @property
     def record_topk(self) -> int:
         return self.request.record_topk
+
+
+def over_time(st: RunState) -> bool:
+    """request.t_max_predict_ms has passed since the prompt was read, and the
+    answer holds a newline (llama-server's rule: a first line is never cut)."""
+    limit = st.request.t_max_predict_ms
+    if limit is None:
+        return False
+    if not st.newline:
+        st.newline = "\n" in st.out.text
+    return st.newline and (time.perf_counter() - st.t_prefill) * 1e3 > limit
 
 
 def count_sources(counts: dict, sources) -> None:
@@ -107,7 +120,7 @@ def finish(st: RunState, drafter_name: str, verify_mode: str):
         n_steps=st.n_steps, mean_accepted=sum_accepted(st.n_steps, st.n_draft_accepted),
         prefill_s=st.t_prefill - st.t_start, decode_s=decode_s,
         tokens_per_s=(n_gen - 1) / decode_s if n_gen > 1 and decode_s > 0 else 0.0,
-        stop_reason=st.stop_reason or "length", n_reused_tokens=st.n_common,
+        stop_reason=st.stop_reason or "length", n_reused_tokens=st.n_common, stop_word=out.stop_word,
         n_draft_steps=st.n_draft_steps, n_draft_nodes=st.n_draft_nodes, n_draft_accepted=st.n_draft_accepted,
         n_carried=st.n_carried, decode_call_s=st.t_decode_calls, engine_s=decode_s - st.t_decode_calls,
         drafter=drafter_name, verify=verify_mode, n_relaxed=st.n_relaxed,

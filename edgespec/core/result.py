@@ -35,6 +35,7 @@ class GenerationResult:
     accepted_by_source: dict = dataclasses.field(default_factory=dict)   # committed draft tokens per source name
     topk: list | None = None      # with record_topk: the model's top-k ids at each generated position
     logprobs: list | None = None  # with logprobs=N: a logprobs.TokenLogprob per token of `tokens`
+    stop_word: str = ""           # the stop string that ended the answer ("" if none did)
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)

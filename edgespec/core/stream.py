@@ -75,6 +75,7 @@ class TextStream:
         self.emitted = 0
         self._span_tok = 0              # first token whose text is not all streamed
         self.stopped_at = -1
+        self.stop_word = ""             # the stop string that ended the text
 
     def push(self, token: int, drafted: bool = False) -> bool:
         """Add a token; return True if a stop string is now complete."""
@@ -87,6 +88,7 @@ class TextStream:
             best = self._scan.feed(piece, base)
             if best >= 0:
                 self.stopped_at = best
+                self.stop_word = next((s for s in self.stop if self.text.startswith(s, best)), "")
                 self.text = self.text[:best]
                 return True
         return False

@@ -1,0 +1,156 @@
+"""Fill-in-the-middle (FIM): the prompt a code model completes at a cursor,
+built from the model's own FIM tokens, for every door that asks for one
+(`/infill`, `/completion`'s neighbour `/v1/completions` with `suffix`, the
+drop-in's `create_completion(suffix=...)`, `SpecModel.infill`): a request
+whose prompt is an `Infill` is turned into token ids here, once, where
+SpecModel resolves it (edgespec.app.resolve).
+
+The FIM tokens are read from the GGUF metadata
+(tokenizer.ggml.fim_{pre,suf,mid,pad,rep,sep}_token_id) and, where the
+metadata lacks one, looked up by its text (Qwen2.5-Coder's `<|fim_prefix|>`
+..., StarCoder's and SmolLM's `<fim_prefix>` ...).  The layout is
+prefix-suffix-middle; with repository-level tokens (rep and sep) it is
+llama-server's repository pattern:
+
+    [rep]myproject\\n [sep]name0\\n text0 ... [sep]filename\\n [pre]prefix [suf]suffix [mid]prompt
+
+Without them the extra chunks stand as plain text before [pre].  Every part
+is tokenized on its own, without special-token parsing (a file holding
+"<|fim_prefix|>" stays text), and the ids are concatenated: an unchanged
+part has the same ids from one keystroke to the next, and the parts that
+change least (the repository line, the extra chunks, the prefix) come first,
+so the prompt cache (core/prefix_cache.py) keeps the longest prefix.
+
+When the parts do not fit the context (room is left for the answer: its
+max_tokens, at most a quarter of the context), what is kept is the prefix's
+tail nearest the cursor, the suffix's head (at most a quarter of the room
+while the prefix wants more) and the newest extra chunks, whole; the answer
+says `truncated`.  FIM's end tokens (pad, rep, sep) end the answer as the
+model's end-of-generation tokens do (Request.stop_tokens).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec.errors import RequestFieldError
+
+FIM_ROLES = ("pre", "suf", "mid", "pad", "rep", "sep")
+FIM_TEXTS = {     # the texts where the metadata lacks an id: Qwen2.5-Coder's, StarCoder's, CodeGemma's file separator
+    "pre": ("<|fim_prefix|>", "<fim_prefix>", "<fim-prefix>"),
+    "suf": ("<|fim_suffix|>", "<fim_suffix>", "<fim-suffix>"),
+    "mid": ("<|fim_middle|>", "<fim_middle>", "<fim-middle>"),
+    "pad": ("<|fim_pad|>", "<fim_pad>", "<fim-pad>"),
+    "rep": ("<|repo_name|>", "<repo_name>", "<reponame>"),
+    "sep": ("<|file_sep|>", "<file_sep>", "<filename>", "<|file_separator|>"),
+}
+ANSWER_RESERVE = 256      # room left for an answer without max_tokens (at most a quarter of the context)
+
+
+@dataclass(frozen=True)
+class Infill:
+    """What a cursor's completion is asked from: the text before the cursor
+    (prefix), after it (suffix), chunks of other files (extra: (filename,
+    text) pairs, oldest first) and text the answer starts with after the
+    middle token (middle: llama-server's `prompt`).  repo and filename name
+    the repository and the current file where the model has repository
+    tokens (llama-server's names)."""
+    prefix: str = ""
+    suffix: str = ""
+    extra: tuple[tuple[str, str], ...] = ()
+    middle: str = ""
+    repo: str = "myproject"
+    filename: str = "filename"
+
+    def __post_init__(self):
+        object.__setattr__(self, "extra", tuple((str(n), str(t)) for n, t in self.extra))
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    """A model's FIM token ids (-1: the model has none)."""
+    pre: int = -1
+    suf: int = -1
+    mid: int = -1
+    pad: int = -1
+    rep: int = -1
+    sep: int = -1
+
+    @property
+    def usable(self) -> bool:
+        return min(self.pre, self.suf, self.mid) >= 0
+
+    @property
+    def repo_level(self) -> bool:
+        return self.rep >= 0 and self.sep >= 0
+
+    @property
+    def ends(self) -> tuple[int, ...]:
+        """The tokens that end an answer (besides the model's EOG)."""
+        return tuple(t for t in (self.pad, self.rep, self.sep) if t >= 0)
+
+
+def fim_tokens(vocab) -> FimTokens:
+    """The model's FIM tokens: each from the GGUF metadata, else by its text."""
+    ids = {}
+    for role in FIM_ROLES:
+        v = vocab.metadata(f"tokenizer.ggml.fim_{role}_token_id")
+        t = int(v) if v is not None and v.strip().lstrip("-").isdigit() else -1
+        if not 0 <= t < vocab.n_vocab:
+            t = next((i for i in map(vocab.special_token, FIM_TEXTS[role]) if i >= 0), -1)
+        ids[role] = t
+    return FimTokens(**ids)
+
+
+@dataclass(frozen=True)
+class FimPrompt:
+    """An Infill as token ids: the prompt, whether a part was cut to fit, and
+    the tokens that end its answer."""
+    ids: np.ndarray
+    truncated: bool
+    stop_tokens: tuple[int, ...]
+
+
+def _take(prefix: list, suffix: list, room: int) -> tuple[int, int]:
+    """How many tokens of the prefix (its tail) and the suffix (its head) fit
+    in room: the suffix gets at most a quarter while the prefix wants more."""
+    n_pre = min(len(prefix), room - min(len(suffix), room // 4))
+    return n_pre, min(len(suffix), room - n_pre)
+
+
+def fim_prompt(vocab, infill: Infill, n_ctx: int, max_tokens: int | None) -> FimPrompt:
+    """The FIM prompt of `infill` for a model (its Vocab) with a context of
+    n_ctx tokens, leaving room for an answer of max_tokens (see the module's
+    doc).  RequestFieldError (HTTP 400) for a model without FIM tokens."""
+    fim = fim_tokens(vocab)
+    if not fim.usable:
+        raise RequestFieldError("this model has no fill-in-the-middle tokens (tokenizer.ggml.fim_pre/suf/mid "
+                                "or their texts): use a code model such as Qwen2.5-Coder", "input_prefix",
+                                "unsupported")
+
+    def tok(text: str) -> list[int]:
+        return vocab.tokenize(text, add_special=False, parse_special=False).tolist() if text else []
+    head = [vocab.bos_token()] if vocab.add_bos and vocab.bos_token() >= 0 else []
+    if fim.repo_level:
+        head += [fim.rep] + tok(infill.repo + "\n")
+        chunks = [[fim.sep] + tok(name + "\n") + tok(text) for name, text in infill.extra]
+        current = [fim.sep] + tok(infill.filename + "\n")
+    else:       # no repository tokens: the chunks as plain text before the prefix
+        chunks = [tok(text) for _, text in infill.extra]
+        current = []
+    prefix, suffix, middle = tok(infill.prefix), tok(infill.suffix), tok(infill.middle)
+    reserve = max(1, min(max_tokens or ANSWER_RESERVE, n_ctx // 4))
+    room = max(0, n_ctx - reserve - len(head) - len(current) - 3 - len(middle))
+    n_pre, n_suf = _take(prefix, suffix, room)
+    left = room - n_pre - n_suf
+    kept: list[list[int]] = []
+    for c in reversed(chunks):          # the newest chunks, whole, while they fit
+        if len(c) > left:
+            break
+        kept.insert(0, c)
+        left -= len(c)
+    truncated = n_pre < len(prefix) or n_suf < len(suffix) or len(kept) < len(chunks)
+    ids = head + [t for c in kept for t in c] + current + [fim.pre] + prefix[len(prefix) - n_pre:]
+    ids += [fim.suf] + suffix[:n_suf] + [fim.mid] + middle
+    return FimPrompt(np.asarray(ids, dtype=np.int32), truncated, fim.ends)
