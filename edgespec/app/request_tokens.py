@@ -109,7 +109,8 @@ class RequestTokenizer:
         try:
             if req.prediction:
                 self._fits(req.prediction, self.limits.max_prediction_tokens, "prediction")
-            resolved = self.model.resolve(req.but(prompt=self._prompt(call, where), grammar=_grammar(call)))
+            prompt, grammar = self._prompt(call, where), _grammar(call)      # the server's bounds first
+            resolved = self.model.resolve(req.but(prompt=prompt, grammar=grammar))
             self._check_prediction(resolved)
             offset = self._text_offset(call)
         except tooling.ToolError as e:
