@@ -196,10 +196,11 @@ def _plugins(e: DrafterEntry, settings: dict) -> list:
     settings; both are removed from `settings`.  A plug-in's settings are
     checked (its config is made) even when it stays off."""
     own = {f.name for f in dataclasses.fields(e.load()[1])}
+    switched = {p.name: bool(settings.pop(p.name, False)) for p in e.plugins}
     built = []
     for p in e.plugins:
-        on = bool(settings.pop(p.name, False))
-        if not on and own >= set(settings):         # nothing of a plug-in: none imported
+        on = switched[p.name]
+        if not on and own >= set(settings):         # nothing of this plug-in asked for: not imported
             continue
         mechanism, config = p.load()
         names = {f.name for f in dataclasses.fields(config)}
