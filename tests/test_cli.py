@@ -434,7 +434,7 @@ def test_generate_options_make_the_run_config(monkeypatch):
     from edgespec.app.cli.generate import generate
     from edgespec.app.cli.options import RUN_OPTIONS, run_config_options
     from edgespec.run.settings import RunConfig
-    from edgespec.calibration.kernelchoice import ENV
+    from edgespec.run.kernels import ENV
 
     monkeypatch.delenv(ENV, raising=False)
     d = generate.make_context("generate", ["hello"]).params      # the values click hands the command
@@ -458,7 +458,7 @@ def test_rpc_and_verbose_options_reach_the_run_config(monkeypatch):
     from edgespec.app.cli.calibrate import calibrate
     from edgespec.app.cli.generate import generate
     from edgespec.app.cli.options import RUN_OPTIONS, run_config_options
-    from edgespec.calibration.kernelchoice import ENV
+    from edgespec.run.kernels import ENV
 
     monkeypatch.delenv(ENV, raising=False)
     args = ["--rpc", "h:1,h:2", "-ts", "1/3", "--rpc-output", "remote", "--ctx", "1024", "--verbose"]
@@ -510,18 +510,26 @@ def test_run_config_makes_the_backend_settings():
     (backend_settings), whose defaults RunConfig reads (n_ctx's once)."""
     from edgespec.run.settings import RunConfig
     from edgespec.backend.llama import EXACT_MAX_BATCH
-    from edgespec.backend.settings import BackendSettings
+    from edgespec.backend.settings import BackendSettings, Loadout
 
     assert RunConfig().n_ctx == BackendSettings().n_ctx
     run = RunConfig(n_ctx=1024, n_threads=3, max_nodes=16, rpc="h:1,h:2", rpc_output="remote", verbose=True,
                     kernels="fast")
-    b = run.backend_settings(run.resolve_kernels("no.gguf"))
+    load = run.resolve_kernels("no.gguf")
+    b = run.backend_settings(load)
+    assert b.load is load                   # taken as it is
     assert (b.n_ctx, b.n_threads, b.max_nodes, b.max_leaves, b.verbose) == (1024, 3, EXACT_MAX_BATCH, None, True)
-    assert (b.rpc, b.rpc_output, b.exact, b.flash_attn, b.tiled_mm) == (["h:1", "h:2"], "remote", False, False, "1")
-    assert b.cache_type_k == "f16"          # fast kernels over RPC: not a CPU's fast path
+    assert (b.rpc, b.rpc_output, load.exact, load.flash_attn, load.tiled_mm) == (["h:1", "h:2"], "remote", False,
+                                                                               False, "1")
+    assert load.cache_type_k == "f16" and load.offloaded      # fast kernels over RPC: not a CPU's fast path
     gpu = RunConfig(n_gpu_layers=-1, kernels="fast")
-    g = gpu.backend_settings(gpu.resolve_kernels("no.gguf"))          # fast changes nothing on a GPU
-    assert (g.exact, g.flash_attn, g.tiled_mm, g.cache_type_k) == (True, None, "0", "f16")
+    g = gpu.resolve_kernels("no.gguf")          # fast changes nothing on a GPU
+    # not exact with layers on a GPU: the backend's own rule before the Loadout held it (backend.exact was False)
+    assert (g.exact, g.flash_attn, g.tiled_mm, g.cache_type_k, g.offloaded) == (False, None, "0", "f16", True)
+    # fast asked over RPC with a layer count: the exact options load, so the K cache follows exact kernels
+    r = RunConfig(n_gpu_layers=8, rpc="h:1", kernels="fast", n_threads=3).resolve_kernels("no.gguf")
+    assert (r.exact, r.flash_attn, r.cache_type_k) == (True, None, "q8_0")
+    assert BackendSettings().but(cache_type_k="f16", exact=False).load == Loadout(cache_type_k="f16", exact=False)
     with pytest.raises(TypeError):
         BackendSettings().but(ctx=1)
 
@@ -545,7 +553,7 @@ def test_run_config_resolves_the_kernels(monkeypatch, tmp_path):
     layers on a GPU or on RPC workers, a named setting as named; the K cache
     follows what loads."""
     from edgespec.run.settings import RunConfig
-    from edgespec.calibration.kernelchoice import ENV
+    from edgespec.run.kernels import ENV
 
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))       # nothing measured here

@@ -2,7 +2,7 @@
 and the suffix drafter's use of it."""
 import numpy as np
 
-from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
+from edgespec.drafters import make_drafter
 from edgespec.kernels import edits as E
 
 # a prompt in which token 5 (an identifier) occurs three times
@@ -87,7 +87,7 @@ def test_the_chain_stops_at_max_depth_and_the_prompt_end():
 def test_the_suffix_drafter_proposes_the_edited_copy_first():
     answer = [10, 11, 12, 7, 13, 14, 15]
     ctx = np.array(PROMPT + answer, np.int32)
-    d = SuffixDrafter(SuffixConfig(max_depth=8, edits=True))
+    d = make_drafter("suffix", max_depth=8, edits=True)     # the plug-in, through the registry
     d.begin(np.array(PROMPT, np.int32))
     t = d.propose(ctx, 32)
     top = [int(t.tokens[0])]
@@ -100,7 +100,7 @@ def test_the_suffix_drafter_proposes_the_edited_copy_first():
         top.append(int(t.tokens[node]))
     assert top[:5] == [7, 16, 17, 18, 7]
     # without edits the plain copy proposes the prompt's own token 5 there
-    d0 = SuffixDrafter(SuffixConfig(max_depth=8, edits=False))
+    d0 = make_drafter("suffix", max_depth=8, edits=False)
     d0.begin(np.array(PROMPT, np.int32))
     t0 = d0.propose(ctx, 32)
     assert 7 not in t0.tokens[:1].tolist()

@@ -117,8 +117,8 @@ def test_entropy_trigger_scales_retrieval_where_it_fails():
 
 
 def test_position_ema_drops_failing_occurrences():
-    from edgespec.drafters import SuffixConfig, SuffixDrafter
-    d = SuffixDrafter(SuffixConfig(position_ema=True, ema_decay=0.5, ema_min=0.3))
+    from edgespec.drafters import SuffixDrafter
+    d = make_drafter("suffix", position_ema=True, ema_decay=0.5, ema_min=0.3)    # the plug-in, through the registry
     assert d.observes
     # "7 8" occurs twice before the end; continuations 20 (at 2) and 30 (at 6)
     ctx = np.array([7, 8, 20, 1, 2, 7, 8, 30, 3, 4, 7, 8], np.int32)
@@ -151,7 +151,8 @@ def test_drafter_spec_switches():
             parse_drafter_name(bad)
     d = make_drafter("auto", n_vocab=V, **parse_drafter_name("auto-notrigram-noema")[2])
     assert [p.name for p in d.parts] == ["suffix", "branch", "adjacency"]
-    assert not d.parts[0].config.position_ema
+    assert "position_ema" not in d.parts[0].plugins
+    assert list(make_drafter("auto", n_vocab=V, feedback=True).parts[0].plugins) == ["position_ema", "feedback"]
 
 
 def test_schedule_idles_a_part_whose_tokens_do_not_pay_for_its_time():
@@ -241,6 +242,8 @@ def _papers_loaded(spec: str) -> list:
 def test_the_papers_mechanisms_are_imported_only_when_switched_on():
     assert _papers_loaded("auto") == []
     assert _papers_loaded("trigram") == []
+    assert _papers_loaded("suffix+max_depth=12+edits-nomemory") == []      # edits is edgespec's own
+    assert _papers_loaded("suffix+feedback") == ["edgespec.drafters.papers", "edgespec.drafters.papers.feedback"]
     assert _papers_loaded("auto+graft") == ["edgespec.drafters.papers", "edgespec.drafters.papers.graft"]
     assert "edgespec.drafters.papers.trigger" in _papers_loaded("auto+trigger")
     assert "edgespec.kernels.aded" in _papers_loaded("auto+aded")

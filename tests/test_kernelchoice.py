@@ -76,21 +76,30 @@ def test_price_round_trips_and_malformed_ones_are_refused():
             kc.KernelPrice.from_json(bad)
 
 
+def _resolved(model_path, **kw):
+    """(kernels, price) of a run's Loadout (edgespec.run.kernels), never timed here."""
+    from edgespec.run.settings import RunConfig
+    lo = RunConfig(**{"n_threads": 2, **kw}).resolve_kernels(model_path, measure=False)
+    return lo.kernels, lo.price
+
+
 def test_resolve_passes_settings_through_and_reads_the_cached_verdict(real_cache, model_path):
-    assert kc.resolve("exact", model_path, 2, gpu=False, measure=False) == ("exact", None)
-    assert kc.resolve("fast", model_path, 2, gpu=False, measure=False) == ("fast", None)
-    assert kc.resolve("auto", model_path, 2, gpu=True, measure=False) == ("exact", None)
+    from edgespec.run.kernels import setting
+    assert _resolved(model_path, kernels="exact") == ("exact", None)
+    assert _resolved(model_path, kernels="fast") == ("fast", None)
+    assert _resolved(model_path, kernels="auto", n_gpu_layers=-1) == ("exact", None)
     with pytest.raises(ConfigError, match="kernels must be one of auto, exact, fast"):
-        kc.resolve("quick", model_path, 2, gpu=False, measure=False)
+        setting("quick")
     # nothing measured yet: fast (the better bet), no price, and no child processes
-    assert kc.resolve("auto", model_path, 2, gpu=False, measure=False) == ("fast", None)
+    assert kc.auto_choice(model_path, 2, measure=False) == ("fast", None)
+    assert _resolved(model_path, kernels="auto") == ("fast", None)
     assert kc.cached_price("/no/such/model.gguf", 2) is None
     # a cached verdict is used, per thread count
     p = kc.KernelPrice(_parts(0.004, 0.02, 0.08), _parts(0.004, 0.02, 0.08), "exact", "x")
     from edgespec.calibration.cache import write_cache
     assert write_cache(kc._path(model_path, 2), p.to_json())
-    assert kc.resolve("auto", model_path, 2, gpu=False, measure=False) == ("exact", p)
-    assert kc.resolve("auto", model_path, 3, gpu=False, measure=False) == ("fast", None)
+    assert kc.auto_choice(model_path, 2, measure=False) == ("exact", p)
+    assert kc.auto_choice(model_path, 3, measure=False) == ("fast", None)
 
 
 def test_both_settings_are_timed_in_child_processes_and_cached(real_cache, model_path):
@@ -103,7 +112,7 @@ def test_both_settings_are_timed_in_child_processes_and_cached(real_cache, model
         assert min(s["16"]) > max(s["1"]) / 2 and kc._median(s["16"]) > kc._median(s["1"]) > kc._median(s["prefill"])
     assert p.choice == kc.choose(p.exact_s, p.fast_s)
     assert kc.cached_price(model_path, 2) == p
-    assert kc.resolve("auto", model_path, 2, gpu=False, measure=False) == (p.choice, p)
+    assert kc.auto_choice(model_path, 2, measure=False) == (p.choice, p)
 
 
 def test_spec_model_loads_what_auto_resolves_to(real_cache, model_path):
@@ -130,18 +139,21 @@ def test_spec_model_loads_what_auto_resolves_to(real_cache, model_path):
 
 def test_the_default_setting_comes_from_the_environment(real_cache, model_path, monkeypatch):
     """SpecModel(kernels=None) and the CLI's --kernels default read
-    $EDGESPEC_KERNELS (the tests set it to exact), else auto."""
-    assert kc.resolve(None, model_path, 2, gpu=False, measure=False) == ("exact", None)
+    $EDGESPEC_KERNELS (the tests set it to exact), else auto: read by
+    edgespec.run.kernels.setting alone."""
+    from edgespec.run.kernels import setting
+    assert setting(None) == "exact" and _resolved(model_path, kernels=None) == ("exact", None)
     monkeypatch.setenv("EDGESPEC_KERNELS", "fast")
-    assert kc.resolve(None, model_path, 2, gpu=False, measure=False) == ("fast", None)
+    assert setting(None) == "fast" and _resolved(model_path, kernels=None) == ("fast", None)
+    assert setting("exact") == "exact"
     monkeypatch.delenv("EDGESPEC_KERNELS")
     p = kc.KernelPrice(_parts(0.004, 0.02, 0.06), _parts(0.004, 0.02, 0.06), "exact", "x")
     from edgespec.calibration.cache import write_cache
     assert write_cache(kc._path(model_path, 2), p.to_json())
-    assert kc.resolve(None, model_path, 2, gpu=False, measure=False) == ("exact", p)
+    assert _resolved(model_path, kernels=None) == ("exact", p)
     monkeypatch.setenv("EDGESPEC_KERNELS", "quick")
     with pytest.raises(ConfigError, match="kernels must be one of"):
-        kc.resolve(None, model_path, 2, gpu=False, measure=False)
+        _resolved(model_path, kernels=None)
 
 
 def test_stats_name_the_auto_verdict(monkeypatch, model_path):

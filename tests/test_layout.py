@@ -234,3 +234,59 @@ def test_results_prompts_and_sessions_live_in_the_data_folder():
 def test_tools_holds_few_scripts():
     scripts = sorted(p.name for p in (REPO / "tools").iterdir() if p.is_file())
     assert len(scripts) <= MAX_TOOLS, f"{len(scripts)} scripts in tools/ (at most {MAX_TOOLS}): {scripts}"
+
+
+def _defined(name: str) -> set:
+    """The modules that define a function or class `name` (at any depth)."""
+    return {m for m, tree in TREES.items() for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name}
+
+
+def _callers(name: str) -> set:
+    """The modules that call `name` (as a plain name or an attribute)."""
+    return {m for m, tree in TREES.items() for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and name in (getattr(node.func, "id", None), getattr(node.func, "attr", None))}
+
+
+def _code_strings(module: str) -> list[str]:
+    """The string constants of `module` outside its docstrings (f-strings' pieces included)."""
+    docs = {id(n.body[0].value) for n in ast.walk(TREES[module])
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(TREES[module])
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_the_hardware_is_decided_in_one_place():
+    """Issue 63: the kernel setting is read from $EDGESPEC_KERNELS by
+    run/kernels.py alone; "offloaded" has one rule (backend/settings.py
+    is_offloaded), and the Loadout's rules per hardware (the fast options,
+    exactness, the K cache's "auto") one home, Loadout.resolve: the backend
+    takes a Loadout as it is and derives none of them."""
+    env = {m for m in MODULES if "EDGESPEC_KERNELS" in _code_strings(m)}
+    assert env == {"edgespec.run.kernels"}, env
+    assert _defined("setting") >= {"edgespec.run.kernels"} and "edgespec.calibration.kernelchoice" not in _defined("setting")
+    offloaded = set()
+    for m, tree in TREES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "bool" and node.args \
+                    and isinstance(node.args[0], ast.BoolOp) and isinstance(node.args[0].op, ast.Or) \
+                    and any("n_gpu_layers" in ast.unparse(v) for v in node.args[0].values):
+                offloaded.add(m)
+    assert offloaded == {"edgespec.backend.settings"}, offloaded
+    assert _defined("is_offloaded") == {"edgespec.backend.settings"}
+    assert _callers("auto_cache_type_k") == {"edgespec.backend.settings"}
+    assert not ({"offloaded", "_offloaded", "kernel_options"} & {n.name for tree in TREES.values() for n in ast.walk(tree)
+                                                                if isinstance(n, ast.FunctionDef)})
+
+
+def test_one_backend_identity_for_both_caches():
+    """The calibration's key and the prompt disk's hash one backend identity
+    (backend/identity.py), which also holds model_fingerprint and cpu_name:
+    core/ reaches into calibration/ for neither, and no other module spells
+    the identity's fields."""
+    assert _defined("model_fingerprint") == _defined("cpu_name") == _defined("identity") == {"edgespec.backend.identity"}
+    assert {"edgespec.core.prompt_disk", "edgespec.calibration.cache"} <= _callers("identity")
+    assert not any(n.startswith("edgespec.calibration") for n in _edges("edgespec.core.prompt_disk"))
+    spelled = {m for m in MODULES if any(s.startswith(("fa=", ",fa=", "repack=", ",repack=")) for s in _code_strings(m))}
+    assert spelled == {"edgespec.backend.identity"}, spelled

@@ -14,7 +14,7 @@ import pytest
 from edgespec.drafters.base import Drafter, StepResult
 from edgespec.drafters.hybrid import HybridConfig, HybridDrafter
 from edgespec.drafters.papers.trigger import select_key
-from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
+from edgespec.drafters import make_drafter
 from edgespec.core.engine import Engine, drain
 from edgespec.kernels.topk import row_entropy
 from edgespec.drafters.tree import SOURCE_CONTEXT, SOURCE_TRIGRAM, DraftTree
@@ -127,9 +127,9 @@ def _observe(d, ctx, accepted, verified_chains):
 
 
 def test_feedback_scores_every_position_selects_three_rewards_the_winner_only():
-    d = SuffixDrafter(SuffixConfig(feedback=True, max_depth=4))
+    d = make_drafter("suffix", feedback=True, max_depth=4)       # the plug-in, through the registry
     assert d.observes
-    c = d.config
+    c = d.plugins["feedback"].config
     assert (c.feedback_init, c.feedback_top) == (0.5, 3)      # S_0 "e.g. 0.5", top-3
     # "7 8" occurred four times before the end, followed by 20, 30, 40 and 50
     # ends:        1                4 5                 9                13
@@ -146,32 +146,32 @@ def test_feedback_scores_every_position_selects_three_rewards_the_winner_only():
     _observe(d, ctx, [30, 2, 7, 8, 5], [[50, 4, 7, 8], [30, 2, 7, 8]])
     # EMA (eq. 4), rate 0.5: end 5 -> 0.5 * 0.5 + 0.5 * 1 = 0.75; ends 9 and 13 -> 0.25;
     # end 1 was not selected and keeps 0.5
-    assert d.feedback.scores[[1, 5, 9, 13]].tolist() == [0.5, 0.75, 0.25, 0.25]
+    assert d.plugins["feedback"].scores[[1, 5, 9, 13]].tolist() == [0.5, 0.75, 0.25, 0.25]
     t = d.propose(ctx, 32)
     # the best three: end 5 (0.75), end 1 (0.5), then ends 13 and 9 tie at 0.25 (the more recent)
     assert sorted(t.tokens[t.parents == -1].tolist()) == [20, 30, 50]
     # a partial follow: the model took 20 then 9 where the chain said 1 (L_acc 1 of L_draft 2
     # verified): R = 0.5 for end 1; ends 5 and 13 get 0
     _observe(d, ctx, [20, 9], [[20, 1]])
-    assert d.feedback.scores[[1, 5, 9, 13]].tolist() == [0.5, 0.375, 0.25, 0.125]
+    assert d.plugins["feedback"].scores[[1, 5, 9, 13]].tolist() == [0.5, 0.375, 0.25, 0.125]
     # theta_score filters: end 13 (0.125) is under 0.2 and is not drafted any more,
     # though only three positions are left
     t = d.propose(ctx, 32)
     assert sorted(t.tokens[t.parents == -1].tolist()) == [20, 30, 40]
     # a new request starts from 0.5 everywhere
     d.begin(ctx)
-    assert (d.feedback.scores == 0.5).all()
+    assert (d.plugins["feedback"].scores == 0.5).all()
 
 
 def test_feedback_falls_back_when_no_position_passes_theta_score():
-    d = SuffixDrafter(SuffixConfig(feedback=True, max_depth=4, feedback_min=0.3))
+    d = make_drafter("suffix", feedback=True, max_depth=4, feedback_min=0.3)
     ctx = np.array([7, 8, 20, 1, 7, 8, 30, 2, 7, 8], I32)     # the key "7 8" at ends 1 and 5
     d.begin(ctx)
     assert len(d.propose(ctx, 32)) > 0
     _observe(d, ctx, [9], [[30], [20]])                      # neither followed: both 0.25 < 0.3
-    assert d.feedback.scores[[1, 5]].tolist() == [0.25, 0.25]
+    assert d.plugins["feedback"].scores[[1, 5]].tolist() == [0.25, 0.25]
     assert len(d.propose(ctx, 32)) == 0                     # no context retrieval: fall back
-    assert d.feedback.selected == []
+    assert d.plugins["feedback"].selected == []
 
 
 # --------------------------------------------------- 3.4 relaxed verification

@@ -520,3 +520,31 @@ def test_the_settings_turn_it_on_and_off(monkeypatch):
     out = CliRunner().invoke(main, ["generate", "--prompt-cache-disk-mib", "5", "--no-prompt-cache-disk", "hi"])
     assert out.exit_code == 2 and "contradict" in out.output
     assert "--no-prompt-cache-disk" in CliRunner().invoke(main, ["serve", "--help"]).output
+
+
+def test_the_key_is_the_backend_identity_and_keeps_format_1s_text(tmp_path):
+    """cells_key hashes the backend's identity (backend/identity.py, which the
+    calibration's key hashes too) with FORMAT, spelled as FORMAT 1's key was
+    before the identity had a home of its own: files saved then stay valid."""
+    import hashlib
+    import platform
+    from types import SimpleNamespace
+    from edgespec.backend.identity import cpu_name, identity, model_fingerprint
+    from edgespec.backend.process import llama_cpp_version, tiled_mm_setting
+    from edgespec.calibration.cache import backend_key
+    from edgespec.core.prompt_disk import cells_key
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + bytes(range(256)) * 9)
+    be = SimpleNamespace(model_path=str(f), cache_type_k="q8_0", flash_attn=None, exact=True, cpu_repack=False,
+                         n_gpu_layers=0, rpc=["h:1"], tensor_split=[1.0, 3.0], n_threads=2, rpc_output="local")
+    old = "|".join([f"model={model_fingerprint(str(f))}", f"llama.cpp={llama_cpp_version()}", "k=q8_0", "v=f16",
+                    "fa=None", "exact=1", f"tiled_mm={tiled_mm_setting()}", "repack=0", "ngl=0", "rpc=h:1",
+                    "split=1:3", platform.machine(), cpu_name(), "format=1"])
+    assert cells_key(be) == hashlib.sha256(old.encode()).hexdigest()[:24]
+    assert identity(be) + "|format=1" == old
+    # the calibration's key: the same identity, with what changes only the time
+    k = backend_key(be)
+    assert backend_key(SimpleNamespace(**{**vars(be), "n_threads": 1})) != k
+    assert backend_key(SimpleNamespace(**{**vars(be), "rpc_output": "remote"})) != k
+    assert backend_key(SimpleNamespace(**{**vars(be), "flash_attn": False})) != k
+    assert cells_key(SimpleNamespace(**{**vars(be), "n_threads": 1, "rpc_output": "remote"})) == cells_key(be)

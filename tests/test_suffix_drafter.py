@@ -290,3 +290,33 @@ def test_random_contexts_with_corpus_give_valid_trees():
 def test_corpus_config_validation(kw):
     with pytest.raises(ValueError):
         SuffixConfig(**kw)
+
+
+def test_the_suffix_config_holds_the_product_and_plug_ins_hold_the_research():
+    """Issue 63: SuffixConfig holds what the default uses and what a user
+    tunes (at most 10 fields); the position EMA, ReSpec's feedback and the
+    learned edits plug in through the registry with their own settings, and
+    the spec strings results files record keep their meaning."""
+    import dataclasses
+    from edgespec.drafters import parse_drafter_name
+    from edgespec.errors import ConfigError
+    assert len(dataclasses.fields(SuffixConfig)) <= 10
+    assert parse_drafter_name("suffix-noedits") == ("suffix", True, {"edits": False})
+    assert parse_drafter_name("suffix+edits+edit_gap=4") == ("suffix", True, {"edits": True, "edit_gap": 4})
+    assert parse_drafter_name("suffix+feedback+feedback_min=0.3") == ("suffix", True, {"feedback": True,
+                                                                                     "feedback_min": 0.3})
+    assert parse_drafter_name("suffix+max_depth=12-nomemory") == ("suffix", True, {"max_depth": 12, "memory": False})
+    with pytest.raises(ValueError, match="not a numeric setting"):
+        parse_drafter_name("suffix+edit_gapp=4")
+    with pytest.raises(ValueError, match="not a switch"):
+        parse_drafter_name("suffix+edit")
+    assert make_drafter("suffix", edits=False).plugins == {} and not make_drafter("suffix-noedits".split("-")[0]).observes
+    d = make_drafter("suffix", edits=True, position_ema=True, feedback=True, edit_gap=4, ema_min=0.2, max_depth=9)
+    assert list(d.plugins) == ["position_ema", "feedback", "edits"] and d.observes
+    assert (d.plugins["edits"].config.edit_gap, d.plugins["position_ema"].config.ema_min) == (4, 0.2)
+    assert d.plugins["edits"].max_depth == d.plugins["feedback"].max_depth == 9 == d.config.max_depth
+    for bad in (dict(edit_trust=2.0), dict(feedback_rate=0.0), dict(ema_decay=1.0), dict(edit_gap=0)):
+        with pytest.raises(ConfigError):       # checked even with the plug-in off
+            make_drafter("suffix", **bad)
+    with pytest.raises(TypeError):
+        make_drafter("suffix", no_such_setting=1)

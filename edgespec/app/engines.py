@@ -15,9 +15,8 @@ import dataclasses
 import warnings
 
 from edgespec.backend.llama import EXACT_MAX_BATCH
-from edgespec.backend.process import tiled_mm_setting
 from edgespec.calibration.background import Pacer
-from edgespec.calibration.cache import CalibrationStopped, calibration_key
+from edgespec.calibration.cache import CalibrationStopped, backend_key
 from edgespec.calibration.curve import CostCurve, cached_curve, load_or_measure, plan_contexts
 from edgespec.calibration.first import builtin_curve, quick_curve
 from edgespec.calibration.exactness import ExactnessReport, load_or_check_exactness
@@ -62,14 +61,7 @@ class ModelEngines:
         self.engine = self.engine_for(drafter)
 
     def _calibration_key(self) -> str:
-        return calibration_key(self.model_path, self.backend.n_gpu_layers, self.backend.n_threads,
-                               extra=f"k={self.backend.cache_type_k},repack={int(self.backend.cpu_repack)},"
-                                     f"tiled_mm={tiled_mm_setting()}"
-                                     + (",fa=0" if self.backend.flash_attn is False else "")
-                                     + (f",rpc={'+'.join(self.backend.rpc)},out={self.backend.rpc_output}"
-                                        if self.backend.rpc else "")
-                                     + (f",split={':'.join(f'{x:g}' for x in self.backend.tensor_split)}"
-                                        if self.backend.tensor_split else ""))
+        return backend_key(self.backend)
 
     def _calibrate(self, remeasure: bool, progress) -> CostCurve:
         key = self._calibration_key()
@@ -103,11 +95,13 @@ class ModelEngines:
         try:
             self.cost = cost or quick_curve(self.backend, progress)
         except ValueError:          # not a usable curve (NaN timings): the built-in one until measured
-            self.cost = builtin_curve(gpu=self._offloaded())
+            self.cost = builtin_curve(gpu=self._every_layer_on_gpu())
         self._calibration_state = "measuring"
 
-    def _offloaded(self) -> bool:
-        """Every layer on the GPU (a partial offload keeps the CPU's steeper built-in curve)."""
+    def _every_layer_on_gpu(self) -> bool:
+        """Every layer on the GPU: the built-in curve's shape, not the Loadout's
+        `offloaded` (any layer on a GPU or RPC workers): a partial offload
+        keeps the CPU's steeper built-in curve."""
         be = self.backend
         if be.n_gpu_layers >= 0:
             arch = be.metadata("general.architecture") or ""

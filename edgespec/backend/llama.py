@@ -41,7 +41,7 @@ from edgespec.backend.protocol import SPLIT_KV_FREE_CELLS
 from edgespec.errors import BackendError, ConfigError, Interrupted, ModelLoadError  # re-exported
 from edgespec.backend import ggml
 from edgespec.backend.layer_tap import LayerTap, attach_tap, tap_block
-from edgespec.backend.process import (CACHE_TYPES_K, auto_cache_type_k, clear_recent_log, default_threads,
+from edgespec.backend.process import (CACHE_TYPES_K, clear_recent_log, default_threads,
                                       gpu_offload_available, init_backend, recent_errors)
 from edgespec.backend.seqstate import SeqState
 from edgespec.backend.settings import BackendSettings
@@ -150,24 +150,20 @@ class LlamaBackend(SeqState):
         self.n_batch = max(s.n_batch, s.max_nodes)
         self.rpc, self.tensor_split = list(s.rpc or []), list(s.tensor_split or [])
         self.rpc_output = s.rpc_output
-        # over RPC the workers' CPUs run the layers: exact as asked, and the
-        # self-check (exactness.check_exactness) says whether it holds there
-        self.exact = s.exact and (n_gpu_layers == 0 or bool(self.rpc))
-        cache_type_k = s.cache_type_k
-        if cache_type_k in (None, "auto"):
-            fast_cpu = s.flash_attn is False and n_gpu_layers == 0 and not self.rpc
-            cache_type_k = auto_cache_type_k(self.exact, self.n_threads, fast_cpu)
-        if cache_type_k not in CACHE_TYPES_K:
-            raise ConfigError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), not {cache_type_k!r}")
-        self.cache_type_k = cache_type_k
-        self.cpu_repack = bool(s.cpu_repack)
+        load = s.load           # taken as it is: the Loadout decided the kernels (backend/settings.py)
+        self.exact = load.exact
+        if load.cache_type_k not in CACHE_TYPES_K:
+            raise ConfigError(f"cache_type_k must be one of {', '.join(CACHE_TYPES_K)} (or auto), "
+                              f"not {load.cache_type_k!r}")
+        self.cache_type_k = load.cache_type_k
+        self.cpu_repack = bool(load.cpu_repack)
         self.model = load_model(model_path, n_gpu_layers, verbose=s.verbose, cpu_repack=self.cpu_repack,
-                                tiled_mm=s.tiled_mm, rpc=self.rpc, tensor_split=self.tensor_split,
+                                tiled_mm=load.tiled_mm, rpc=self.rpc, tensor_split=self.tensor_split,
                                 rpc_output=s.rpc_output, load_progress=load_progress)
         self.vocab = Vocab(self.model)
         self.n_vocab = self.vocab.n_vocab
         self._tap: LayerTap | None = None     # a middle layer's hidden states (set_hidden(True, layer))
-        self._create_context(s.n_ctx, s.flash_attn)
+        self._create_context(s.n_ctx, load.flash_attn)
         self._create_batch()
         self._init_state()
 

@@ -4,7 +4,8 @@ The installed llama-cpp-python's version (checked against the tested range on
 import) and build (its ggml backends), llama.cpp's log (one callback, a ring
 of recent lines that error messages quote, an optional log file), the kernel
 settings edgespec chooses for exactness (GGML_CPU_TILED_MM, which llama.cpp
-reads once per process; the K cache type; --kernels fast/exact), its one
+reads once per process; the K cache type's rule, which backend/settings.py's
+Loadout.resolve applies with --kernels fast/exact), its one
 backend start, and the CPU topology that sets the default thread count.  Every
 model and context (backend/llama.py) shares these.
 """
@@ -129,12 +130,6 @@ _backend_ready = False
 # edgespec set it:
 TILED_MM_ENV = "GGML_CPU_TILED_MM"
 USER_TILED_MM = os.environ.get(TILED_MM_ENV)
-
-
-def kernel_options(fast: bool) -> dict:
-    """LlamaBackend's settings for --kernels fast (llama.cpp's fastest CPU
-    kernels) or exact (batches bit-identical to one-token decoding)."""
-    return {"exact": not fast, "flash_attn": False if fast else None, "tiled_mm": "1" if fast else "0"}
 
 
 def tiled_mm_setting() -> str:

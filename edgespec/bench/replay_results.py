@@ -164,9 +164,10 @@ def attach_teachers(path: str, hidden_path: str, model_path: str, head: dict, re
     missing = [r for r in reqs if f"{r.key}/ids" not in cache or (want_hidden and r.key not in hcache)]
     if missing:
         say(f"teacher pass over {len(missing)} prompt+answer records (once; cached in {path})...")
-        # the recorded run's K cache and threads: the numbers are those its engine saw
+        # the recorded run's K cache and threads: the numbers are those its engine saw (none
+        # recorded: f16, what the backend's own "auto" gave exact=False before the Loadout)
         be = LlamaBackend(model_path, n_ctx=int(head["n_ctx"]), max_nodes=512, max_leaves=1, exact=False,
-                          n_threads=head.get("n_threads"), cache_type_k=head.get("cache_type_k"),
+                          n_threads=head.get("n_threads"), cache_type_k=head.get("cache_type_k") or "f16",
                           n_gpu_layers=int(head.get("n_gpu_layers") or 0))
         for i, r in enumerate(missing, 1):
             t = teacher_pass(be, np.concatenate([r.prompt, r.output]), len(r.prompt), hidden=want_hidden)

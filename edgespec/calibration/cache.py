@@ -1,6 +1,7 @@
 """The calibration cache: where it lives, the key a measurement is filed
-under (the model file by content, the settings, the machine and the llama.cpp
-build), and reading, writing and locking its entries.
+under (a loaded backend's: its identity, backend/identity.py, with its
+threads; the kernel price's, before a model loads: the model file by content,
+the machine and the llama.cpp build), and reading, writing and locking its entries.
 
 The cost curve, the exactness verdict and the kernel choice all keep their
 measurements here, one JSON file per key and kind; a file is written whole or
@@ -18,6 +19,7 @@ import tempfile
 import time
 import warnings
 
+from edgespec.backend.identity import cpu_name, identity, model_fingerprint
 from edgespec.paths import cache_dir
 
 CALIBRATION_VERSION = 6
@@ -34,38 +36,25 @@ class CalibrationStopped(Exception):
     synchronous calibration takes over)."""
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def model_fingerprint(model_path: str, span: int = 1 << 20) -> str:
-    """The model file by content, not by place: its size and a hash of its
-    first and last MiB (the GGUF header with the tensor layout, and the last
-    tensor's data).  A copy, a move or a reinstall of the same file keeps its
-    calibration; another file (a different quantization or fine-tune) gets
-    its own."""
-    size = os.path.getsize(model_path)
-    h = hashlib.sha256(str(size).encode())
-    with open(model_path, "rb") as f:
-        h.update(f.read(span))
-        f.seek(max(0, size - span))
-        h.update(f.read(span))
-    return h.hexdigest()[:32]
-
-
 def calibration_key(model_path: str, n_gpu_layers: int, n_threads: int, extra: str = "") -> str:
+    """The key of a measurement made before a backend loads (the kernel price):
+    the model file by content, the placement, threads and machine."""
     from edgespec.backend.process import llama_cpp_version
 
     parts = [model_fingerprint(model_path),
              f"ngl={n_gpu_layers}", f"threads={n_threads}", platform.machine(), cpu_name(),
              str(os.cpu_count()), llama_cpp_version(), f"v{CALIBRATION_VERSION}", extra]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+
+
+def backend_key(backend) -> str:
+    """The key of a loaded backend's calibration (c(T), the exactness
+    verdict): its identity (backend/identity.py: everything that changes its
+    numbers, the prompt disk's key hashes the same) and what changes only the
+    time: the threads, the CPU count, where the output layer runs over RPC."""
+    be = backend
+    parts = [identity(be), f"threads={be.n_threads}", f"cpus={os.cpu_count()}",
+             f"out={be.rpc_output if be.rpc else ''}", f"v{CALIBRATION_VERSION}"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 

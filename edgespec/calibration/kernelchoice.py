@@ -44,7 +44,6 @@ from edgespec.calibration.cache import cache_dir, calibration_key, write_cache
 from edgespec.errors import ConfigError
 
 KERNELS = ("auto", "exact", "fast")
-ENV = "EDGESPEC_KERNELS"    # the default setting where none is given (else "auto")
 TOLERANCE = 1.05            # exact is kept while the app mix costs at most 5% more than fast
 PARTS = ("prefill", "1", "16")    # a prompt token, a one-token decode, a verification batch of 16
 # the share of an app session's time each part takes: prefill was 39% of
@@ -177,25 +176,11 @@ def measure_price(model_path: str, n_threads: int, progress=None, timer=_time_in
     return price
 
 
-def setting(kernels: str | None) -> str:
-    """The setting asked for: `kernels`, else $EDGESPEC_KERNELS, else "auto"."""
-    return kernels or os.environ.get(ENV) or "auto"
-
-
-def resolve(kernels: str | None, model_path: str, n_threads: int, gpu: bool, measure: bool,
-            progress=None) -> tuple[str, KernelPrice | None]:
-    """The kernels to load with ("exact" or "fast") and the price behind an
-    "auto" choice; None asks for setting(None).  On a GPU the setting changes
-    nothing (llama.cpp's defaults are used either way): "exact".  "auto"
-    without a cached price measures it when `measure`, else runs fast (price
-    None) until something measures it."""
-    kernels = setting(kernels)
-    if kernels not in KERNELS:
-        raise ConfigError(f"kernels must be one of {', '.join(KERNELS)}, not {kernels!r}")
-    if kernels != "auto":
-        return kernels, None
-    if gpu:
-        return "exact", None
+def auto_choice(model_path: str, n_threads: int, measure: bool, progress=None) -> tuple[str, KernelPrice | None]:
+    """The kernels "auto" loads with on a CPU ("exact" or "fast") and the price
+    behind the choice: the cached price's; without one, measured now when
+    `measure`, else fast (price None) until something measures it.  The
+    setting itself, and the offloaded case, are edgespec.run.kernels'."""
     price = cached_price(model_path, n_threads)
     if price is None and measure:
         price = measure_price(model_path, n_threads, progress)
@@ -210,11 +195,12 @@ def _time_one_setting(model_path: str, kernels: str, n_threads: int) -> dict:
     import numpy as np
 
     from edgespec.backend.llama import LlamaBackend
-    from edgespec.backend.process import kernel_options
+    from edgespec.backend.settings import BackendSettings, Loadout
     from edgespec.calibration.curve import timed_chain
 
-    be = LlamaBackend(model_path, n_ctx=2048, n_threads=n_threads, max_nodes=16, max_leaves=1,
-                      **kernel_options(kernels == "fast"))
+    load = Loadout.resolve(kernels, n_threads)      # on this CPU, as a run with these kernels loads
+    be = LlamaBackend(model_path, BackendSettings(n_ctx=2048, n_threads=n_threads, max_nodes=16, max_leaves=1,
+                                                  load=load))
     rng = np.random.default_rng(0)
     try:
         out: dict = {"prefill": [], "1": [], "16": []}

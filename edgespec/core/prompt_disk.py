@@ -10,9 +10,10 @@ end of every request it hands over the live cache (`put`), at the start of
 one it asks for the longest saved prefix of the prompt (`lookup`, `load`).
 
 Keyed by what changes the cells.  A file holds the cells of one token
-prefix computed under one `cells_key`: the model file by content (size and
-the hash of its first and last MiB, as the calibration identifies it:
-calibration.cache.model_fingerprint), the K cache type (f16 or q8_0) and the
+prefix computed under one `cells_key`, the backend's identity
+(backend/identity.py, which the calibration's key hashes too): the model file
+by content (size and the hash of its first and last MiB:
+model_fingerprint), the K cache type (f16 or q8_0) and the
 V cache's (f16: edgespec never changes it), flash attention, the exact or
 fast kernel setting, the tiled K-quant product and the CPU weight repacking
 (each picks another kernel for the K and V projections, whose last bits then
@@ -70,7 +71,6 @@ import io
 import json
 import logging
 import os
-import platform
 import queue
 import struct
 import tempfile
@@ -81,7 +81,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.calibration.cache import cpu_name, model_fingerprint
+from edgespec.backend.identity import identity
 from edgespec.core.prefix_cache import MIN_GAIN, common_prefix
 from edgespec.paths import cache_dir
 
@@ -116,16 +116,9 @@ def prompt_folder() -> str:
 
 
 def cells_key(backend) -> str:
-    """Everything that changes a prefix's KV cells (the module doc says what and why), hashed."""
-    from edgespec.backend.process import llama_cpp_version, tiled_mm_setting
-
-    be = backend
-    parts = [f"model={model_fingerprint(be.model_path)}", f"llama.cpp={llama_cpp_version()}",
-             f"k={be.cache_type_k}", "v=f16", f"fa={be.flash_attn}", f"exact={int(be.exact)}",
-             f"tiled_mm={tiled_mm_setting()}", f"repack={int(be.cpu_repack)}", f"ngl={be.n_gpu_layers}",
-             f"rpc={'+'.join(be.rpc)}", f"split={':'.join(f'{x:g}' for x in be.tensor_split)}",
-             platform.machine(), cpu_name(), f"format={FORMAT}"]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+    """Everything that changes a prefix's KV cells (the module doc says what and
+    why: the backend's identity, backend/identity.py) and this FORMAT, hashed."""
+    return hashlib.sha256(f"{identity(backend)}|format={FORMAT}".encode()).hexdigest()[:24]
 
 
 def block_hashes(tokens: np.ndarray) -> list[bytes]:

@@ -33,7 +33,7 @@ README "Drafters and corpora" for the table):
   (every occurrence of the key scored from 0.5, those under theta_score
   dropped, the best 3 drafted; the winner rewarded L_acc / L_draft, the other
   selected ones 0) vs ``ema`` (the suffix drafter's moving average per match
-  position, SuffixConfig.position_ema); relaxed verification with its
+  position, its plug-in position_ema, mechanisms/position_ema.py); relaxed verification with its
   look-ahead and Phi is VerifyConfig "relaxed".
 * AASD: ``aasd`` (alternatives at misaligned prompt positions only, as
   SOURCE_ALIGN, and prompt-copied drafts marked SOURCE_PROMPT, which
@@ -64,6 +64,7 @@ from edgespec.drafters.branch import BranchDrafter
 from edgespec.drafters.mechanisms import GUESS, RETRIEVAL, TEMPLATE
 from edgespec.drafters.mechanisms.entropy import ENTROPY_TOPK, EntropyScaler
 from edgespec.drafters.mechanisms.graft_tail import TailGraft
+from edgespec.drafters.mechanisms.position_ema import PositionEma
 from edgespec.drafters.mechanisms.schedule import PartSchedule
 from edgespec.drafters.semantic import SemanticDrafter
 from edgespec.drafters.suffix import SuffixConfig, SuffixDrafter
@@ -205,16 +206,25 @@ class HybridDrafter(Drafter):
             graft = PruneGraft(c, self._buf)
         return trigger, graft
 
+    @staticmethod
+    def _retrieval_part(c: HybridConfig, corpora, memory) -> SuffixDrafter:
+        """The suffix part, with its plug-ins in the registry's order: the
+        position EMA (`ema`), ReSpec's feedback (imported only when on)."""
+        plugins: list = [PositionEma()] if c.ema else []
+        if c.feedback:
+            from edgespec.drafters.papers.feedback import FeedbackConfig, PositionFeedback
+            plugins.append(PositionFeedback(FeedbackConfig(feedback_init=c.feedback_init, feedback_rate=c.feedback_rate,
+                                                           feedback_top=c.feedback_top, feedback_min=c.feedback_min)))
+        return SuffixDrafter(SuffixConfig(max_depth=c.copy_len, prompt_source=c.aasd, memory=c.memory,
+                                          max_nodes=max(64, c.max_nodes)), corpora=corpora, memory=memory,
+                             plugins=plugins)
+
     def _make_parts(self, c: HybridConfig, n_vocab: int, corpora, model_path, embeddings,
                     memory) -> list[tuple[str, Drafter]]:
         """(role, drafter) of each component, in merge priority order."""
         parts: list[tuple[str, Drafter]] = []
         if c.suffix:
-            parts.append((RETRIEVAL, SuffixDrafter(SuffixConfig(
-                position_ema=c.ema, max_depth=c.copy_len, feedback=c.feedback, feedback_top=c.feedback_top,
-                feedback_init=c.feedback_init, feedback_rate=c.feedback_rate, feedback_min=c.feedback_min,
-                prompt_source=c.aasd, memory=c.memory,
-                max_nodes=max(64, c.max_nodes)), corpora=corpora, memory=memory)))
+            parts.append((RETRIEVAL, self._retrieval_part(c, corpora, memory)))
         if (c.semantic_pair or c.semantic) and embeddings is None and model_path is not None:
             from edgespec.drafters.embeddings import TokenEmbeddings
             embeddings = TokenEmbeddings(model_path)

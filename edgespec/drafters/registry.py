@@ -9,6 +9,14 @@ a drafter is its module, its entry here and its test.
 The classes are named by "module:Class" and imported when a drafter is
 built: listing the names (every CLI start) imports no drafter module and
 none of their numba kernels.
+
+A drafter's plug-ins (PlugIn) are mechanisms off its product path (the
+suffix drafter's position EMA, ReSpec's feedback, the learned edits), each
+with its own config class: a spec switches one on by its name (`+edits`) and
+sets its fields as the drafter's own (`+edit_gap=4`), so the spec strings
+results files record keep their meaning while the drafter's config holds
+only what it uses by default and what a user tunes.  A plug-in's modules are
+imported only when a spec switches it on or names one of its settings.
 """
 from __future__ import annotations
 
@@ -25,15 +33,38 @@ embeddings) and the memory store of earlier requests."""
 
 
 @dataclass(frozen=True)
+class PlugIn:
+    """name: its switch; cls / config: "module:Class" of the mechanism (built
+    with its config) and of its settings."""
+    name: str
+    cls: str
+    config: str
+
+    def load(self) -> tuple[type, type]:
+        return _import(self.cls), _import(self.config)
+
+    def field_types(self) -> dict:
+        """{field: its type's name} of its settings (imports its config's module)."""
+        return {f.name: _type_name(f.type) for f in dataclasses.fields(self.load()[1])}
+
+
+def _type_name(t) -> str:
+    return t if isinstance(t, str) else getattr(t, "__name__", str(t))
+
+
+@dataclass(frozen=True)
 class DrafterEntry:
     """name: the spec's base name; summary: one line for the CLI and docs;
     cls / config: "module:Class" (config "" for a drafter without settings);
-    takes: the RESOURCES its constructor accepts, as keyword arguments."""
+    takes: the RESOURCES its constructor accepts, as keyword arguments;
+    plugins: its PlugIns, in the order the drafter calls them (its
+    constructor takes the built ones as `plugins`)."""
     name: str
     summary: str
     cls: str
     config: str = ""
     takes: tuple[str, ...] = ()
+    plugins: tuple[PlugIn, ...] = ()
 
     def __post_init__(self):
         unknown = set(self.takes) - set(RESOURCES)
@@ -45,11 +76,32 @@ class DrafterEntry:
         return _import(self.cls), (_import(self.config) if self.config else None)
 
     def fields(self, *types) -> list[str]:
-        """The names of the config fields whose type is one of `types`."""
+        """The names of its own config's fields whose type is one of `types`."""
         config = self.load()[1]
         if config is None:
             return []
         return [f.name for f in dataclasses.fields(config) if f.type in types]
+
+    def switches(self) -> list[str]:
+        """What `-noX` / `+X` may name: its config's bool fields, then its plug-ins."""
+        return self.fields("bool", bool) + [p.name for p in self.plugins]
+
+    def setting_type(self, field: str) -> str | None:
+        """"int" or "float" for a numeric setting of its config or of a plug-in
+        (whose config is imported only when its own config lacks the field), else None."""
+        own = {**{f: "int" for f in self.fields("int", int)}, **{f: "float" for f in self.fields("float", float)}}
+        if field in own:
+            return own[field]
+        for p in self.plugins:
+            t = p.field_types().get(field)
+            if t is not None:
+                return t if t in ("int", "float") else None
+        return None
+
+    def numeric(self) -> list[str]:
+        """Every numeric setting's name (its plug-ins' too: imports them)."""
+        names = self.fields("int", int) + self.fields("float", float)
+        return names + [f for p in self.plugins for f, t in p.field_types().items() if t in ("int", "float")]
 
     def sources(self) -> tuple[str, ...]:
         """The names of the draft sources its proposals carry (drafters/tree.py)."""
@@ -62,13 +114,24 @@ def _import(path: str):
     return getattr(importlib.import_module(module), attr)
 
 
+SUFFIX_PLUGINS = (
+    PlugIn("position_ema", "edgespec.drafters.mechanisms.position_ema:PositionEma",
+           "edgespec.drafters.mechanisms.position_ema:EmaConfig"),
+    PlugIn("feedback", "edgespec.drafters.papers.feedback:PositionFeedback",
+           "edgespec.drafters.papers.feedback:FeedbackConfig"),
+    PlugIn("edits", "edgespec.drafters.mechanisms.edits:EditCopy", "edgespec.drafters.mechanisms.edits:EditConfig"),
+)
+"""The suffix drafter's plug-ins, in the order it calls them (the position EMA
+filters the context's matches before ReSpec's feedback chooses among them,
+as they always ran)."""
+
 REGISTRY: tuple[DrafterEntry, ...] = (
     DrafterEntry("none", "proposes nothing: plain decoding through the same engine",
                  "edgespec.drafters.base:Drafter"),
     DrafterEntry("suffix", "continuations of earlier occurrences of the context's end, in the prompt, "
                  "the answer so far, the memory of earlier requests and the corpora",
                  "edgespec.drafters.suffix:SuffixDrafter", "edgespec.drafters.suffix:SuffixConfig",
-                 ("corpora", "memory")),
+                 ("corpora", "memory"), SUFFIX_PLUGINS),
     DrafterEntry("trigram", "a tri-gram matrix searched with MCTS (ADED), adapted to the session",
                  "edgespec.drafters.trigram:TrigramDrafter", "edgespec.drafters.trigram:TrigramConfig",
                  ("n_vocab", "corpora")),
@@ -111,6 +174,7 @@ def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), model_pat
             raise ConfigError(f"drafter {name!r} takes no settings, got {sorted(settings)}")
         return cls()
     try:
+        plugins = _plugins(e, settings)         # takes the plug-ins' switches and settings out of `settings`
         config = config_cls(**settings)
     except ValueError as err:      # the config classes check their own fields
         if isinstance(err, EdgespecError):
@@ -122,7 +186,30 @@ def make_drafter(name: str, *, n_vocab: int | None = None, corpora=(), model_pat
     args = {k: given[k] for k in e.takes}
     if "n_vocab" in args:
         args["n_vocab"] = int(n_vocab)
+    if e.plugins:
+        args["plugins"] = plugins
     return cls(config=config, **args)
+
+
+def _plugins(e: DrafterEntry, settings: dict) -> list:
+    """The plug-ins of entry `e` that `settings` switch on, built with their
+    settings; both are removed from `settings`.  A plug-in's settings are
+    checked (its config is made) even when it stays off."""
+    own = {f.name for f in dataclasses.fields(e.load()[1])}
+    switched = {p.name: bool(settings.pop(p.name, False)) for p in e.plugins}
+    built = []
+    for p in e.plugins:
+        on = switched[p.name]
+        if not on and own >= set(settings):         # nothing of this plug-in asked for: not imported
+            continue
+        mechanism, config = p.load()
+        names = {f.name for f in dataclasses.fields(config)}
+        mine = {k: settings.pop(k) for k in [k for k in settings if k in names]}
+        if on or mine:
+            made = config(**mine)
+            if on:
+                built.append(mechanism(made))
+    return built
 
 
 def help_text() -> str:

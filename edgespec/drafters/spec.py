@@ -6,10 +6,11 @@
 "auto+aasd"                    -> ("auto", True, {"aasd": True})
 "auto+copy_len=30"             -> ("auto", True, {"copy_len": 30})
 
-`-noX` / `+X` switch the bool field X of the drafter's config off / on, and
-`+X=V` sets its int or float field X (V may not contain '-' or '+'), so one
-bench run can hold an ablation side by side.  The switches are the config
-classes' fields, read through the registry (drafters/registry.py).  An engine
+`-noX` / `+X` switch the bool field X of the drafter's config, or its
+plug-in X, off / on, and `+X=V` sets the int or float field X of its config
+or of a plug-in's (V may not contain '-' or '+'), so one bench run can hold
+an ablation side by side.  The switches are the config classes' fields and
+the plug-ins' names, read through the registry (drafters/registry.py).  An engine
 mode after '@' is the app's (run/specs.py).
 """
 from __future__ import annotations
@@ -34,27 +35,27 @@ def parse_drafter_name(name: str) -> tuple[str, bool, dict]:
                           f"-noX / +X to switch a component X off / on)")
     e = entry(base)
     use_corpora, switches = True, {}
-    numeric = {f: t for t, cls in (("int", int), ("float", float)) for f in e.fields(t, cls)}
     for p in parts[1:]:
         if p == NO_CORPUS_SUFFIX:
             use_corpora = False
         elif p.startswith("+") and "=" in p:
             field, _, value = p[1:].partition("=")
-            switches[field] = _number(name, base, field, value, numeric)
+            switches[field] = _number(name, e, field, value)
         else:
-            field = _switch(name, base, p, e.fields("bool", bool))
+            field = _switch(name, base, p, e.switches())
             switches[field] = p.startswith("+")
     return base, use_corpora, switches
 
 
-def _number(name: str, base: str, field: str, value: str, numeric: dict) -> int | float:
-    if field not in numeric:
-        raise ValueError(f"drafter spec {name!r}: {field!r} is not a numeric setting of {base!r} "
-                         f"(its settings: {', '.join(numeric) or 'none'})")
+def _number(name: str, e, field: str, value: str) -> int | float:
+    kind = e.setting_type(field)
+    if kind is None:
+        raise ValueError(f"drafter spec {name!r}: {field!r} is not a numeric setting of {e.name!r} "
+                         f"(its settings: {', '.join(e.numeric()) or 'none'})")
     try:
-        return int(value) if numeric[field] == "int" else float(value)
+        return int(value) if kind == "int" else float(value)
     except ValueError:
-        raise ValueError(f"drafter spec {name!r}: {value!r} is not a valid {numeric[field]} "
+        raise ValueError(f"drafter spec {name!r}: {value!r} is not a valid {kind} "
                          f"for {field!r}") from None
 
 

@@ -5,10 +5,16 @@ earlier chat turns and generation so far) and proposes the tokens that followed
 them, merged into a trie.  With compiled corpora loaded (edgespec.corpus.format) it
 also looks the end of the context up in each corpus's suffix array and adds
 what followed there (the SuffixDecoding / SAM-Decoding idea).  It is
-stateless (but for the opt-in `edits`, which keeps the current answer's
-alignment to its prompt): the engine passes the whole context every step, and a backward scan
-over it plus a few binary searches per corpus are cheap enough (timings in
-BENCHMARKS.md).
+stateless: the engine passes the whole context every step, and a backward
+scan over it plus a few binary searches per corpus are cheap enough (timings
+in BENCHMARKS.md).
+
+Mechanisms off the product path plug in (SuffixPlugIn; drafters/registry.py
+names them, each with its own settings, switched by the same drafter specs):
+the position EMA (`position_ema`, on inside `auto`:
+drafters/mechanisms/position_ema.py), ReSpec's feedback (`feedback`:
+drafters/papers/feedback.py) and the learned edits (`edits`:
+drafters/mechanisms/edits.py); they hold whatever state they keep.
 """
 from __future__ import annotations
 
@@ -18,7 +24,6 @@ import numpy as np
 
 from edgespec.kernels import suffix as _k
 from edgespec.kernels import anchor as _a
-from edgespec.kernels import edits as _e
 from edgespec.drafters.tree import SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_EDIT, SOURCE_MEMORY, SOURCE_PROMPT, DraftTree
 from edgespec.drafters.base import Drafter
 
@@ -51,62 +56,10 @@ class SuffixConfig:
     chance.  Corpus matches use max_match (capped by the corpus's sa_depth),
     max_matches and max_depth like context matches."""
 
-    position_ema: bool = False
-    """ReSpec-style memory per match position in the context: each occurrence
-    end ``e`` whose first continuation token was verified gets an exponential
-    moving average of "that token was the model's choice" (start 1, decay
-    ``ema_decay``); occurrences whose average fell below ``ema_min`` are no
-    longer proposed, so an anchor that keeps failing stops costing batch slots.
-    Off for `suffix` (the plain prompt-lookup baseline), on inside `auto`."""
-
-    ema_decay: float = 0.5
-    ema_min: float = 0.3
-
-    feedback: bool = False
-    """ReSpec's feedback-driven candidate selection (section 3.3, Algorithm 1
-    lines 15-28): every match position (occurrence end ``e`` in the context)
-    has a score S, starting at ``feedback_init``.  Each step every earlier
-    occurrence of the retrieval key is retrieved (the key: the last k* tokens,
-    k* from the `trigger` when `auto` runs it, else the longest suffix that
-    occurred before, as SAM-Decoding's); those scored below ``feedback_min``
-    (theta_score) are dropped, the ``feedback_top`` best of the rest drafted,
-    and when none is left there is no context retrieval this step (the other
-    drafters draft).  After verification every selected position is updated,
-    S <- (1 - rate) S + rate R: the winner (the one whose continuation the
-    model followed furthest; ties: the higher score, then the more recent)
-    with R = L_acc / L_draft (accepted tokens of its continuation over those
-    of it that were verified), every other one with R = 0.  Off by default
-    (edgespec's own variant is position_ema)."""
-
-    feedback_init: float = 0.5
-    """S_0, the paper's "e.g. 0.5"."""
-    feedback_rate: float = 0.5
-    """The EMA rate alpha; not given by the paper: 0.5 is edgespec's choice."""
-    feedback_top: int = 3
-    """Top-3, the paper's."""
-    feedback_min: float = 0.2
-    """theta_score; not given by the paper ("a learned threshold"): 0.2 is
-    edgespec's choice, so that with rate 0.5 a new position is dropped after
-    two losses in a row."""
-
     prompt_source: bool = False
     """Mark context-match nodes whose token was copied from the prompt as
     SOURCE_PROMPT (AASD relaxes only prompt-retrieved tokens; `auto+aasd`
     turns this on).  The acceptance model then calibrates them apart."""
-
-    edits: bool = False
-    """Keep the answer aligned to the prompt and learn the edits it makes
-    (kernels/edits.py): the copy then applies them ahead (a rename proposes
-    the new name wherever the prompt has the old one).  The edited chain is
-    merged into the tree ahead of the plain continuations, as SOURCE_EDIT.
-    Off by default: it gains on renames and loses as much elsewhere
-    (BENCHMARKS.md, "Code edits against llama-server")."""
-
-    edit_gap: int = 8
-    """Longest old or new span of one edit, in tokens."""
-
-    edit_anchor: int = 3
-    """Tokens on which answer and prompt must agree again after an edit."""
 
     memory: bool = True
     """Also draft from the memory of earlier requests (edgespec/memory/: the
@@ -117,23 +70,9 @@ class SuffixConfig:
     """Shortest match in the memory whose continuation is proposed (at least
     the memory index's window, 3)."""
 
-    edit_trust: float = 0.6
-    """An edit is applied ahead only while (made + 1) / (made + left out + 2)
-    is at least this: once made and never left out (2/3) it is; an edit
-    the answer then leaves out once (a one-off fix, a rewrite that only
-    looked like an edit) is not."""
-
     def __post_init__(self):
-        if not (0.0 <= self.ema_decay < 1.0) or not (0.0 <= self.ema_min <= 1.0):
-            raise ValueError("SuffixConfig: ema_decay must be in [0, 1) and ema_min in [0, 1]")
-        if not (0.0 <= self.edit_trust <= 1.0):
-            raise ValueError("SuffixConfig: edit_trust must be in [0, 1]")
-        if not (0.0 <= self.feedback_init <= 1.0) or not (0.0 < self.feedback_rate <= 1.0) \
-                or not (0.0 <= self.feedback_min <= 1.0):
-            raise ValueError("SuffixConfig: feedback_init and feedback_min must be in [0, 1] and feedback_rate "
-                             "in (0, 1]")
         for name in ("min_match", "max_match", "max_matches", "max_depth", "max_nodes",
-                     "corpus_min_match", "feedback_top", "edit_gap", "edit_anchor", "memory_min_match"):
+                     "corpus_min_match", "memory_min_match"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise ValueError(f"SuffixConfig.{name} must be an integer, got {v!r}")
@@ -150,15 +89,51 @@ class SuffixConfig:
                 f"exceed max_match ({self.max_match})")
 
 
+class SuffixPlugIn:
+    """A mechanism plugged into the suffix drafter (no-ops here), called in
+    the order the drafter was given them (the registry's order).
+
+    name:     its switch in a drafter spec (drafters/registry.py)
+    observes: whether the drafter must be handed every step (observe)
+    attach(config)  the SuffixConfig of the drafter it is plugged into
+    select(ctx, n, k, ends, lens, key) -> k: the context's k matches (ends,
+              lens: rewritten in place), filtered or chosen anew; key: the
+              retrieval key `auto`'s trigger handed over (0: none)
+    extend(ctx, n, max_nodes, m, cur, tmp) -> (m, cur, tmp): a tree merged
+              into the m-node proposal in `cur` after the corpora's
+    begin, observe, warmup: as a Drafter's."""
+
+    name = ""
+    observes = False
+
+    def attach(self, suffix_config) -> None:
+        pass
+
+    def warmup(self) -> None:
+        pass
+
+    def begin(self, prompt) -> None:
+        pass
+
+    def select(self, ctx, n: int, k: int, ends, lens, key: int) -> int:
+        return k
+
+    def extend(self, ctx, n: int, max_nodes: int, m: int, cur, tmp):
+        return m, cur, tmp
+
+    def observe(self, result) -> None:
+        pass
+
+
 class SuffixDrafter(Drafter):
     """Proposes the continuations of earlier occurrences of the context's suffix.
 
-    ``SuffixDrafter(config=None, corpora=(), memory=None)``: ``corpora`` is a
+    ``SuffixDrafter(config=None, corpora=(), memory=None, plugins=())``: ``corpora`` is a
     sequence of compiled corpora (objects with ``tokens``, ``sa`` and
     ``sa_depth`` as in edgespec.corpus.format.Corpus); none are needed.
     ``memory``: a MemoryStore (edgespec/memory/) of earlier requests, looked
     up after the context and before the corpora (``config.memory`` switches
-    it off).
+    it off).  ``plugins``: SuffixPlugIn mechanisms (see the module doc).
 
     Each step:
 
@@ -196,7 +171,7 @@ class SuffixDrafter(Drafter):
     sources = (SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_PROMPT, SOURCE_EDIT, SOURCE_MEMORY)
     retrieves = True
 
-    def __init__(self, config: SuffixConfig | None = None, corpora=(), memory=None):
+    def __init__(self, config: SuffixConfig | None = None, corpora=(), memory=None, plugins=()):
         self.config = config if config is not None else SuffixConfig()
         c = self.config
         self.memory = memory if c.memory else None
@@ -217,28 +192,15 @@ class SuffixDrafter(Drafter):
                       for _ in range(3)]
         # Source of a fresh corpus tree (constant): preallocated.
         self._src_corpus = np.full(c.max_nodes, SOURCE_CORPUS, np.int8)
-        # position_ema: score per context position, and the occurrence ends
-        # (with their first continuation token) of the last proposal
-        self.observes = c.position_ema or c.feedback
-        self._ema = np.ones(0, np.float32)
-        self._last: list[tuple[int, int]] = []
-        self.feedback = None    # ReSpec's scores per match position (with c.feedback; imported only then)
-        if c.feedback:
-            from edgespec.drafters.papers.feedback import PositionFeedback
-            self.feedback = PositionFeedback(c)
+        self.plugins = {p.name: p for p in plugins}     # by name, in the order given
+        for p in self.plugins.values():
+            p.attach(c)
+        self.observes = any(p.observes for p in self.plugins.values())
         self._key_len = 0       # feedback's retrieval key: the last _key_len tokens (use_key; 0: none)
         self._n_prompt = 0
-        # edits: the alignment state and recorded edits of the current answer,
-        # and the chain buffers (parents fixed: a chain)
-        self._align = np.zeros(_e.STATE_SIZE, np.int64)
-        self._edits = np.zeros((64, _e.EDIT_COLS), np.int64)
-        self._chain_tok = np.zeros(c.max_depth, np.int32)
-        self._chain_p = np.zeros(c.max_depth, np.float32)
-        self._chain_par = np.arange(-1, c.max_depth - 1, dtype=np.int32)
-        self._chain_src = np.zeros(c.max_depth, np.int8)
 
     def use_key(self, k: int) -> None:
-        """With ``feedback``: the next proposals retrieve every earlier
+        """For ``feedback``: the next proposals retrieve every earlier
         occurrence of the last k tokens (ReSpec's k*, handed over by `auto`
         each step its trigger decides; 0: the longest match's)."""
         self._key_len = int(k)
@@ -249,7 +211,8 @@ class SuffixDrafter(Drafter):
 
     def warmup(self) -> None:
         _k.warmup()
-        _e.warmup()
+        for p in self.plugins.values():
+            p.warmup()
         if self.memory is not None:
             self.memory.warmup()
 
@@ -270,8 +233,8 @@ class SuffixDrafter(Drafter):
                                      max_nodes, spare, self._ends, self._lens, self._mlen, SOURCE_MEMORY)
             m, cur, spare, tmp = self._merge_in(m, mc, spare[3], max_nodes, cur, spare, tmp)
         m, cur, tmp = self._add_corpora(ctx, n, max_nodes, m, cur, spare, tmp)
-        if c.edits and 0 < self._n_prompt < n:
-            m, cur, tmp = self._edited(ctx, n, max_nodes, m, cur, tmp)
+        for p in self.plugins.values():
+            m, cur, tmp = p.extend(ctx, n, max_nodes, m, cur, tmp)
         if m == 0:
             return DraftTree.empty()
         return DraftTree.raw(cur[0][:m].copy(), cur[1][:m].copy(),
@@ -279,19 +242,12 @@ class SuffixDrafter(Drafter):
 
     def _context_tree(self, ctx, n, max_nodes, cur) -> int:
         """The continuation tree of the context's own matches, built into `cur`
-        (after the position EMA and feedback have filtered them); returns its node count."""
+        (after the plug-ins have selected them); returns its node count."""
         c = self.config
         k = _k.find_suffix_matches(ctx, n, c.min_match, c.max_match, c.max_matches,
                                    self._ends, self._lens)
-        if c.position_ema:
-            self._last = []
-            if k:
-                k = self._filter_by_ema(ctx, n, k)
-        if self.feedback is not None:
-            self.feedback.selected = []
-            if k or self._key_len:      # the key: k* from ReSpec's trigger, else the longest match (SAM-Decoding)
-                k = self.feedback.select(ctx, n, self._key_len or (int(self._lens[0]) if k else 0),
-                                         self._ends, self._lens)
+        for p in self.plugins.values():
+            k = p.select(ctx, n, k, self._ends, self._lens, self._key_len)
         if not k:
             return 0
         m = _k.build_continuation_tree(ctx, n, self._ends, self._lens, k, c.max_depth,
@@ -332,67 +288,13 @@ class SuffixDrafter(Drafter):
                            max_nodes, tmp[0], tmp[1], tmp[2], tmp[3])
         return m, tmp, spare, cur
 
-    def _edited(self, ctx, n, max_nodes, m, cur, tmp):
-        """Merge the aligned, edited copy chain (kernels/edits.py) ahead of the
-        tree so far; returns (m, cur, tmp) after the merge."""
-        c = self.config
-        st = self._align
-        if st[0] > n:           # not this answer's context: start over
-            st[:] = 0
-        _e.align(ctx, n, self._n_prompt, st, self._edits, c.edit_gap, c.edit_anchor)
-        ch, applied, first = _e.edited_chain(ctx, n, self._n_prompt, st, self._edits, c.max_depth,
-                                             c.edit_trust, self._chain_tok, self._chain_p)
-        if not applied:         # nothing the plain matches lack
-            return m, cur, tmp
-        src = self._chain_src
-        src[:first] = SOURCE_CONTEXT
-        src[first:ch] = SOURCE_EDIT
-        m = _k.merge_trees(self._chain_tok, self._chain_par, self._chain_p, src, ch,
-                           cur[0], cur[1], cur[2], cur[3], m, max_nodes, tmp[0], tmp[1], tmp[2], tmp[3])
-        return m, tmp, cur
-
-    # ----------------------------------------------------- position_ema only
-    # Without it the drafter is stateless (the whole context arrives with every
-    # propose()) and `observes` is False, which spares the engine building a
-    # StepResult per step.
-    def _filter_by_ema(self, ctx: np.ndarray, n: int, k: int) -> int:
-        """Drop occurrences whose position score fell below ema_min; remember
-        the kept ones for observe()."""
-        if len(self._ema) < n:
-            grown = np.ones(max(2 * len(self._ema), n, 256), np.float32)
-            grown[:len(self._ema)] = self._ema
-            self._ema = grown
-        ema, lo = self._ema, self.config.ema_min
-        j = 0
-        last = []
-        for i in range(k):
-            e = int(self._ends[i])
-            if ema[e] < lo:
-                continue
-            self._ends[j], self._lens[j] = e, self._lens[i]
-            j += 1
-            last.append((e, int(ctx[e + 1])))
-        self._last = last
-        return j
-
     def begin(self, prompt: np.ndarray) -> None:
-        self._ema[:] = 1.0
-        self._last = []
-        if self.feedback is not None:
-            self.feedback.begin()
         self._n_prompt = len(prompt)
-        self._align[:] = 0
+        for p in self.plugins.values():
+            p.begin(prompt)
 
     def observe(self, result) -> None:
-        if self.feedback is not None:
-            self.feedback.observe(result)
-        if not self._last:
-            return
-        pr = result.proposed
-        verified = set(pr.tokens[pr.parents == -1].tolist()) if len(pr) else set()
-        got = int(result.accepted[0])
-        d = self.config.ema_decay
-        for e, tok in self._last:
-            if tok in verified:     # the model decided on this occurrence's draft
-                self._ema[e] = d * self._ema[e] + (1.0 - d) * (tok == got)
-        self._last = []
+        # only with a plug-in that observes: the plain drafter is stateless and
+        # `observes` False spares the engine building a StepResult per step
+        for p in self.plugins.values():
+            p.observe(result)

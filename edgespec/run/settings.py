@@ -22,13 +22,11 @@ from typing import Any
 
 from edgespec.backend.ggml import RPC_OUTPUTS, parse_endpoints
 from edgespec.backend.llama import EXACT_MAX_BATCH
-from edgespec.backend.process import kernel_options
 from edgespec.backend.settings import BackendSettings
-from edgespec.calibration.kernelchoice import setting as kernels_setting   # $EDGESPEC_KERNELS, else auto
 from edgespec.core.config import EngineConfig
 from edgespec.core.verify import VerifyConfig
 from edgespec.errors import ConfigError
-from edgespec.run.kernels import Loadout, loadout
+from edgespec.run.kernels import Loadout, loadout, times_kernels
 
 
 DISK_MIB = 2048.0        # prompt_cache_disk_mib's default (RunConfig's doc says why)
@@ -82,7 +80,8 @@ class RunConfig:
         product is a process-wide switch that the first model a process
         loads sets (unless GGML_CPU_TILED_MM is in the environment).  On a
         GPU both are llama.cpp's defaults.  None: $EDGESPEC_KERNELS, else
-        "auto" (RunConfig.defaults() reads it).
+        "auto" (RunConfig.defaults() leaves it None; edgespec.run.kernels
+        reads the variable when it resolves the kernels).
     max_nodes: the largest verification batch (root + drafts).
     cost_gate: verify only drafts whose expected gain beats their measured cost.
     calibrate: how c(T) and the exactness self-check are had (both cached on
@@ -158,15 +157,11 @@ class RunConfig:
             raise ConfigError(f"rpc_output must be one of {', '.join(RPC_OUTPUTS)}, not {self.rpc_output!r}")
         self.engine_config()           # max_nodes' range and verify's mode: EngineConfig checks them
 
-    @property
-    def offloaded(self) -> bool:
-        """Layers on a GPU or on RPC workers (the kernel setting then changes nothing)."""
-        return bool(self.n_gpu_layers or parse_endpoints(self.rpc))
-
     def times_kernels(self) -> bool:
         """Whether the kernels are chosen by timing exact against fast ones
-        here: kernels "auto" (as set or from $EDGESPEC_KERNELS) on a CPU."""
-        return kernels_setting(self.kernels) == "auto" and not self.offloaded
+        here: kernels "auto" (as set or from $EDGESPEC_KERNELS) on a CPU
+        (edgespec.run.kernels.times_kernels, the rule loadout follows)."""
+        return times_kernels(self)
 
     def resolve_kernels(self, model_path: str, measure: bool | None = None, progress=None) -> Loadout:
         """The kernels and K cache this run loads `model_path` with, and why
@@ -175,14 +170,13 @@ class RunConfig:
         return loadout(self, model_path, measure, progress)
 
     def backend_settings(self, load: Loadout) -> BackendSettings:
-        """The backend's settings of this run with its resolved Loadout (fast
-        kernels change nothing with layers on a GPU).  The backend's batch
-        holds at least EXACT_MAX_BATCH tokens whatever max_nodes says."""
-        fast = load.kernels == "fast" and not self.n_gpu_layers
+        """The backend's settings of this run with its resolved Loadout, taken
+        as it is.  The backend's batch holds at least EXACT_MAX_BATCH tokens
+        whatever max_nodes says."""
         return BackendSettings(n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, n_threads=self.n_threads,
-                               max_nodes=max(EXACT_MAX_BATCH, self.max_nodes), max_leaves=None,
-                               cache_type_k=load.cache_type_k, verbose=self.verbose, rpc=parse_endpoints(self.rpc),
-                               tensor_split=self.tensor_split, rpc_output=self.rpc_output, **kernel_options(fast))
+                               max_nodes=max(EXACT_MAX_BATCH, self.max_nodes), max_leaves=None, load=load,
+                               verbose=self.verbose, rpc=parse_endpoints(self.rpc),
+                               tensor_split=self.tensor_split, rpc_output=self.rpc_output)
 
     def engine_config(self, batch_cap: int | None = None) -> EngineConfig:
         """The engine's settings of this run: max_nodes (at most `batch_cap`, the
@@ -194,9 +188,11 @@ class RunConfig:
 
     @classmethod
     def defaults(cls) -> "RunConfig":
-        """The defaults as this process sees them (kernels from $EDGESPEC_KERNELS,
-        prompt_cache_disk_mib from $EDGESPEC_PROMPT_CACHE_DISK_MIB when set)."""
-        return cls(kernels=kernels_setting(None), prompt_cache_disk_mib=disk_mib_setting())
+        """The defaults as this process sees them (kernels None: $EDGESPEC_KERNELS
+        when set, else auto, read when the kernels are resolved, by
+        edgespec.run.kernels.setting; prompt_cache_disk_mib from
+        $EDGESPEC_PROMPT_CACHE_DISK_MIB when set)."""
+        return cls(kernels=None, prompt_cache_disk_mib=disk_mib_setting())
 
     def but(self, **changes) -> "RunConfig":
         """A copy with `changes`; TypeError names a keyword that is no setting."""

@@ -17,7 +17,7 @@ import os
 import click
 
 from edgespec.backend.llama import MIN_CTX
-from edgespec.calibration.kernelchoice import ENV as KERNELS_ENV
+from edgespec.run.kernels import ENV as KERNELS_ENV
 from edgespec.drafters.registry import help_text as drafters_help
 from edgespec.run.settings import DEFAULTS, DISK_MIB, RunConfig
 from edgespec.run.specs import check_drafter_name
@@ -156,8 +156,8 @@ def backend_options(f):
                      help="Put the model's layers on llama.cpp RPC workers (`edgespec rpc-worker` or "
                           "llama.cpp's rpc-server; all layers unless --n-gpu-layers says how many).  Needs "
                           "llama-cpp-python built with CMAKE_ARGS=\"-DGGML_RPC=on\".")(f)
-    f = click.option("--kernels", type=click.Choice(("auto", "exact", "fast")), default=DEFAULTS.kernels,
-                     show_default=True, envvar=KERNELS_ENV,
+    f = click.option("--kernels", type=click.Choice(("auto", "exact", "fast")), default=None,
+                     show_default=f"${KERNELS_ENV}, else auto",      # None: edgespec.run.kernels reads it
                      help="auto = exact where it costs at most 5% more than fast on this machine, else fast "
                           "(timed once per model and thread count, cached; exact until timed); the default "
                           "comes from $EDGESPEC_KERNELS when set.  "

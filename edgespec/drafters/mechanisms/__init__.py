@@ -10,6 +10,12 @@ action (scale, check, graft, ...) is called where it acts in the merge:
 * entropy.py      edgespec's soft retrieval trigger (`entropy`): retrieved scores scaled by recent entropy
 * graft_tail.py   edgespec's retrieval continued from the best drafted leaves (`graft_tail`)
 
+And the suffix drafter's plug-ins of edgespec's own (drafters/suffix.py
+SuffixPlugIn, named in drafters/registry.py with their settings):
+
+* position_ema.py the moving average per match position (`position_ema`; `ema` inside `auto`, on there)
+* edits.py        the learned edits applied ahead of the copy (`edits`, off by default)
+
 The papers' mechanisms as published (`trigger`, `feedback`, `rerank`,
 `graft`), off by default, are in drafters/papers/, imported only when
 switched on; they have these hooks too.

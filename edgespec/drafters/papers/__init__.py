@@ -10,7 +10,7 @@ variants, on by default, are the drafters beside it and drafters/mechanisms/.
 * rerank.py     the hidden states AdaPLD's `rerank` compares, by context position
 * aded.py       ADED as published: the `trigram` part's published form (`aded`)
 * trigger.py    ReSpec's hard retrieval trigger (`trigger`)
-* feedback.py   ReSpec's feedback-scored match positions (`feedback`; used by the suffix drafter)
+* feedback.py   ReSpec's feedback-scored match positions (`feedback`; a plug-in of the suffix drafter)
 * graft.py      Graft's prune-then-graft under a fixed budget (`graft`)
 
 The mechanisms of `auto` here have the lifecycle hooks of

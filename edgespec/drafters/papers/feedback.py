@@ -14,24 +14,69 @@ One concern: the scores per position, the selection, and the update.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from edgespec.kernels import suffix as _k
+from edgespec.drafters.suffix import SuffixPlugIn
 
 
-class PositionFeedback:
-    """Scores per context position over a SuffixConfig's feedback_* settings."""
+@dataclass
+class FeedbackConfig:
+    """ReSpec's settings, as the paper gives them where it does."""
+    feedback_init: float = 0.5
+    """S_0, the paper's "e.g. 0.5"."""
+    feedback_rate: float = 0.5
+    """The EMA rate alpha; not given by the paper: 0.5 is edgespec's choice."""
+    feedback_top: int = 3
+    """Top-3, the paper's."""
+    feedback_min: float = 0.2
+    """theta_score; not given by the paper ("a learned threshold"): 0.2 is
+    edgespec's choice, so that with rate 0.5 a new position is dropped after
+    two losses in a row."""
 
-    def __init__(self, config):
-        self.config = config
+    def __post_init__(self):
+        if not (0.0 <= self.feedback_init <= 1.0) or not (0.0 < self.feedback_rate <= 1.0) \
+                or not (0.0 <= self.feedback_min <= 1.0):
+            raise ValueError("FeedbackConfig: feedback_init and feedback_min must be in [0, 1] and "
+                             "feedback_rate in (0, 1]")
+        v = self.feedback_top
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"FeedbackConfig.feedback_top must be an integer >= 1, got {v!r}")
+        self.feedback_top = int(v)
+
+
+class PositionFeedback(SuffixPlugIn):
+    """Scores per context position over a FeedbackConfig: a plug-in of the
+    suffix drafter (drafters/registry.py), whose context matches it selects."""
+
+    name = "feedback"
+    observes = True
+
+    def __init__(self, config: FeedbackConfig | None = None):
+        self.config = config if config is not None else FeedbackConfig()
+        self.max_depth = 32                         # the suffix drafter's (attach)
         self.scores = np.zeros(0, np.float32)       # S per match position
         self.selected: list[tuple[int, list]] = []  # (end, continuation) of this step's drafted occurrences
 
-    def begin(self) -> None:
+    def attach(self, suffix_config) -> None:
+        self.max_depth = suffix_config.max_depth
+
+    def begin(self, prompt=None) -> None:
         self.scores[:] = self.config.feedback_init
         self.selected = []
 
-    def select(self, ctx: np.ndarray, n: int, key: int, out_ends: np.ndarray, out_lens: np.ndarray) -> int:
+    def select(self, ctx: np.ndarray, n: int, k: int, ends: np.ndarray, lens: np.ndarray, key: int) -> int:
+        """The suffix drafter's hook: with a key (k* from ReSpec's trigger, else
+        the longest of the k matches, as SAM-Decoding's) the positions chosen
+        by `choose`; none without matches or key."""
+        self.selected = []
+        if not (k or key):
+            return 0
+        return self.choose(ctx, n, key or (int(lens[0]) if k else 0), ends, lens)
+
+    def choose(self, ctx: np.ndarray, n: int, key: int, out_ends: np.ndarray, out_lens: np.ndarray) -> int:
         """Lines 15-17: every earlier occurrence of the last `key` tokens, those
         scored at least feedback_min, of them the feedback_top best (ties: the
         more recent first), written to out_ends / out_lens; returns how many
@@ -47,7 +92,7 @@ class PositionFeedback:
         order = np.argsort(-self.scores[ends], kind="stable")[:min(c.feedback_top, len(out_ends))]
         j = len(order)
         out_ends[:j], out_lens[:j] = ends[order], key
-        self.selected = [(int(e), ctx[e + 1:e + 1 + c.max_depth].tolist()) for e in out_ends[:j]]
+        self.selected = [(int(e), ctx[e + 1:e + 1 + self.max_depth].tolist()) for e in out_ends[:j]]
         return j
 
     def observe(self, result) -> None:
