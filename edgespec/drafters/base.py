@@ -59,23 +59,12 @@ class StepResult:
 
 @dataclass(frozen=True)
 class Needs:
-    """What a drafter asks of the engine: the contract between them, read once
-    when an engine is built (Drafter.needs()).
-
-    observe:      call observe() after every step
-    topk:         K > 0: the model's top-K next tokens at every committed slot
-                  (StepResult.topk_input / topk_tokens / topk_logits)
-    prefill_topk: K > 0: the top-K after every prompt position it prefills
-                  (observe_prefill)
-    entropy:      the entropy of the model's distribution after every committed
-                  slot (StepResult.entropy)
-    hidden:       hidden states at every committed slot (StepResult.hidden) and
-                  every prefilled prompt position (observe_prefill_hidden)
-    hidden_layer: which block's hidden state (None: the last; 0: the backend's
-                  middle one; else block N)
-    The top-K, entropy and hidden states are computed only for a drafter
-    that observes.
-    """
+    """What a drafter asks of the engine, as the engine reads it once when it
+    is built (Drafter.needs()).  The contract is declared once, by Drafter's
+    attributes (documented there); this is their snapshot, field for field:
+    observe (wants_observe()), topk, prefill_topk, entropy (wants_entropy),
+    hidden (wants_hidden), hidden_layer (with hidden only).  The top-K,
+    entropy and hidden states are computed only for a drafter that observes."""
     observe: bool = False
     topk: int = 0
     prefill_topk: int = 0
@@ -117,7 +106,8 @@ class Drafter:
     output, as with prefill_topk."""
 
     hidden_layer: int | None = None
-    """With wants_hidden: which block's hidden state (see Needs)."""
+    """With wants_hidden: which block's hidden state (None: the last; 0: the
+    backend's middle one; else block N)."""
 
     sources: tuple = ()
     """The node sources (drafters/tree.py's registry) this drafter's proposals
@@ -128,7 +118,8 @@ class Drafter:
     gates it inside `auto`."""
 
     def needs(self) -> Needs:
-        """What this drafter asks of the engine (from the attributes above)."""
+        """What this drafter asks of the engine: the attributes above, read once
+        (wrappers such as PredictionDrafter hand on their inner drafter's)."""
         return Needs(observe=self.wants_observe(), topk=int(self.topk), prefill_topk=int(self.prefill_topk),
                      entropy=bool(self.wants_entropy), hidden=bool(self.wants_hidden),
                      hidden_layer=self.hidden_layer if self.wants_hidden else None)
