@@ -14,6 +14,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from edgespec.app.request_fields import SERVE_DEFAULTS  # noqa: E402
 from edgespec.app.server import Server  # noqa: E402
+from edgespec import SpecModel  # noqa: E402
 
 KEY = "metrics-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -21,10 +22,16 @@ PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick
 
 
 @pytest.fixture(scope="module")
-def server(model):
-    s = Server(model, model_id="smol", api_key=KEY, defaults=SERVE_DEFAULTS.but(drafter="suffix"))
-    yield s, TestClient(s.app, base_url="http://127.0.0.1")       # no lifespan: the session model stays open
+def server(model_path):
+    """A server over a model of its own that verifies every draft (no cost
+    gate, c(T) = T): whether suffix drafts are tried must not depend on this
+    machine's calibrated costs (on the 2-core EPYC the shared model's gate
+    drafted nothing for this short prompt)."""
+    m = SpecModel(model_path, drafter="none", n_ctx=2048, calibrate=False, cost_gate=False)
+    s = Server(m, model_id="smol", api_key=KEY, defaults=SERVE_DEFAULTS.but(drafter="suffix"))
+    yield s, TestClient(s.app, base_url="http://127.0.0.1")       # no lifespan: closed here
     s._worker.shutdown(wait=True)
+    m.close()
 
 
 def scrape(client) -> dict:

@@ -275,9 +275,16 @@ def test_init_failure_releases_the_backend(model, monkeypatch):
     assert len(made) == 2 and made[1].ctx is None and made[1].model is None
 
 
-def test_prediction_drafts_without_changing_the_text(model):
+def test_prediction_drafts_without_changing_the_text(model_path):
     """prediction= is one more draft source: with drafter none (no drafts of its
-    own) the same text comes in fewer steps; a wrong prediction costs no text."""
+    own) the same text comes in fewer steps; a wrong prediction costs no text.
+    The model verifies every draft (no cost gate, c(T) = T), so whether the
+    prediction is drafted does not depend on this machine's calibrated costs."""
+    with SpecModel(model_path, drafter="none", n_ctx=512, calibrate=False, cost_gate=False) as model:
+        _prediction_drafts(model)
+
+
+def _prediction_drafts(model) -> None:
     prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog."
     plain = model.generate(prompt, max_tokens=24, drafter="none")
     fast = model.generate(prompt, max_tokens=24, drafter="none", prediction=plain.text)
