@@ -50,6 +50,14 @@ async def receive(queue: asyncio.Queue) -> StreamChunk | None:
     return e.chunk
 
 
+async def last_chunk(queue: asyncio.Queue) -> StreamChunk:
+    """The request's last chunk (the one with the result), the ones before it
+    read and dropped; an error or a cancel raises as in receive."""
+    while (c := await receive(queue)) is None or c.result is None:
+        pass
+    return c
+
+
 class Answers:
     """The answers of one server: its model (for logprobs and the drafter's
     name) and default drafter; draining() is true once the server stops,
@@ -62,6 +70,10 @@ class Answers:
         d = self.defaults.drafter
         return d if isinstance(d, str) else self.model.drafter_name
 
+    def shut_down(self, r) -> bool:
+        """A generation the server's shutdown cancelled (answered 503, not as an answer)."""
+        return r.stop_reason == "cancelled" and self._draining()
+
     def formatter(self, call: ServeRequest) -> LogprobFormatter:
         """Offsets of a completion's text_offset count from the prompt text's start."""
         return LogprobFormatter(self.model.vocab, call.text_offset)
@@ -73,12 +85,11 @@ class Answers:
     async def collect(self, call: ServeRequest, queue: asyncio.Queue):
         """The JSON answer of a request not streamed (or its error)."""
         try:
-            while (item := await receive(queue)) is None or item.result is None:
-                pass
+            r = (await last_chunk(queue)).result
         except RequestError as e:
             return e.response()
-        r, cid, created = item.result, new_id("chatcmpl" if call.chat else "cmpl"), int(time.time())
-        if r.stop_reason == "cancelled" and self._draining():
+        cid, created = new_id("chatcmpl" if call.chat else "cmpl"), int(time.time())
+        if self.shut_down(r):
             return shutting_down().response()
         n_prompt = len(call.resolved.prompt)
         if call.chat:
@@ -163,9 +174,7 @@ class Answers:
             yield sse_event(chat_chunk(cid, created, name, {"role": "assistant", "content": ""}))
             r = None
             try:
-                while (c := await receive(queue)) is None or c.result is None:
-                    pass
-                r = c.result
+                r = (await last_chunk(queue)).result
             except RequestError as e:
                 yield sse_error(e)
             if r is not None:

@@ -28,7 +28,7 @@ import threading
 
 from starlette.responses import JSONResponse
 
-from edgespec.app.answers import receive
+from edgespec.app.answers import last_chunk, receive
 from edgespec.app.infill import Infill
 from edgespec.app.openai_format import sse_error, sse_event, timings
 from edgespec.app.request_fields import (RequestError, RequestParser, ServeRequest, _constraint, _integer, _number,
@@ -182,12 +182,10 @@ class NativeAnswers:
 
     async def collect(self, call: ServeRequest, queue: asyncio.Queue):
         try:
-            while (item := await receive(queue)) is None or item.result is None:
-                pass
+            r = (await last_chunk(queue)).result
         except RequestError as e:
             return e.response()
-        r = item.result
-        if r.stop_reason == "cancelled" and self.answers._draining():
+        if self.answers.shut_down(r):
             return shutting_down().response()
         return JSONResponse(final(call, r, self.answers.drafter_name(), streamed=False))
 
