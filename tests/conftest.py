@@ -39,6 +39,15 @@ DATA = Path(__file__).resolve().parent / "data"
 DEV_PROMPTS = DATA / "spec_bench_prompts.jsonl"
 
 
+def cli_runner():
+    """click's CliRunner with stderr apart from stdout (click < 8.2 mixes them without the flag)."""
+    from click.testing import CliRunner
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:
+        return CliRunner()
+
+
 def fixed_curve(name: str):
     """A c(T) kept in tests/data/costs (see tests/data/README.md): the replay
     tests decide from these, never from the calibration of the machine they

@@ -116,18 +116,13 @@ def test_gate_on_a_shape_curve_judges():
 def _replay_code_edits(model) -> dict:
     """`edgespec replay --json` on the recorded H200 code edits (4 prompts,
     two passes) under the H200 shape files: the ALL rows by method."""
-    from click.testing import CliRunner
-
+    from conftest import cli_runner
     from edgespec.app.cli import main
     shapes = os.path.join(H200, "cost-smollm2")
     argv = ["replay", os.path.join(H200, "code-hold-4.jsonl"), "--prompts", os.path.join(H200, "code-4-prompts.jsonl"),
             "--model", model.model_path, "--methods", "suffix,suffix@holdcost,suffix@hold2,suffix@hold4", "--cost", shapes,
             "--overhead-ms", "0.25", "--gate-overhead", "0.1", "--draft-ms", "0.1", "--json"]
-    try:
-        runner = CliRunner(mix_stderr=False)        # click < 8.2 mixes stderr in without the flag
-    except TypeError:
-        runner = CliRunner()
-    r = runner.invoke(main, argv)
+    r = cli_runner().invoke(main, argv)
     assert r.exit_code == 0, r.output
     return {x["method"]: x for x in map(json.loads, r.stdout.splitlines()) if x.get("category") == "ALL"}
 

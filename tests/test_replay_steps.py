@@ -89,17 +89,12 @@ def test_replay_json_lines(model, tmp_path):
     file, method (the bench's names, default and @hold4 included) and
     category, ALL pooled; the fitted terms are charged (a slower modelled
     time than the bare shapes), the bare shapes as before."""
-    from click.testing import CliRunner
-
+    from conftest import cli_runner
     from edgespec.app.cli import main
     argv = ["replay", RECORDED, "--prompts", os.path.join(H200, "code-4-prompts.jsonl"), "--model", model.model_path,
             "--methods", "default,suffix@hold4", "--cost", f"{SHAPES},{FIT2}", "--overhead-ms", "0.25",
             "--gate-overhead", "0.1", "--draft-ms", "0.1", "--json"]
-    try:
-        runner = CliRunner(mix_stderr=False)        # click < 8.2 mixes stderr in without the flag
-    except TypeError:
-        runner = CliRunner()
-    r = runner.invoke(main, argv)
+    r = cli_runner().invoke(main, argv)
     assert r.exit_code == 0, r.output
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     keys = {(x["cost"], x["method"], x["category"]) for x in lines}
