@@ -154,7 +154,7 @@ def test_model_resolve_refuses_before_waiting(model):
     """SpecModel.resolve resolves text, messages, a schema and a prediction,
     and refuses without waiting for the model (the server's 400 before the
     queue); a Resolved runs as its Request does."""
-    from edgespec.errors import GrammarError, PromptTooLongError
+    from edgespec.errors import ConfigError, GrammarError, PromptTooLongError
     r = model.resolve(Request("Name three colours.", max_tokens=4, json_schema={"type": "object"},
                               prediction="red, green"))
     assert r.grammar is not None and r.prediction is not None and r.engine_key == (None, True)
@@ -165,6 +165,10 @@ def test_model_resolve_refuses_before_waiting(model):
             model.resolve(Request("word " * (2 * model.n_ctx), raw=True))
         with pytest.raises(GrammarError):
             model.resolve(Request("Hi", grammar="root ::= nonsense-rule"))
+    once = model.resolve(Request("Hi", max_tokens=2, json_schema={"type": "object"}))
+    model.run(once)
+    with pytest.raises(ConfigError, match="has run"):      # its grammar's state is spent: refused, not a crash
+        model.run(once)
     plain = Request("Name three colours.", max_tokens=6, drafter="none")
     assert model.run(model.resolve(plain)).tokens == model.run(plain).tokens
 

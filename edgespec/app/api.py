@@ -289,6 +289,8 @@ class SpecModel(ModelEngines, PromptCaching):
         def is_cancelled() -> bool:
             return closing.is_set() or stop_event.is_set() or (user_cancel is not None and bool(user_cancel()))
 
+        if resolved.grammar is not None and resolved.grammar.closed:     # its state is spent: llama.cpp would crash
+            raise ConfigError("this resolved request has run (or was closed): resolve its Request again")
         drafter, predicted = resolved.engine_key
         engine = self.engine_for(drafter if drafter is not None else self._drafter, prediction=predicted)
         if predicted:

@@ -239,6 +239,10 @@ class Grammar:
         L.llama_sampler_accept(self._smpl, int(token))
         self.n_accepted += 1
 
+    @property
+    def closed(self) -> bool:
+        return not self._smpl
+
     def close(self) -> None:
         if self._smpl:
             L.llama_sampler_free(self._smpl)
