@@ -56,6 +56,7 @@ CHUNK_LINES = 64
 N_PREDICT = 128
 T_MAX_MS = 500
 SAMPLERS = ["top_k", "top_p", "infill"]
+PLUGIN_TOP_K, PLUGIN_TOP_P = 40, 0.99   # llama.vim's sampling (not edgespec's defaults)
 RESPONSE_FIELDS = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
                    "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
                    "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached",
@@ -138,7 +139,7 @@ def infill_body(lines: list[str], i: int, col: int, ring: list[dict]) -> dict:
     below = lines[i + 1:i + 1 + N_SUFFIX]
     return {"input_prefix": "\n".join(above) + "\n", "input_suffix": "\n" + "\n".join(below) + "\n",
             "input_extra": [dict(c) for c in ring], "prompt": "" if blank else typed, "n_predict": N_PREDICT,
-            "n_indent": 0 if blank else indentation(typed), "top_k": 40, "top_p": 0.99, "stream": False,
+            "n_indent": 0 if blank else indentation(typed), "top_k": PLUGIN_TOP_K, "top_p": PLUGIN_TOP_P, "stream": False,
             "samplers": list(SAMPLERS), "cache_prompt": True, "t_max_prompt_ms": T_MAX_MS,
             "t_max_predict_ms": T_MAX_MS, "response_fields": list(RESPONSE_FIELDS)}
 
