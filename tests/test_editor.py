@@ -195,6 +195,38 @@ def test_fim_preset_goes_to_llama_server_targets_only():
     assert targets[1].extra == R.FIM_PRESET + ("--top-k", "1")
 
 
+def _invoke(args):
+    from conftest import cli_runner
+
+    from edgespec.app.cli import main
+    return cli_runner().invoke(main, args)
+
+
+def test_cli_writes_a_trace_and_reports_a_run(tmp_path):
+    """editor-trace writes what editor_trace builds (and says how many
+    requests); bench-editor-report prints a saved run; mistakes end in one line."""
+    src = write(tmp_path, "proj/area.py", SOURCE)
+    a = write(tmp_path, "proj/a.py", EXTRA_A)
+    out = tmp_path / "t.jsonl"
+    r = _invoke(["editor-trace", src, "--extra", a, "--chunk-lines", "3", "--lines", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    got = E.load_editor_trace(str(out))
+    want = E.editor_trace(src, [a], E.TraceSpec(n_lines=2, chunk_lines=3))
+    assert got.requests == want.requests and "6 requests on 2 lines of area.py (+ 1 ring updates)" in r.stderr
+    rows = R.replay(lambda s, i: Answers([_answer(10.0 * (i + 1), got.requests[i]["typed"], 5, 1.0, 9)]), "t", [got])
+    res = tmp_path / "r.jsonl"
+    res.write_text("".join(json.dumps(x) + "\n" for x in [{"kind": "header", "model": "m.gguf", "targets": {"t": ["x"]}}] + rows))
+    r = _invoke(["bench-editor-report", str(res)])
+    assert r.exit_code == 0 and "model: m.gguf" in r.output and "6/6" in r.output, r.output
+    session = write(tmp_path, "s.jsonl", '{"trace": "edgespec-session"}\n')
+    for args, fragment in ((["editor-trace", src, "--start", "99", "--out", str(out)], "no line 99"),
+                           (["bench-editor-report", str(out)], "no editor summary rows"),
+                           (["bench-editor", "--trace", src], "not JSON lines"),
+                           (["bench-editor", "--trace", session], "first line must be the header")):
+        r = _invoke(args)
+        assert r.exit_code == 1 and fragment in r.stderr and "Traceback" not in r.stderr, (args, r.output)
+
+
 # ------------------------------------------------------------------ n_indent
 class Chars:
     """A vocabulary whose token t is the character chr(t)."""
