@@ -37,8 +37,8 @@ def editor_trace(source, extra, start, n_lines, ring_chunks, chunk_lines, ring_e
     (256 lines before the cursor, 64 after, the ring of --extra chunks,
     n_predict 128, t_max_predict_ms 500, cache_prompt, its samplers) and the
     text typed next, which bench-editor scores the suggestion's first line
-    against.  Use a file that is not in the model's or the project's
-    training data you compare on: a module of another project."""
+    against.  Hold the code out: a module of another project, with
+    --extra files of that project."""
     from edgespec.bench.editor import TraceSpec, editor_trace as build, write_trace
 
     with user_errors():
