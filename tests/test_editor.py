@@ -313,7 +313,7 @@ def test_replay_on_an_in_process_server(coder, tmp_path):
     with served(coder) as base:
         head, rows = run_sessions([t], parse_targets([f"inproc={base}"]), coder.model_path, 2048, None, 0, str(out),
                                   kind=R)
-    assert head["bench"] == "editor_replay" and head["targets"] == {"inproc": []}
+    assert head["bench"] == "editor" and head["targets"] == {"inproc": []}
     reqs, s = [r for r in rows if r["kind"] == "request"], rows[-1]
     assert [r["status"] for r in reqs] == [200] * 4, [r.get("error") for r in reqs]
     assert reqs[0]["prompt_n"] is None and reqs[0]["text"] == ""         # the ring: no answer asked for
@@ -329,5 +329,5 @@ def test_replay_on_an_in_process_server(coder, tmp_path):
     assert s["n_requests"] == 3 and s["n_failed"] == 0 and s["n_ring"] == 1 and s["p50_ms"] > 0
     assert s["first_lines_right"] == sum(r["first_line_right"] for r in reqs)
     head2, back = R.read_results(str(out))
-    assert head2["bench"] == "editor_replay" and back[1:] == json.loads(json.dumps(rows))
+    assert head2["bench"] == "editor" and back[1:] == json.loads(json.dumps(rows))
     assert "inproc" in R.format_editor(back, head2)

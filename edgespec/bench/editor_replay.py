@@ -32,6 +32,7 @@ import numpy as np
 from edgespec.bench.sessions import Client, Session
 from edgespec.errors import BenchError
 
+BENCH = "editor"         # the results' header and rows say so
 FIM_PRESET = ("--cache-reuse", "256", "-b", "1024", "-ub", "1024")
 """llama-server's flags of the FIM presets llama.vim and llama.vscode recommend (added to its targets)."""
 TIMINGS = ("prompt_n", "prompt_ms", "cache_n", "predicted_n", "predicted_ms")
@@ -70,7 +71,7 @@ def first_line_right(suggestion: str, typed: str) -> bool:
 def request_row(target: str, trace: Session, index: int, got: dict) -> dict:
     """The results row of one replayed request (got: Client.post's answer)."""
     req = trace.requests[index]
-    row = {"kind": "request", "bench": "editor", "target": target, "session": trace.name, "index": index,
+    row = {"kind": "request", "bench": BENCH, "target": target, "session": trace.name, "index": index,
            "role": req["role"], "line": req.get("line"), "col": req.get("col"), "status": got["status"],
            "wall_ms": got["wall_ms"], "typed": req["typed"]}
     if got["status"] == 200 and isinstance(got.get("json"), dict):
@@ -94,7 +95,7 @@ def summary_row(target: str, trace: Session, rows: list[dict]) -> dict:
     wall = [r["wall_ms"] for r in ok]
     at = (lambda q: float(np.percentile(wall, q))) if wall else (lambda q: None)
     ring = [r for r in rows if r["role"] == "ring"]
-    return {"kind": "summary", "bench": "editor", "target": target, "session": trace.name,
+    return {"kind": "summary", "bench": BENCH, "target": target, "session": trace.name,
             "n_requests": len(asked), "n_failed": len(asked) - len(ok), "p50_ms": at(50), "p95_ms": at(95),
             "mean_ms": _mean(wall), "wall_s": sum(wall) / 1e3,
             "prefill_share": sum(r["prompt_ms"] or 0 for r in ok) / sum(wall) if wall and sum(wall) else None,
@@ -184,6 +185,6 @@ def read_results(path: str) -> tuple[dict | None, list[dict]]:
         raise BenchError(f"cannot read {path}: {e.strerror}") from None
     except ValueError as e:
         raise BenchError(f"{path}: not a JSON-lines results file ({e})") from None
-    if not any(isinstance(r, dict) and r.get("kind") == "summary" and r.get("bench") == "editor" for r in rows):
+    if not any(isinstance(r, dict) and r.get("kind") == "summary" and r.get("bench") == BENCH for r in rows):
         raise BenchError(f"{path}: no editor summary rows (not a bench-editor results file?)")
     return next((r for r in rows if r.get("kind") == "header"), None), rows

@@ -280,14 +280,14 @@ def run_sessions(sessions, targets: list[Target], model_path: str, n_ctx: int, t
     rewritten with the targets' command lines at the end).  kind: the
     module whose replay(...) and warm_up(...) run the sessions (default
     edgespec.bench.sessions and this module's warm_up; the editor traces
-    pass edgespec.bench.editor_replay), named in the header's `bench`."""
+    pass edgespec.bench.editor_replay), its BENCH in the header's `bench`."""
     import json
 
     if restart and restart not in RESTARTS:
         raise BenchError(f"restart must be one of {', '.join(RESTARTS)}")
     head = header(model_path, sessions, n_ctx, threads, max_tokens)
     if kind is not None:
-        head["bench"] = kind.__name__.rpartition(".")[2]
+        head["bench"] = kind.BENCH
     head["started_s"], head["cache"] = {}, {}
     if restart:
         head["restart"], head["restarts_s"] = restart, {}

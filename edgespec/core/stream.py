@@ -66,7 +66,10 @@ class _IndentScan:
     follows its indentation (a newline too: a blank line counts), cuts the
     answer there.  Its indentation stays; the rest is dropped.  Each
     character is read once: `line` is where the line being judged begins
-    (-1: none is, the scan looks for the next newline from `at`)."""
+    (-1: none is, the scan looks for the next newline from `at`).
+    llama-server judges a line a token or two after it appears, so where
+    its answer ends within those tokens (n_predict, an end token) it may
+    keep a line that this cuts; otherwise both cut at the same character."""
 
     def __init__(self, n_indent: int):
         self.n_indent = n_indent
