@@ -131,6 +131,24 @@ def test_t_max_predict_ms_stops_after_a_newline(model):
     assert first_nl + 1 <= d["tokens_predicted"] <= first_nl + 2 < len(toks)
 
 
+def test_n_indent_ends_the_answer_at_a_line_indented_less(model):
+    """n_indent as llama-server applies it: a line after the first newline
+    indented less ends the answer before its first character (stop_type
+    limit); here every line of the answer has no indentation, so n_indent 1
+    keeps the first line and its newline; the rest of the tokens is the
+    answer without n_indent's."""
+    prompt = "List the numbers from 1 to 50, one per line:\n1\n2\n"
+    c = client_for(model, drafter="none")
+    full = c.post("/completion", json={"prompt": prompt, "n_predict": 12}).json()
+    assert full["content"].count("\n") >= 2 and not full["content"].startswith(("\n", " "))
+    d = c.post("/completion", json={"prompt": prompt, "n_predict": 12, "n_indent": 1}).json()
+    first = full["content"][:full["content"].index("\n") + 1]
+    assert d["content"] == first and d["stop_type"] == "limit" and d["stop"] is True
+    assert d["tokens"] == full["tokens"][:len(d["tokens"])] and 0 < len(d["tokens"]) < len(full["tokens"])
+    r = c.post("/completion", json={"prompt": prompt, "n_predict": 12, "n_indent": -1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n_indent"
+
+
 def test_an_abandoned_request_frees_the_model(model):
     """A client that closes its connection mid-stream: the next request is
     served, and in full (a real server subprocess)."""

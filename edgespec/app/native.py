@@ -12,11 +12,13 @@ Fields: n_predict (-1 or absent: the server's default; 0: the prompt is read
 and cached, the answer is empty: one token is computed and not returned),
 t_max_predict_ms (Request.t_max_predict_ms: once the answer has a newline it
 ends when this many ms have passed since the prompt was read; stop_type
-"limit"), stream, stop, cache_prompt, temperature, top_k, top_p, min_p,
-seed, grammar, json_schema are honoured.  samplers is accepted and its order
-not followed (edgespec's sampling is top-k, top-p, min-p, temperature; with
-temperature 0, the default unless `serve --temp`, the answer is greedy);
-n_indent, t_max_prompt_ms, id_slot (one slot), repeat_last_n and
+"limit"), n_indent (Request.n_indent: a line after the answer's first
+newline indented less than this ends it, cut before its first character;
+stop_type "limit"), stream, stop, cache_prompt, temperature, top_k, top_p,
+min_p, seed, grammar, json_schema are honoured.  samplers is accepted and
+its order not followed (edgespec's sampling is top-k, top-p, min-p,
+temperature; with temperature 0, the default unless `serve --temp`, the
+answer is greedy); t_max_prompt_ms, id_slot (one slot), repeat_last_n and
 timings_per_token are accepted and change nothing; response_fields filters
 the answer as llama-server does (each path, "timings/prompt_n", a key of
 its own).  The fields of _NEUTRAL are accepted at their "off" values only.
@@ -35,9 +37,9 @@ from edgespec.app.request_fields import (RequestError, RequestParser, ServeReque
                                          _sampling, _show, _stop, shutting_down, utf8_len)
 
 COMMON = {"prompt", "n_predict", "stream", "stop", "cache_prompt", "temperature", "top_k", "top_p", "min_p",
-          "seed", "grammar", "json_schema", "t_max_predict_ms", "response_fields", "model",
+          "seed", "grammar", "json_schema", "t_max_predict_ms", "n_indent", "response_fields", "model",
           # accepted, change nothing (see the module's doc)
-          "samplers", "n_indent", "t_max_prompt_ms", "id_slot", "repeat_last_n", "timings_per_token"}
+          "samplers", "t_max_prompt_ms", "id_slot", "repeat_last_n", "timings_per_token"}
 FIELDS = {"completion": COMMON, "infill": COMMON | {"input_prefix", "input_suffix", "input_extra"}}
 _NEUTRAL = {"n_probs": (0,), "repeat_penalty": (1,), "presence_penalty": (0,), "frequency_penalty": (0,),
             "typical_p": (1,), "mirostat": (0,), "dry_multiplier": (0,), "xtc_probability": (0,),
@@ -111,7 +113,7 @@ def parse(parser: RequestParser, body: dict, kind: str) -> ServeRequest:
     quiet = n_predict == 0
     max_tokens = d.max_tokens if n_predict < 0 else max(1, n_predict)
     t_max = _number(body, "t_max_predict_ms", -1e12, 1e12, None)
-    _integer(body, "n_indent", 0, 0)
+    n_indent = _integer(body, "n_indent", 0, 0)
     _integer(body, "id_slot", -1, -1)
     _number(body, "t_max_prompt_ms", -1e12, 1e12, None)
     _list_of_strings(body, "samplers")
@@ -128,7 +130,7 @@ def parse(parser: RequestParser, body: dict, kind: str) -> ServeRequest:
     request = d.but(prompt=prompt, max_tokens=max_tokens, sampling=_sampling(body, d.sampling),
                     stop=tuple(_stop(body, list(d.stop), parser.limits)),
                     reuse_prefix=_flag(body, "cache_prompt", d.reuse_prefix),
-                    t_max_predict_ms=t_max if t_max is not None and t_max > 0 else None,
+                    t_max_predict_ms=t_max if t_max is not None and t_max > 0 else None, n_indent=n_indent,
                     grammar=value if field == "grammar" else None,
                     json_schema=value if field not in (None, "grammar") else None)
     return ServeRequest(request, False, parser.model_id, _flag(body, "stream", False), grammar_param=field,

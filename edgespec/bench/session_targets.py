@@ -271,18 +271,23 @@ def _cache_for(t: Target, restart: str, stack, fresh_dir: str | None) -> str | N
 
 def run_sessions(sessions, targets: list[Target], model_path: str, n_ctx: int, threads: int | None,
                  max_tokens: int, out_path: str, binary: str | None = None, progress=None,
-                 restart: str = "", rounds: int = 1) -> tuple[dict, list]:
+                 restart: str = "", rounds: int = 1, kind=None) -> tuple[dict, list]:
     """Every target in turn: started, warmed up, every session replayed, stopped
     (restart: see the module doc); `rounds` times over, the targets in the
     same order each round (rows then carry their round: a machine whose speed
     drifts between runs shows it, and every target gets samples of each part
     of the run).  Rows are written to out_path as they come (header first,
-    rewritten with the targets' command lines at the end)."""
+    rewritten with the targets' command lines at the end).  kind: the
+    module whose replay(...) and warm_up(...) run the sessions (default
+    edgespec.bench.sessions and this module's warm_up; the editor traces
+    pass edgespec.bench.editor_replay), its BENCH in the header's `bench`."""
     import json
 
     if restart and restart not in RESTARTS:
         raise BenchError(f"restart must be one of {', '.join(RESTARTS)}")
     head = header(model_path, sessions, n_ctx, threads, max_tokens)
+    if kind is not None:
+        head["bench"] = kind.BENCH
     head["started_s"], head["cache"] = {}, {}
     if restart:
         head["restart"], head["restarts_s"] = restart, {}
@@ -298,7 +303,7 @@ def run_sessions(sessions, targets: list[Target], model_path: str, n_ctx: int, t
                 cache = _cache_for(t, restart, stack, fresh_dir)
                 label = t.name if rnd == 0 else f"{t.name} (round {rnd + 1})"
                 got = _run_target(t, label, head, sessions, cache, (model_path, n_ctx, threads, max_tokens, binary),
-                                  restart, progress)
+                                  restart, (progress, kind))
                 rows += [dict(r, round=rnd + 1) for r in got] if rounds > 1 else got
                 with open(out_path, "w", encoding="utf-8") as f:
                     for r in [head] + rows:
@@ -307,11 +312,14 @@ def run_sessions(sessions, targets: list[Target], model_path: str, n_ctx: int, t
 
 
 def _run_target(t: Target, label: str, head: dict, sessions, cache: str | None, run: tuple, restart: str,
-                progress) -> list[dict]:
+                how: tuple) -> list[dict]:
     """One target's replay of every session; its start-up (and a fresh
-    target's calibration) noted in `head` under `label`."""
-    from edgespec.bench.sessions import replay
+    target's calibration) noted in `head` under `label`.  how: (progress,
+    the replay's module or None: run_sessions' kind)."""
+    from edgespec.bench import sessions as default_kind
 
+    progress, kind = how
+    replay, warm = (kind.replay, kind.warm_up) if kind is not None else (default_kind.replay, warm_up)
     model_path, n_ctx, threads, max_tokens, binary = run
     key = _restart_key(restart)
     server = Restarting(lambda: started(t, model_path, n_ctx, threads, binary, cache))
@@ -321,7 +329,7 @@ def _run_target(t: Target, label: str, head: dict, sessions, cache: str | None, 
         head["started_s"][label] = server.starts_s[0]
         head["cache"][label] = t.cache or ("own, calibration copied" if cache else "as found")
         if t.cache != "fresh" and not restart:      # a new user's (a restart's) first request pays the cold start
-            warm_up(client, client.model_id())
+            warm(client, client.model_id())
         rows = replay(lambda s, i: server.client(key(s, i)), t.name, sessions, max_tokens, progress=progress)
         if restart:
             head["restarts_s"][label] = server.starts_s

@@ -153,6 +153,29 @@ class Client:
         return out
 
 
+    def post(self, path: str, body: dict) -> dict:
+        """One POST answered by one JSON object (llama-server's native
+        endpoints): {status, json (None unless 200), error, wall_ms}."""
+        conn = self._conn()
+        out: dict = {"status": 0, "json": None}
+        t0 = time.perf_counter()
+        try:
+            conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            raw = r.read()
+            out["status"] = r.status
+            if r.status == 200:
+                out["json"] = json.loads(raw)
+            else:
+                out["error"] = raw[:300].decode("utf-8", "replace")
+        except (OSError, ValueError) as e:
+            out["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            conn.close()
+        out["wall_ms"] = (time.perf_counter() - t0) * 1e3
+        return out
+
+
 def _choice_text(choice: dict, delta: bool) -> str:
     part = choice.get("delta" if delta else "message") or {}
     if "text" in choice:                       # /v1/completions

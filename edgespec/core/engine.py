@@ -134,7 +134,7 @@ class Engine:
         every committed token is the model's choice among the tokens it
         admits, drafts included; its state advances with the answer.  The
         engine reads the resolved prompt, limit, grammar and cancel, and the
-        request's sampling, stop, reuse_prefix, record_topk and logprobs; the
+        request's sampling, stop, n_indent, reuse_prefix, record_topk and logprobs; the
         request stays in the state (RunState.request)."""
         is_cancelled = cancel_check(resolved.cancel)
         st = self._start(resolved, is_cancelled)
@@ -171,8 +171,8 @@ class Engine:
         """Reuse the common prefix of the KV cache, prefill the rest and
         choose the first token."""
         request, prompt, grammar = resolved.request, resolved.prompt, resolved.grammar
-        st = RunState(request=request, prompt=prompt, max_tokens=resolved.limit,
-                      out=TextStream(self.backend.vocab, list(request.stop)), t_start=time.perf_counter())
+        st = RunState(request=request, prompt=prompt, max_tokens=resolved.limit, t_start=time.perf_counter(),
+                      out=TextStream(self.backend.vocab, list(request.stop), request.n_indent))
         if self.config.history_cap is not None:
             self.acceptance.shrink(self.config.history_cap)
         sampling = request.sampling
@@ -273,7 +273,7 @@ class Engine:
         if st.lp is not None:       # the caller added one entry per token of toks before the cut
             del st.lp[len(st.generated):]
         if st.out.push_many(toks, n_drafted):
-            st.stop_reason = "stop"
+            st.stop_reason = "length" if st.out.indent_cut else "stop"     # llama-server's stop_type limit
 
     def _step(self, st: RunState) -> int:
         """One step: propose, gate, verify the batch, keep the accepted cells,

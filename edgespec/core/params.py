@@ -77,6 +77,13 @@ class Request:
     generation ends (stop_reason "length") as soon as this many milliseconds
     have passed since the prompt was read; checked before every step, like
     cancel.  None: no time limit."""
+    n_indent: int = 0
+    """llama-server's n_indent: every line after the answer's first newline
+    must be indented (spaces and tabs) by at least this much; the first that
+    is not, once a character follows its indentation (a blank line counts),
+    ends the answer there (its indentation kept; stop_reason "length"), as
+    an editor plugin asks for a suggestion that stays in the cursor's block
+    (core/stream.py).  0: no such cut."""
 
     def __post_init__(self):
         # what a request can get wrong by itself is refused where it is built;
@@ -93,6 +100,8 @@ class Request:
             object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
         if self.t_max_predict_ms is not None and not self.t_max_predict_ms > 0:
             raise ConfigError("t_max_predict_ms must be > 0 (None: no time limit)")
+        if self.n_indent < 0:
+            raise ConfigError("n_indent must be >= 0 (0: no indentation cut)")
 
     def but(self, **changes) -> Request:
         """This request with the named fields changed."""

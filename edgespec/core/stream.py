@@ -1,7 +1,7 @@
 """The answer's text as it streams: incremental detokenizing, stop strings
 found in time linear in the text, the hold-back of a tail that may begin a
-stop string, and which characters came from accepted drafts; and Chunk, the
-unit Engine.run yields.
+stop string, llama-server's n_indent cut, and which characters came from
+accepted drafts; and Chunk, the unit Engine.run yields.
 """
 from __future__ import annotations
 
@@ -59,12 +59,57 @@ def _kmp_failure(s: str) -> list[int]:
     return f
 
 
-class TextStream:
-    """Incremental detokenizer with stop strings and stream hold-back.  It also
-    keeps where each token's text ends and whether the token was an accepted
-    draft, so streamed text can say which of its characters came from drafts."""
+class _IndentScan:
+    """llama-server's n_indent rule on a text that arrives in pieces: every
+    line after the answer's first newline must be indented (spaces and tabs)
+    by at least n_indent; the first line that is not, once a character
+    follows its indentation (a newline too: a blank line counts), cuts the
+    answer there.  Its indentation stays; the rest is dropped.  Each
+    character is read once: `line` is where the line being judged begins
+    (-1: none is, the scan looks for the next newline from `at`).
+    llama-server judges a line a token or two after it appears, so where
+    its answer ends within those tokens (n_predict, an end token) it may
+    keep a line that this cuts; otherwise both cut at the same character."""
 
-    def __init__(self, vocab, stop: list[str]):
+    def __init__(self, n_indent: int):
+        self.n_indent = n_indent
+        self.line = -1
+        self.at = 0
+
+    def feed(self, text: str) -> int:
+        """Where the text is cut (the offending line's first character after
+        its indentation), or -1."""
+        while self.at < len(text):
+            if self.line < 0:
+                nl = text.find("\n", self.at)
+                if nl < 0:
+                    self.at = len(text)
+                    break
+                self.line = self.at = nl + 1
+                continue
+            k = self.at
+            while k < len(text) and text[k] in " \t":
+                k += 1
+            self.at = k
+            if k == len(text):      # the line is all indentation so far: undecided
+                break
+            if k - self.line < self.n_indent:
+                return k
+            self.line = -1
+        return -1
+
+
+class TextStream:
+    """Incremental detokenizer with stop strings, the n_indent cut and stream
+    hold-back.  It also keeps where each token's text ends and whether the
+    token was an accepted draft, so streamed text can say which of its
+    characters came from drafts.  n_indent > 0: llama-server's rule
+    (_IndentScan); a cut by it ends the text as a stop string does, with
+    indent_cut set and no stop_word.  The cut needs no hold-back: it drops
+    only text from the offending character on, which is never streamed
+    before it is judged."""
+
+    def __init__(self, vocab, stop: list[str], n_indent: int = 0):
         self.vocab = vocab
         self.stop = [s for s in stop if s]
         self._scan = _StopScan(self.stop)
@@ -76,22 +121,28 @@ class TextStream:
         self._span_tok = 0              # first token whose text is not all streamed
         self.stopped_at = -1
         self.stop_word = ""             # the stop string that ended the text
+        self._indent = _IndentScan(n_indent) if n_indent > 0 else None
+        self.indent_cut = False         # the n_indent rule ended the text
 
     def push(self, token: int, drafted: bool = False) -> bool:
-        """Add a token; return True if a stop string is now complete."""
+        """Add a token; return True if a stop string is now complete (or the
+        n_indent rule cut the text)."""
         base = len(self.text)
         piece = self.dec.decode(self.vocab.piece(token))
         self.text += piece
         self.char_end.append(len(self.text))
         self.drafted.append(drafted)
-        if self.stop:
-            best = self._scan.feed(piece, base)
-            if best >= 0:
-                self.stopped_at = best
-                self.stop_word = next((s for s in self.stop if self.text.startswith(s, best)), "")
-                self.text = self.text[:best]
-                return True
-        return False
+        best = self._scan.feed(piece, base) if self.stop else -1
+        cut = self._indent.feed(self.text) if self._indent is not None else -1
+        if cut >= 0 and (best < 0 or cut < best):
+            self.stopped_at, self.indent_cut = cut, True
+        elif best >= 0:
+            self.stopped_at = best
+            self.stop_word = next((s for s in self.stop if self.text.startswith(s, best)), "")
+        else:
+            return False
+        self.text = self.text[:self.stopped_at]
+        return True
 
     def push_many(self, tokens: list[int], n_drafted: int = 0) -> bool:
         """push() each token (the first n_drafted were accepted drafts); stop at
