@@ -28,6 +28,12 @@ or, on a bench-sessions results file (edgespec bench-sessions, docs/sessions.md)
     sidentical:A/B  A's answers equal to B's, of the requests both answered: "19/21"
     sfirst:A/B   A's time to first token summed over the streamed requests both answered, over B's: "0.55x"
 
+or, on a bench-editor results file (edgespec bench-editor, docs/sessions.md):
+
+    ep50:A/B     A's request latency p50 over B's: "0.15x" (ep95: the p95)
+    ep50:A       A's p50 in seconds: "0.77" (ep95: the p95)
+    efirst:A     A's suggestions whose first line was right, of its requests: "6/42"
+
 then filters: category=C[,C...] (those categories only), repeat=N (that pass),
 requests=A-B (requests A to B of the file's order, counted from 1); on a
 sessions file session=NAME[,NAME...] (those sessions only).
@@ -122,8 +128,25 @@ def _session_figure(path: str, expr: str, filters: str) -> str:
     raise ValueError(f"unknown sessions computation {expr}")
 
 
+def _editor_figure(path: str, expr: str) -> str:
+    """A figure of a bench-editor results file (see the module doc), from its summary rows."""
+    from edgespec.bench.editor_replay import read_results as read_editor
+    rows = [r for r in read_editor(os.path.join(ROOT, path))[1] if r.get("kind") == "summary"]
+    of = lambda t: next(r for r in rows if r["target"] == t)  # noqa: E731
+    kind, _, arg = expr.partition(":")
+    if kind == "efirst":
+        return f"{of(arg)['first_lines_right']}/{of(arg)['n_requests']}"
+    key = {"ep50": "p50_ms", "ep95": "p95_ms"}[kind]
+    if "/" in arg:
+        a, b = arg.split("/")
+        return f"{of(a)[key] / of(b)[key]:.2f}x"
+    return f"{of(arg)[key] / 1e3:.2f}"
+
+
 def figure(files: str, expr: str, filters: str = "") -> str:
     """The figure a marker names, formatted as the docs write it."""
+    if expr.split(":")[0] in ("ep50", "ep95", "efirst"):
+        return _editor_figure(files, expr)
     if expr.split(":")[0] in ("swall", "sttft", "scached", "sidentical", "sprefill", "sdecode", "sfirst"):
         return _session_figure(files, expr, filters)
     rows = _rows(files)

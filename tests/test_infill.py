@@ -222,6 +222,29 @@ def test_qwen_truncation_keeps_the_ends_nearest_the_cursor(coder):
     assert not fim_prompt(v, Infill(prefix[:50], suffix[:50], extra), 2048, 64).truncated
 
 
+@pytest.mark.matrix
+def test_qwen_suffix_is_read_to_its_budget(coder):
+    """The suffix's head, at most suffix_tokens (SUFFIX_TOKENS by default;
+    serve --fim-suffix-tokens), and truncated says so; None in the request
+    is the default, a larger budget reads more, 0 none."""
+    from edgespec.app.infill import SUFFIX_TOKENS
+    v, f = coder.vocab, fim_tokens(coder.vocab)
+    suffix = "".join(f"y{i} = {i}\n" for i in range(200))
+    full = ids(coder, suffix)
+    assert len(full) > 2 * SUFFIX_TOKENS
+
+    def suf(**kw):
+        p = fim_prompt(v, Infill("x = 1\n", suffix, **kw), 4096, 64)
+        got = p.ids.tolist()
+        return got[got.index(f.suf) + 1:got.index(f.mid)], p.truncated
+    assert suf() == (full[:SUFFIX_TOKENS], True)
+    assert suf(suffix_tokens=2 * SUFFIX_TOKENS) == (full[:2 * SUFFIX_TOKENS], True)
+    assert suf(suffix_tokens=0) == ([], True)
+    assert suf(suffix_tokens=len(full)) == (full, False)
+    with pytest.raises(ValueError):
+        Infill("x", "y", suffix_tokens=-1)
+
+
 def plain(model, infill: Infill, max_tokens: int):
     """Plain decoding (drafter none, nothing reused) of the FIM prompt."""
     p = fim_prompt(model.vocab, infill, model.n_ctx, max_tokens)
@@ -290,3 +313,16 @@ def test_gemma_has_no_fim_tokens():
             m.infill(PREFIX, SUFFIX, max_tokens=4)
     finally:
         m.close()
+
+
+def test_serve_fim_suffix_tokens_reaches_every_fim_door():
+    """serve --fim-suffix-tokens (Limits.fim_suffix_tokens) is the suffix
+    budget of /infill's and /v1/completions' FIM prompts (None: the default)."""
+    from edgespec.app import native
+    from edgespec.app.request_fields import Limits, RequestParser
+    for budget in (None, 5):
+        p = RequestParser(None, "m", SERVE_DEFAULTS, Limits(fim_suffix_tokens=budget))
+        infill = native.parse(p, {"input_prefix": "a", "input_suffix": "b"}, "infill").request.prompt
+        completion = p.parse({"prompt": "a", "suffix": "b"}, chat=False).request.prompt
+        assert isinstance(infill, Infill) and isinstance(completion, Infill)
+        assert infill.suffix_tokens == completion.suffix_tokens == budget

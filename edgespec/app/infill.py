@@ -21,6 +21,15 @@ part has the same ids from one keystroke to the next, and the parts that
 change least (the repository line, the extra chunks, the prefix) come first,
 so the prompt cache (core/prefix_cache.py) keeps the longest prefix.
 
+The suffix is read at most `suffix_tokens` tokens deep (SUFFIX_TOKENS by
+default; `serve --fim-suffix-tokens`; None: as deep as the context allows).
+With prefix-suffix-middle every new cursor line changes what stands before
+the suffix, so its tokens are read again at each one (what bounds an
+editor's request on a CPU: issue 65, BENCHMARKS.md); llama-server reads at
+most a quarter of its batch of the suffix for the same reason (256 tokens
+with its FIM preset's -b 1024).  The text typed on the cursor's line (the
+middle) comes after the middle token, so a keystroke reads only itself.
+
 When the parts do not fit the context (room is left for the answer: its
 max_tokens, at most a quarter of the context), what is kept is the prefix's
 tail nearest the cursor, the suffix's head (at most a quarter of the room
@@ -36,6 +45,7 @@ import numpy as np
 
 from edgespec.errors import RequestFieldError
 
+SUFFIX_TOKENS = 128     # the suffix's head read by default (see the module doc; chosen by bench-editor)
 FIM_ROLES = ("pre", "suf", "mid", "pad", "rep", "sep")
 FIM_TEXTS = {     # the texts where the metadata lacks an id: Qwen2.5-Coder's, StarCoder's, CodeGemma's file separator
     "pre": ("<|fim_prefix|>", "<fim_prefix>", "<fim-prefix>"),
@@ -62,9 +72,12 @@ class Infill:
     middle: str = ""
     repo: str = "myproject"
     filename: str = "filename"
+    suffix_tokens: int | None = None        # None: SUFFIX_TOKENS; 0 or more: at most this many suffix tokens
 
     def __post_init__(self):
         object.__setattr__(self, "extra", tuple((str(n), str(t)) for n, t in self.extra))
+        if self.suffix_tokens is not None and self.suffix_tokens < 0:
+            raise ValueError("suffix_tokens must be 0 or more")
 
 
 @dataclass(frozen=True)
@@ -140,6 +153,9 @@ def fim_prompt(vocab, infill: Infill, n_ctx: int, max_tokens: int | None) -> Fim
         chunks = [tok(text) for _, text in infill.extra]
         current = []
     prefix, suffix, middle = tok(infill.prefix), tok(infill.suffix), tok(infill.middle)
+    budget = SUFFIX_TOKENS if infill.suffix_tokens is None else infill.suffix_tokens
+    cut = len(suffix) > budget
+    suffix = suffix[:budget]
     reserve = max(1, min(max_tokens or ANSWER_RESERVE, n_ctx // 4))
     room = max(0, n_ctx - reserve - len(head) - len(current) - 3 - len(middle))
     n_pre, n_suf = _take(prefix, suffix, room)
@@ -150,7 +166,7 @@ def fim_prompt(vocab, infill: Infill, n_ctx: int, max_tokens: int | None) -> Fim
             break
         kept.insert(0, c)
         left -= len(c)
-    truncated = n_pre < len(prefix) or n_suf < len(suffix) or len(kept) < len(chunks)
+    truncated = cut or n_pre < len(prefix) or n_suf < len(suffix) or len(kept) < len(chunks)
     ids = head + [t for c in kept for t in c] + current + [fim.pre] + prefix[len(prefix) - n_pre:]
     ids += [fim.suf] + suffix[:n_suf] + [fim.mid] + middle
     return FimPrompt(np.asarray(ids, dtype=np.int32), truncated, fim.ends)

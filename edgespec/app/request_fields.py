@@ -93,6 +93,7 @@ class Limits:
     max_stop_chars: int = 1000            # characters of one stop string
     max_prediction_tokens: int | None = None   # PREDICTION_CONTEXTS * n_ctx
     shutdown_timeout: float = 5.0         # seconds the running request gets on SIGTERM
+    fim_suffix_tokens: int | None = None  # an FIM prompt's suffix, at most (None: app/infill.SUFFIX_TOKENS)
 
     def resolve(self, n_ctx: int) -> "Limits":
         body = self.max_body_bytes if self.max_body_bytes is not None else BODY_BASE + BODY_PER_TOKEN * n_ctx
@@ -348,7 +349,7 @@ def _stream(body: dict) -> tuple[bool, bool]:
     return stream, bool(opts.get("include_usage"))
 
 
-def _with_suffix(prompt, suffix):
+def _with_suffix(prompt, suffix, suffix_tokens: int | None = None):
     """/v1/completions' prompt with OpenAI's suffix: the Infill of the text
     before and after the answer (filled in the middle: edgespec.app.infill)."""
     if suffix is None or suffix == "":
@@ -358,7 +359,7 @@ def _with_suffix(prompt, suffix):
     if not isinstance(prompt, str):
         raise RequestError(400, "suffix needs the prompt as text (fill in the middle)", "suffix", "invalid_value")
     utf8_len(suffix, "suffix")
-    return Infill(prompt, suffix)
+    return Infill(prompt, suffix, suffix_tokens=suffix_tokens)
 
 
 # ------------------------------------------------------------ a whole request
@@ -390,7 +391,8 @@ class RequestParser:
         stop, prediction, logprobs = _stop(body, list(d.stop), self.limits), _prediction(body), _logprobs(body, chat)
         constraint = _constraint(body)
         field, value = constraint or (None, None)
-        prompt = _messages(body) if chat else _with_suffix(self._prompt(body.get("prompt")), body.get("suffix"))
+        prompt = (_messages(body) if chat else
+                  _with_suffix(self._prompt(body.get("prompt")), body.get("suffix"), self.limits.fim_suffix_tokens))
         tools = self._tools(body, constraint) if chat else None
         request = d.but(prompt=prompt, max_tokens=max_tokens, sampling=sampling, stop=tuple(stop),
                         reuse_prefix=reuse, prediction=prediction, logprobs=logprobs,

@@ -126,8 +126,7 @@ def _header_lines(head: dict) -> list[str]:
                (f", {reps} passes (each a fresh session)" if reps > 1 else ""))
     out.append(_exact_line(head))
     if head.get("kernel_price"):
-        from edgespec.calibration.kernelchoice import KernelPrice
-        out.append("kernels auto: " + KernelPrice.from_json(head["kernel_price"]).describe())
+        out.append("kernels auto: " + _price_line(head["kernel_price"]))
     if head.get("constrained"):
         out.append(constraint_line(head["constrained"]))
     out += peer_header_lines(head)
@@ -135,6 +134,14 @@ def _header_lines(head: dict) -> list[str]:
         out.append(f"pooled from {len(head['pooled'])} runs (each prompt's methods side by side in one of them): "
                    + ", ".join(f"{os.path.basename(p['file'])} ({p['date']})" for p in head["pooled"]))
     return out
+
+
+def _price_line(d: dict) -> str:
+    from edgespec.calibration.kernelchoice import KernelPrice
+    try:
+        return KernelPrice.from_json(d).describe()
+    except (ValueError, KeyError, TypeError):     # a results file from before the price's version
+        return f"{d.get('choice')} (a kernel price of version {d.get('version')})"
 
 
 def _machine_line(head: dict) -> str:

@@ -63,10 +63,11 @@ class RunConfig:
         backend/llama.py); q8_0 lets them use every thread, and with fast
         kernels it reads prompts faster (docs/exactness.md).
     kernels: "auto": "exact" where an app's mix of prompt reading, one-token
-        decodes and verification batches costs at most 5% more with it than
-        with "fast" on this machine, else "fast", as measured once per model
-        and thread count in two child processes (a few seconds for a small
-        model; edgespec.calibration.kernelchoice; cached); until measured
+        decodes and verification batches, timed at an app's shape, costs no
+        more with it than with "fast" on this machine, else "fast", as
+        measured once per model and thread count in two child processes
+        (several seconds for a small model; edgespec.calibration.kernelchoice;
+        cached); until measured
         (calibrate=True, `edgespec generate`, `bench` or `calibrate` measure
         it) "fast", the better bet on every machine measured.  "exact":
         llama.cpp settings under which a verification batch gives logits

@@ -158,8 +158,8 @@ def backend_options(f):
                           "llama-cpp-python built with CMAKE_ARGS=\"-DGGML_RPC=on\".")(f)
     f = click.option("--kernels", type=click.Choice(("auto", "exact", "fast")), default=None,
                      show_default=f"${KERNELS_ENV}, else auto",      # None: edgespec.run.kernels reads it
-                     help="auto = exact where it costs at most 5% more than fast on this machine, else fast "
-                          "(timed once per model and thread count, cached; exact until timed); the default "
+                     help="auto = exact where an app's mix costs no more with it than with fast on this machine, else "
+                          "fast (timed once per model and thread count, cached; fast until timed); the default "
                           "comes from $EDGESPEC_KERNELS when set.  "
                           "exact = llama.cpp settings under which a verification batch gives logits bit-identical "
                           "to one-token decoding (flash attention on, see --cache-type-k), so greedy output is "

@@ -33,6 +33,9 @@ def serve_guard_options(f):
                      help="Longest stop string, in characters."),
         click.option("--max-prediction-tokens", type=click.IntRange(min=0), default=None,
                      help="Longest `prediction` of a request, in tokens [default: 2 x --ctx]."),
+        click.option("--fim-suffix-tokens", type=click.IntRange(min=0), default=None,
+                     help="Read at most this many tokens of a fill-in-the-middle request's suffix (/infill, "
+                          "suffix on /v1/completions) [default: 128]: each new cursor line reads them again."),
         click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=5.0, show_default=True,
                      help="On SIGTERM, seconds the running request may finish in before it is cancelled."),
     ]
