@@ -245,11 +245,11 @@ def test_qwen_suffix_is_read_to_its_budget(coder):
         Infill("x", "y", suffix_tokens=-1)
 
 
-def plain(model, infill: Infill, max_tokens: int):
-    """Plain decoding (drafter none, nothing reused) of the FIM prompt."""
+def plain(model, infill: Infill, max_tokens: int, n_indent: int = 0):
+    """Plain decoding (drafter none, nothing reused) of the FIM prompt (cut at n_indent as /infill cuts it)."""
     p = fim_prompt(model.vocab, infill, model.n_ctx, max_tokens)
     return model.run(Request(p.ids, max_tokens=max_tokens, drafter="none", reuse_prefix=False,
-                             stop_tokens=p.stop_tokens))
+                             stop_tokens=p.stop_tokens, n_indent=n_indent))
 
 
 @pytest.mark.matrix
@@ -266,7 +266,8 @@ def test_qwen_infill_is_plain_decoding_before_and_after_reuse(coder):
     answers = []
     for b in (body, longer, body):
         d = c.post("/infill", json=b).json()
-        ref = plain(coder, Infill(b["input_prefix"], SUFFIX, tuple((e["filename"], e["text"]) for e in EXTRA)), 32)
+        ref = plain(coder, Infill(b["input_prefix"], SUFFIX, tuple((e["filename"], e["text"]) for e in EXTRA)), 32,
+                    n_indent=b["n_indent"])
         assert d["tokens"] == [int(t) for t in ref.tokens] and d["content"] == ref.text, b["input_prefix"][-5:]
         assert d["stop_type"] in ("eos", "limit") and d["truncated"] is False
         answers.append(d)
