@@ -148,7 +148,7 @@ class ReplayBackend:
     """
 
     exact = True
-    spliced_from = None     # a replay never splices: its cells are its recorded tokens
+    spliced_from: int | None = None     # a replay never splices: its cells are its recorded tokens
 
     def __init__(self, vocab, n_ctx: int, max_nodes: int, cost, eog_token: int, overhead_s: float | None = None,
                  terms: StepTerms | None = None):

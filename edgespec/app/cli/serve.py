@@ -110,6 +110,9 @@ def serve(model, max_tokens, temperature, top_k, top_p, min_p, seed, stop, confi
     notice = exactness_notice(m)
     if notice:
         click.echo(notice, err=True)
+    if cache_reuse:
+        click.echo(f"--cache-reuse {cache_reuse}: completions may reuse shifted cells, and then their answers may "
+                   "differ from exact decoding's (timings.cache_shifted_n > 0)", err=True)
     if m.calibration_state == "measuring":
         click.echo(calibration_line(m), err=True)
     name = model_id or os.path.basename(m.model_path).removesuffix(".gguf")
