@@ -132,7 +132,7 @@ def find_splice(cached: np.ndarray, prompt: np.ndarray, min_chunk: int) -> Splic
         return None
     i, j = _anchor_pairs(_window_hashes(c_reg, k), _window_hashes(p_reg, k))
     best: tuple[int, int, int] | None = None
-    for p0, c0, windows in _runs(i, j) if len(i) else ():
+    for p0, c0, windows in (_runs(i, j) if len(i) else []):
         n = windows + k - 1
         if not np.array_equal(c_reg[c0:c0 + n], p_reg[p0:p0 + n]):      # a hash collision
             continue
