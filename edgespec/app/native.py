@@ -14,8 +14,10 @@ t_max_predict_ms (Request.t_max_predict_ms: once the answer has a newline it
 ends when this many ms have passed since the prompt was read; stop_type
 "limit"), n_indent (Request.n_indent: a line after the answer's first
 newline indented less than this ends it, cut before its first character;
-stop_type "limit"), stream, stop, cache_prompt, temperature, top_k, top_p,
-min_p, seed, grammar, json_schema are honoured.  samplers is accepted and
+stop_type "limit"), n_cache_reuse (Request.cache_reuse, INEXACT: the
+smallest chunk after an edit whose cells are shifted and kept; absent: the
+server's `--cache-reuse`, 0 = exact), stream, stop, cache_prompt,
+temperature, top_k, top_p, min_p, seed, grammar, json_schema are honoured.  samplers is accepted and
 its order not followed (edgespec's sampling is top-k, top-p, min-p,
 temperature; with temperature 0, the default unless `serve --temp`, the
 answer is greedy); t_max_prompt_ms, id_slot (one slot), repeat_last_n and
@@ -37,7 +39,7 @@ from edgespec.app.request_fields import (RequestError, RequestParser, ServeReque
                                          _sampling, _show, _stop, shutting_down, utf8_len)
 
 COMMON = {"prompt", "n_predict", "stream", "stop", "cache_prompt", "temperature", "top_k", "top_p", "min_p",
-          "seed", "grammar", "json_schema", "t_max_predict_ms", "n_indent", "response_fields", "model",
+          "seed", "grammar", "json_schema", "t_max_predict_ms", "n_indent", "response_fields", "model", "n_cache_reuse",
           # accepted, change nothing (see the module's doc)
           "samplers", "t_max_prompt_ms", "id_slot", "repeat_last_n", "timings_per_token"}
 FIELDS = {"completion": COMMON, "infill": COMMON | {"input_prefix", "input_suffix", "input_extra"}}
@@ -130,6 +132,7 @@ def parse(parser: RequestParser, body: dict, kind: str) -> ServeRequest:
     request = d.but(prompt=prompt, max_tokens=max_tokens, sampling=_sampling(body, d.sampling),
                     stop=tuple(_stop(body, list(d.stop), parser.limits)),
                     reuse_prefix=_flag(body, "cache_prompt", d.reuse_prefix),
+                    cache_reuse=_integer(body, "n_cache_reuse", 0, d.cache_reuse),
                     t_max_predict_ms=t_max if t_max is not None and t_max > 0 else None, n_indent=n_indent,
                     grammar=value if field == "grammar" else None,
                     json_schema=value if field not in (None, "grammar") else None)

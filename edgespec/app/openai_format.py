@@ -46,10 +46,13 @@ def chat_chunk(cid: str, created: int, model: str, delta: dict, finish_reason: s
 
 
 def timings(r, drafter: str) -> dict:
-    """A GenerationResult's timings under llama-server's names, plus edgespec's."""
+    """A GenerationResult's timings under llama-server's names, plus edgespec's
+    (cache_shifted_n: reused cells that a splice moved, Request.cache_reuse;
+    more than 0 says the answer may differ from exact decoding's)."""
     prompt_n = r.n_prompt_tokens - r.n_reused_tokens
     prompt_ms, pred_ms = r.prefill_s * 1e3, r.decode_s * 1e3
-    return {"cache_n": r.n_reused_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+    return {"cache_n": r.n_reused_tokens, "cache_shifted_n": r.n_shifted_tokens, "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
             "prompt_per_second": prompt_n / r.prefill_s if r.prefill_s > 0 else 0.0,
             "predicted_n": r.n_generated, "predicted_ms": pred_ms,

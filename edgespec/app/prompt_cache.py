@@ -50,9 +50,13 @@ class PromptCaching:
     def save_prefix(self) -> tuple[np.ndarray, bytes]:
         """The KV cache as one value: (the tokens whose cells it holds, those
         cells as bytes: a prompt cache file's format, with this model's key
-        and CRC-32s, which restore_prefix checks)."""
+        and CRC-32s, which restore_prefix checks).  A cache that cache reuse by
+        shifting spliced is cut where its first moved cell stands first: a
+        saved prefix is always exact (core/cache_reuse.py)."""
         with self._request():
             be = self.backend
+            if be.spliced_from is not None:
+                be.truncate(be.spliced_from)
             tokens = be.kv_tokens[:be.n_past].copy()
             return tokens, encode_state(self.cells_key, tokens, be.save_state())
 

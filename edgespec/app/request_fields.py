@@ -36,18 +36,20 @@ INT_MAX = 2**31 - 1        # the largest count, id or top_k a request may give
 # at one of its "off" values; any other field gets a 400 that names it.
 # Implementing a field is moving its name from _NEUTRAL to HONOURED.  tools
 # and tool_choice are honoured by chat only: on /v1/completions (no chat
-# template to render them) they are accepted only off.
+# template to render them) they are accepted only off; suffix and
+# n_cache_reuse by completions only (a chat takes n_cache_reuse 0 alone).
 HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_k", "top_p",
             "min_p", "seed", "stop", "stream", "stream_options", "prediction", "logprobs", "top_logprobs",
             "response_format", "grammar", "json_schema", "tools", "tool_choice", "cache_prompt",
-            "suffix", "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
+            "suffix", "n_cache_reuse", "user", "metadata", "store", "service_tier", "safety_identifier",
+            "prompt_cache_key"}
 _NEUTRAL = {"frequency_penalty": (0,), "presence_penalty": (0,), "n": (1,), "best_of": (1,), "echo": (False,),
             "suffix": (None, ""), "logit_bias": (None, {}),
             "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
             "function_call": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
             "modalities": (None, ["text"]), "audio": (None,), "reasoning_effort": (None,), "verbosity": (None,),
-            "web_search_options": (None,)}
-_ONLY = {"messages": True, "prompt": False, "suffix": False, "tools": True,
+            "web_search_options": (None,), "n_cache_reuse": (None, 0)}
+_ONLY = {"messages": True, "prompt": False, "suffix": False, "n_cache_reuse": False, "tools": True,
          "tool_choice": True}   # one endpoint's only (chat: True)
 
 
@@ -56,7 +58,8 @@ SERVE_DEFAULTS = Request(max_tokens=None)
 defaults, but max_tokens None (until the end of the turn or a full context,
 OpenAI's and llama-server's meaning).  `edgespec serve`'s options change
 them (app/cli/serve.py: --max-tokens, --temp, ..., --drafter,
---no-cache-prompt); the server takes the result as its `defaults`."""
+--no-cache-prompt, --cache-reuse: a chat request never gets the last, it
+stays exact); the server takes the result as its `defaults`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,8 +397,10 @@ class RequestParser:
         prompt = (_messages(body) if chat else
                   _with_suffix(self._prompt(body.get("prompt")), body.get("suffix"), self.limits.fim_suffix_tokens))
         tools = self._tools(body, constraint) if chat else None
+        # llama-server's n_cache_reuse (inexact: core/cache_reuse.py) for completions; a chat stays exact
+        cache_reuse = 0 if chat else _integer(body, "n_cache_reuse", 0, d.cache_reuse)
         request = d.but(prompt=prompt, max_tokens=max_tokens, sampling=sampling, stop=tuple(stop),
-                        reuse_prefix=reuse, prediction=prediction, logprobs=logprobs,
+                        reuse_prefix=reuse, prediction=prediction, logprobs=logprobs, cache_reuse=cache_reuse,
                         grammar=value if field == "grammar" else None,
                         json_schema=value if field not in (None, "grammar") else None)
         return ServeRequest(request, chat, self.model_id, stream, include_usage, tools,

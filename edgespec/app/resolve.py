@@ -71,7 +71,8 @@ def resolve_request(model, request: Request) -> Resolved:
     try:
         resolved = resolve(request, toks, n_ctx=model.n_ctx, n_vocab=model.vocab.n_vocab,
                            verify=model.verify_for(request.drafter), grammar=grammar,
-                           prediction=_prediction(model, request.prediction))
+                           prediction=_prediction(model, request.prediction),
+                           splice_refusal=model.backend.splice_refusal() if request.cache_reuse else None)
         return resolved.but(truncated=True) if truncated else resolved
     except BaseException:
         if grammar is not None:

@@ -44,6 +44,7 @@ from edgespec.backend.layer_tap import LayerTap, attach_tap, tap_block
 from edgespec.backend.process import (CACHE_TYPES_K, clear_recent_log, default_threads,
                                       gpu_offload_available, init_backend, recent_errors)
 from edgespec.backend.seqstate import SeqState
+from edgespec.backend.splice import Splicer
 from edgespec.backend.settings import BackendSettings
 from edgespec.backend.vocab import Vocab
 
@@ -131,9 +132,9 @@ def _check_request(n_ctx: int, n_gpu_layers: int, max_nodes: int, max_leaves: in
     return max_leaves
 
 
-class LlamaBackend(SeqState):
+class LlamaBackend(SeqState, Splicer):
     """A loaded GGUF model with one context sized for tree verification
-    (save_state / restore_state: backend/seqstate.py), loaded with the
+    (save_state / restore_state: backend/seqstate.py; splice: backend/splice.py), loaded with the
     settings of a BackendSettings (backend/settings.py documents them).
     """
 
@@ -243,6 +244,7 @@ class LlamaBackend(SeqState):
         self._single_threads = self.n_threads
         self.n_past = 0           # committed tokens in seq 0
         self.kv_tokens = np.zeros(0, np.int32)  # their ids (kept by the engine)
+        self.spliced_from = None    # the first cell a splice made inexact (backend/splice.py)
         self.n_outputs = 0        # rows of logits from the last decode
         self._out_off = 0         # first of them in llama.cpp's output buffer
         self._logits_addr: int | None = None
@@ -295,6 +297,7 @@ class LlamaBackend(SeqState):
             self.set_single_threads(self.n_threads)
         self.n_past = 0
         self.kv_tokens = np.zeros(0, np.int32)
+        self.spliced_from = None
 
     def set_single_threads(self, n: int) -> None:
         """Threads for one-token decodes (batches keep every thread).  In exact
@@ -309,6 +312,8 @@ class LlamaBackend(SeqState):
             L.llama_memory_seq_rm(self.mem, -1, n, -1)
             self.n_past = n
             self.kv_tokens = self.kv_tokens[:n]
+            if self.spliced_from is not None and n <= self.spliced_from:
+                self.spliced_from = None
 
     def prefill(self, tokens: np.ndarray, want_last_logits: bool = True,
                 topk_out: tuple[np.ndarray, np.ndarray] | None = None, cancel=None,

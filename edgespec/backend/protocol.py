@@ -34,6 +34,15 @@ class Backend(Protocol):
     kv_tokens: np.ndarray   # their ids, int32 (kept by the engine)
     n_embd: int             # width of hidden()
     hidden_on: bool
+    spliced_from: int | None    # the first cell a splice made inexact (backend/splice.py); None: all exact
+
+    def splice_refusal(self) -> str | None:
+        """Why this backend cannot splice (None: it can)."""
+
+    def splice(self, n_prefix: int, cache_start: int, n_chunk: int, inserted: np.ndarray) -> None:
+        """Inexact reuse (core/cache_reuse.py): keep n_prefix cells, move
+        n_chunk cells from cache_start to just after `inserted`, decode it
+        between them, drop the rest."""
 
     def reset(self) -> None:
         """Forget every committed token."""

@@ -40,6 +40,7 @@ from edgespec.core.guard import SpeedGuard
 from edgespec.core.logprobs import token_logprobs
 from edgespec.core.params import Request, Resolved, resolve
 from edgespec.core.plan import StepPlan
+from edgespec.core.cache_reuse import splice_request
 from edgespec.core.prefix_cache import PrefixCache, common_prefix
 from edgespec.core.request import RunState, chunks, count_sources, finish, over_time
 from edgespec.core.result import GenerationResult
@@ -165,7 +166,8 @@ class Engine:
         (the replay, tests); SpecModel.resolve resolves text, messages and schemas."""
         be = self.backend
         return resolve(request, request.prompt, n_ctx=be.n_ctx, n_vocab=be.n_vocab, verify=self.config.verify,
-                       grammar=request.grammar, prediction=request.prediction)
+                       grammar=request.grammar, prediction=request.prediction,
+                       splice_refusal=be.splice_refusal() if request.cache_reuse else None)
 
     def _start(self, resolved: Resolved, is_cancelled) -> RunState:
         """Reuse the common prefix of the KV cache, prefill the rest and
@@ -201,13 +203,20 @@ class Engine:
     def _reuse_prefix(self, st: RunState, reuse_prefix: bool) -> None:
         """With reuse_prefix, keep the KV cells of the longest prefix the cache (or a saved one:
         core/prefix_cache.py) and the prompt share (all but the prompt's last token at most, whose
-        logits choose the first token); drop every other cell."""
+        logits choose the first token); drop every other cell.  With cache_reuse too, splice instead
+        where a chunk after an edit can be kept (core/cache_reuse.py).  An exact request (cache_reuse
+        0) never reads a cell a splice made: the cache is cut before the first."""
         be, prompt, pc = self.backend, st.prompt, self.prefix_cache
+        min_chunk = st.request.cache_reuse if reuse_prefix else 0
+        if be.spliced_from is not None and not min_chunk:
+            be.truncate(be.spliced_from)
         if pc is not None:
             st.n_common = pc.choose(be, prompt, reuse_prefix)
         elif reuse_prefix:
             st.n_common = common_prefix(self.kv_tokens, prompt, len(prompt) - 1)
-        if st.n_common == 0:
+        if min_chunk and splice_request(be, st, min_chunk):
+            pass                # the cells of A + X + B are held: st.n_common of them
+        elif st.n_common == 0:
             be.reset()
         else:
             be.truncate(st.n_common)

@@ -84,6 +84,15 @@ class Request:
     ends the answer there (its indentation kept; stop_reason "length"), as
     an editor plugin asks for a suggestion that stays in the cursor's block
     (core/stream.py).  0: no such cut."""
+    cache_reuse: int = 0
+    """llama-server's --cache-reuse / n_cache_reuse, INEXACT: N > 0 (with
+    reuse_prefix) also keeps the cached cells of a chunk of at least N
+    tokens that follows an edit (text inserted or removed after the common
+    prefix), moved to their new positions, and decodes only the inserted
+    text and the prompt's tail (core/cache_reuse.py).  Those cells were
+    computed after the old text, so the answer may differ from exact
+    decoding's (GenerationResult.n_shifted_tokens says how many such cells
+    it read).  0: only the exact prefix reuse, and no cell a splice made."""
 
     def __post_init__(self):
         # what a request can get wrong by itself is refused where it is built;
@@ -102,6 +111,8 @@ class Request:
             raise ConfigError("t_max_predict_ms must be > 0 (None: no time limit)")
         if self.n_indent < 0:
             raise ConfigError("n_indent must be >= 0 (0: no indentation cut)")
+        if self.cache_reuse < 0:
+            raise ConfigError("cache_reuse must be >= 0 (0: exact prefix reuse only)")
 
     def but(self, **changes) -> Request:
         """This request with the named fields changed."""
@@ -155,14 +166,17 @@ class Resolved:
 
 
 def resolve(request: Request, prompt, *, n_ctx: int, n_vocab: int, verify: VerifyConfig | None = None,
-            grammar: Grammar | None = None, prediction=None, param: str = "prompt") -> Resolved:
+            grammar: Grammar | None = None, prediction=None, param: str = "prompt",
+            splice_refusal: str | None = None) -> Resolved:
     """The one check of a request against a model: its prompt's token ids
     (in 0..n_vocab-1, non-empty, fitting n_ctx with room for one token), the
     token limit, and whether the verification mode admits its sampling and
     grammar; returns the Resolved the engine runs.  prompt: the token ids the
     caller made of request.prompt; grammar: its compiled grammar (compiling
     is its own check: GrammarError); prediction: its token ids; param: the
-    field a bad prompt is named by.  Raises RequestFieldError (PromptTooLongError)."""
+    field a bad prompt is named by; splice_refusal: why the model cannot
+    splice (Backend.splice_refusal), which refuses a request with
+    cache_reuse.  Raises RequestFieldError (PromptTooLongError)."""
     ids = _ids(prompt, n_vocab, param)
     if ids.size == 0:
         raise RequestFieldError("empty prompt", param)
@@ -177,6 +191,8 @@ def resolve(request: Request, prompt, *, n_ctx: int, n_vocab: int, verify: Verif
         raise GrammarError(f"--verify {vcfg.mode} cannot be combined with a grammar")
     if request.stop_tokens:
         _ids(list(request.stop_tokens), n_vocab, "stop_tokens")
+    if request.cache_reuse and splice_refusal is not None:
+        raise RequestFieldError(f"cache reuse by shifting cannot run here: {splice_refusal}", "n_cache_reuse")
     pred = None
     if prediction is not None and len(prediction):
         pred = _ids(prediction, n_vocab, "prediction")

@@ -29,7 +29,9 @@ than prefilling the difference (at this process's measured prefill rate,
 
 The KV cells of a prefix do not depend on what follows it, so with exact
 kernels an answer does not depend on which of these the prefix came from
-(tests/test_prefix_cache.py).  The cache holds no lock of its own: the engine
+(tests/test_prefix_cache.py).  A cache a splice made inexact
+(Backend.spliced_from, core/cache_reuse.py) is never saved, in memory or
+on disk.  The cache holds no lock of its own: the engine
 uses it inside a request, and a model runs one request at a time
 (app/concurrency.py's Turnstile).
 """
@@ -151,7 +153,8 @@ class PrefixCache:
         it is short, a file holds it already or the writer is behind."""
         disk = self.disk
         live = backend.kv_tokens[:backend.n_past]
-        if disk is None or disk.off is not None or len(live) < self.min_gain or disk.busy or disk.covers(live):
+        if disk is None or disk.off is not None or len(live) < self.min_gain or disk.busy or disk.covers(live) \
+                or backend.spliced_from is not None:
             return
         t0 = time.perf_counter()
         try:
@@ -191,7 +194,7 @@ class PrefixCache:
         """Keep the live cache's cells as the most recently used entry (unless
         an entry already holds them), within the budget, evicting the least
         recently used entries but `keep` (the one about to be restored)."""
-        if self.budget <= 0:        # a disk tier without the memory tier
+        if self.budget <= 0 or backend.spliced_from is not None:     # no memory tier; inexact cells
             return
         for k, e in self.entries.items():
             if len(e.tokens) >= len(live) and np.array_equal(e.tokens[:len(live)], live):

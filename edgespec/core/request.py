@@ -34,7 +34,9 @@ class RunState:
     t_start: float
     rng: np.random.Generator | None = None
     topk_walk: bool = False
-    n_common: int = 0                 # prompt tokens reused from the KV cache
+    n_common: int = 0                 # prompt tokens whose cells the KV cache held before the prefill
+    n_spliced: int = 0                # of those, tokens a splice decoded (core/cache_reuse.py): not reused
+    n_shifted: int = 0                # reused cells a splice moved or made (inexact: Request.cache_reuse)
     ctx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))   # prompt + committed tokens (first n)
     n: int = 0
     pending: int = -1                 # the last committed token, not yet decoded
@@ -120,7 +122,8 @@ def finish(st: RunState, drafter_name: str, verify_mode: str):
         n_steps=st.n_steps, mean_accepted=sum_accepted(st.n_steps, st.n_draft_accepted),
         prefill_s=st.t_prefill - st.t_start, decode_s=decode_s,
         tokens_per_s=(n_gen - 1) / decode_s if n_gen > 1 and decode_s > 0 else 0.0,
-        stop_reason=st.stop_reason or "length", n_reused_tokens=st.n_common, stop_word=out.stop_word,
+        stop_reason=st.stop_reason or "length", n_reused_tokens=st.n_common - st.n_spliced,
+        n_shifted_tokens=st.n_shifted, stop_word=out.stop_word,
         n_draft_steps=st.n_draft_steps, n_draft_nodes=st.n_draft_nodes, n_draft_accepted=st.n_draft_accepted,
         n_carried=st.n_carried, decode_call_s=st.t_decode_calls, engine_s=decode_s - st.t_decode_calls,
         drafter=drafter_name, verify=verify_mode, n_relaxed=st.n_relaxed,

@@ -21,6 +21,7 @@ class GenerationResult:
     tokens_per_s: float
     stop_reason: str
     n_reused_tokens: int = 0      # prompt tokens whose KV cells were reused, not prefilled (cache_n)
+    n_shifted_tokens: int = 0     # of those, cells a splice moved (Request.cache_reuse): > 0, the answer is inexact
     n_draft_steps: int = 0        # steps that verified at least one draft node
     n_draft_nodes: int = 0        # draft nodes verified in all
     n_draft_accepted: int = 0     # draft tokens committed

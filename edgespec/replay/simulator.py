@@ -50,6 +50,7 @@ from edgespec.core.gate import CostBuckets, cost_table_at, prior_at
 from edgespec.drafters.tree import DraftTree
 from edgespec.core.params import Request
 from edgespec.replay.steps import StepTerms
+from edgespec.errors import BackendError
 
 _OFF_TEXT = 0
 """Token the fake logits favour after a slot that left the recorded text (only
@@ -147,6 +148,7 @@ class ReplayBackend:
     """
 
     exact = True
+    spliced_from: int | None = None     # a replay never splices: its cells are its recorded tokens
 
     def __init__(self, vocab, n_ctx: int, max_nodes: int, cost, eog_token: int, overhead_s: float | None = None,
                  terms: StepTerms | None = None):
@@ -269,6 +271,12 @@ class ReplayBackend:
 
     def rollback(self) -> None:
         pass
+
+    def splice_refusal(self) -> str | None:
+        return "a replay models exact decoding only: it does not splice cells (cache_reuse)"
+
+    def splice(self, n_prefix: int, cache_start: int, n_chunk: int, inserted: np.ndarray) -> None:
+        raise BackendError(self.splice_refusal())
 
     def save_state(self) -> np.ndarray:      # a replay has no cells: its tokens stand for them
         return self.kv_tokens[:self.n_past].view(np.uint8).copy()

@@ -75,9 +75,15 @@ def _read_key_file(path: str) -> str:
 @click.option("--no-cache-prompt", "cache_prompt", is_flag=True, flag_value=False, default=True,
               help="Prefill every prompt whole unless its request says cache_prompt: true (by default every "
                    "request reuses the longest prefix the model holds; docs/serving.md).")
+@click.option("--cache-reuse", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="INEXACT, opt-in (llama-server's --cache-reuse): /infill, /completion and /v1/completions "
+                   "also keep the cached cells of a chunk of at least N tokens after an edit (at an editor's "
+                   "cursor: the suffix), shifted to their new positions, and read only the edited text and the "
+                   "prompt's end.  Answers may then differ from exact decoding's (their timings.cache_shifted_n "
+                   "> 0); a request's n_cache_reuse overrides it; chat stays exact.  0: exact reuse only.")
 @serve_guard_options
 def serve(model, max_tokens, temperature, top_k, top_p, min_p, seed, stop, config, host, port, api_key, max_queue,
-          model_id, cache_prompt, api_key_file, allow_host, cors, **limits):
+          model_id, cache_prompt, cache_reuse, api_key_file, allow_host, cors, **limits):
     """Serve MODEL over an OpenAI-compatible HTTP API, with a chat page at /.
 
     POST /v1/chat/completions and /v1/completions (streamed or not), GET
@@ -101,9 +107,15 @@ def serve(model, max_tokens, temperature, top_k, top_p, min_p, seed, stop, confi
         raise click.ClickException(f"serve needs {e.name}: pip install 'edgespec[serve]'") from None
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)      # a bad value fails before the model loads
     m = load_model(model, config.but(calibrate="background"))
+    if cache_reuse and m.backend.splice_refusal() is not None:
+        m.close()
+        raise click.ClickException(f"--cache-reuse cannot run with this model: {m.backend.splice_refusal()}")
     notice = exactness_notice(m)
     if notice:
         click.echo(notice, err=True)
+    if cache_reuse:
+        click.echo(f"--cache-reuse {cache_reuse}: completions may reuse shifted cells, and then their answers may "
+                   "differ from exact decoding's (timings.cache_shifted_n > 0)", err=True)
     if m.calibration_state == "measuring":
         click.echo(calibration_line(m), err=True)
     name = model_id or os.path.basename(m.model_path).removesuffix(".gguf")
@@ -113,7 +125,7 @@ def serve(model, max_tokens, temperature, top_k, top_p, min_p, seed, stop, confi
     if click.get_current_context().get_parameter_source("max_tokens") == click.core.ParameterSource.DEFAULT:
         max_tokens = SERVE_DEFAULTS.max_tokens
     defaults = SERVE_DEFAULTS.but(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop),
-                                  drafter=config.drafter, reuse_prefix=cache_prompt)
+                                  drafter=config.drafter, reuse_prefix=cache_prompt, cache_reuse=cache_reuse)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it may use it", err=True)
     click.echo(f"edgespec serve: {name} (drafter {config.drafter}) on http://{host}:{port}/  (chat page at /, "
