@@ -59,6 +59,7 @@ class Cells:
         self.per_slot = max(1, backend.max_leaves)
         self.tomb = n_slots * self.per_slot
         self.used = 0           # cells occupied at most (tombstones included) since the last compaction
+        self.compactions = 0
         self.size = backend.n_cells
         self.views = [backend]
         for k in range(1, n_slots):
@@ -88,6 +89,7 @@ class Cells:
     def compact(self) -> None:
         """Every slot's committed prefix saved, the cache cleared, each prefix restored (module doc)."""
         saved = [(v, _seq_bytes(v)) for v in self.views]
+        self.compactions += 1
         be = self.views[0]
         L.llama_memory_clear(be.mem, True)
         self.used = 0
