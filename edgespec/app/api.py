@@ -7,8 +7,9 @@
     for chunk in m.stream("Tell me a story"):
         print(chunk.text, end="", flush=True)
 
-A SpecModel runs one request at a time; it is safe to share between threads.
-Concurrent callers queue in arrival order (wait=False or a timeout turns a
+A SpecModel runs one request at a time (parallel=N: N at once, in slots
+stepped in turn by one model thread: edgespec.app.scheduler); it is safe to
+share between threads.  Concurrent callers queue in arrival order (wait=False or a timeout turns a
 wait into ModelBusyError), a stream holds the model from stream() until it is
 exhausted or closed, and cancel= stops a request from anywhere within one step.
 """

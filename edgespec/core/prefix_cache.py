@@ -31,7 +31,8 @@ The KV cells of a prefix do not depend on what follows it, so with exact
 kernels an answer does not depend on which of these the prefix came from
 (tests/test_prefix_cache.py).  The cache holds no lock of its own: the engine
 uses it inside a request, and a model runs one request at a time
-(app/concurrency.py's Turnstile).
+(app/concurrency.py's Turnstile), or with parallel slots one model thread
+steps them all (app/scheduler.py).
 """
 from __future__ import annotations
 
