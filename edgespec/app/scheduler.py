@@ -265,14 +265,14 @@ class Scheduler:
     def _step(self, k: int, t: Ticket) -> None:
         try:
             c = next(t.gen)         # type: ignore[call-overload]
-        except StopIteration as e:
+        except StopIteration as e:      # the slot is free before the reader has the result
             r = e.value
-            t.events.put(Event("chunk", StreamChunk("", [], 0, [], finish_reason=r.stop_reason, result=r)))
             self._end(k, t)
+            t.events.put(Event("chunk", StreamChunk("", [], 0, [], finish_reason=r.stop_reason, result=r)))
             return
         except BaseException as e:
-            t.events.put(Event("error", error=e))
             self._end(k, t)
+            t.events.put(Event("error", error=e))
             return
         t.started = True
         t.events.put(Event("chunk", StreamChunk(c.text, c.tokens, c.n_drafted, c.spans, c.logprobs)))
