@@ -26,7 +26,7 @@ CONFIG = EngineConfig(max_nodes=16, cost_gate=False)
 @pytest.fixture(scope="module")
 def slots(model):
     """Two slots of 256 cells each in one context, small enough that the tombstones fill it."""
-    be = LlamaBackend(model.model_path, n_ctx=256, max_nodes=16, max_leaves=4, n_slots=2)
+    be = LlamaBackend(model.model_path, n_ctx=256, max_nodes=16, max_leaves=15, n_slots=2)
     yield be
     be.close()
 
