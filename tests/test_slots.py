@@ -25,7 +25,7 @@ CONFIG = EngineConfig(max_nodes=16, cost_gate=False)
 
 @pytest.fixture(scope="module")
 def slots(model):
-    """Two slots of 256 cells each in one context, small enough that the tombstones fill it."""
+    """Two slots of 256 cells each in one context."""
     be = LlamaBackend(model.model_path, n_ctx=256, max_nodes=16, max_leaves=15, n_slots=2)
     yield be
     be.close()
@@ -44,13 +44,17 @@ def alone(model, prompts):
     return [drain(eng.run(eng.resolve(Request(p, max_tokens=N, reuse_prefix=False)))).tokens for p in prompts]
 
 
-def _interleaved(jobs, close=None):
+def _interleaved(jobs, close=None, compact=None):
     """Step the engine generators of jobs [(engine, resolved)] in turn, one step each, until all end;
-    close = (i, steps): close job i's generator after that many steps.  Their results (None: closed)."""
+    close = (i, steps): close job i's generator after that many steps; compact = (cells, round): compact
+    the cache between two steps at that round.  Their results (None: closed)."""
     gens = [e.run(r) for e, r in jobs]
     out: list = [None] * len(gens)
-    live, steps = list(range(len(gens))), [0] * len(gens)
+    live, steps, rounds = list(range(len(gens))), [0] * len(gens), 0
     while live:
+        rounds += 1
+        if compact is not None and compact[1] == rounds:
+            compact[0].compact()
         for i in list(live):
             if close is not None and close == (i, steps[i]):
                 gens[i].close()
@@ -68,13 +72,14 @@ def _interleaved(jobs, close=None):
 def test_two_slots_interleaved_equal_alone(slots, prompts, alone):
     """Slot 0 verifies fan trees whose right token is ranked last (rejected siblings in every
     step), slot 1 drafts with the suffix drafter; stepped in turn, each answer is plain
-    decoding's alone, and the tombstones filled the cache so that it was compacted."""
+    decoding's alone, also across a compaction of the cache between two steps."""
     before = slots._cells.compactions
     a = Engine(slots.slot(0), OracleDrafter(len(prompts[0]), alone[0], "fan", slots.n_vocab, width=4, depth=4),
                None, CONFIG)
     b = Engine(slots.slot(1), make_drafter("suffix"), None, CONFIG)
     ra, rb = _interleaved([(a, a.resolve(Request(prompts[0], max_tokens=N, reuse_prefix=False))),
-                           (b, b.resolve(Request(prompts[1], max_tokens=N, reuse_prefix=False)))])
+                           (b, b.resolve(Request(prompts[1], max_tokens=N, reuse_prefix=False)))],
+                          compact=(slots._cells, 6))
     assert ra.tokens == alone[0] and rb.tokens == alone[1]
     assert ra.n_draft_nodes > 0 and ra.n_draft_accepted > 0
     assert slots._cells.compactions > before
@@ -82,12 +87,12 @@ def test_two_slots_interleaved_equal_alone(slots, prompts, alone):
 
 
 def test_a_cancelled_neighbour_leaves_the_answer_alone(slots, prompts, alone):
-    """Slot 1's request is closed after 5 steps and another starts in its place while slot 0's
+    """Slot 1's request is closed after its first step and another starts in its place while slot 0's
     runs on: the holes the first left are never refilled under slot 0's cells (tombstones)."""
     a = Engine(slots.slot(0), OracleDrafter(len(prompts[0]), alone[0], "chain", slots.n_vocab, depth=3), None, CONFIG)
     b = Engine(slots.slot(1), make_drafter("suffix"), None, CONFIG)
     ra, rb = _interleaved([(a, a.resolve(Request(prompts[0], max_tokens=N, reuse_prefix=False))),
-                           (b, b.resolve(Request(prompts[1], max_tokens=N, reuse_prefix=False)))], close=(1, 5))
+                           (b, b.resolve(Request(prompts[1], max_tokens=N, reuse_prefix=False)))], close=(1, 1))
     assert rb is None and ra.tokens == alone[0]
     a2 = Engine(slots.slot(0), make_drafter("none"), None, CONFIG)
     r0, r2 = _interleaved([(a2, a2.resolve(Request(prompts[1], max_tokens=N, reuse_prefix=False))),
