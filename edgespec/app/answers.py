@@ -6,7 +6,6 @@ with the model's logprobs and tool calls in OpenAI's shapes.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import time
 from typing import Callable
@@ -17,24 +16,10 @@ from edgespec.app import tools as tooling
 from edgespec.app.openai_format import (SSE_DONE, chat_chunk, chat_response, completion_response, new_id, sse_error,
                                         sse_event, timings, usage)
 from edgespec.app.concurrency import StreamChunk
+from edgespec.app.scheduler import CANCELLED, STARTED, Event  # noqa: F401 (a request's events: one definition)
 from edgespec.app.request_fields import RequestError, ServeRequest, cancelled, shutting_down
 from edgespec.core.logprobs import LogprobFormatter
 from edgespec.core.params import Request
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-    """What the model thread hands the reader of one request, in order:
-    STARTED once the model runs it, then a chunk per step (the last one
-    carries the result); or, instead of all that, one error (a
-    RequestError) or CANCELLED (the client left before it ran)."""
-    kind: str                           # "started", "chunk", "error" or "cancelled"
-    chunk: StreamChunk | None = None
-    error: RequestError | None = None
-
-
-STARTED = Event("started")
-CANCELLED = Event("cancelled")
 
 
 async def receive(queue: asyncio.Queue) -> StreamChunk | None:

@@ -7,8 +7,9 @@
     for chunk in m.stream("Tell me a story"):
         print(chunk.text, end="", flush=True)
 
-A SpecModel runs one request at a time; it is safe to share between threads.
-Concurrent callers queue in arrival order (wait=False or a timeout turns a
+A SpecModel runs one request at a time (parallel=N: N at once, in slots
+stepped in turn by one model thread: edgespec.app.scheduler); it is safe to
+share between threads.  Concurrent callers queue in arrival order (wait=False or a timeout turns a
 wait into ModelBusyError), a stream holds the model from stream() until it is
 exhausted or closed, and cancel= stops a request from anywhere within one step.
 """
@@ -22,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from edgespec.app.concurrency import Stream, Turnstile
+from edgespec.app.scheduler import Scheduler, Ticket, TicketStream
 from edgespec.app.engines import ModelEngines
 from edgespec.run.settings import RunConfig
 from edgespec.app.infill import Infill
@@ -101,6 +103,8 @@ class SpecModel(ModelEngines, PromptCaching):
             attach_interrupt(self.backend, self._pacer.flag)     # a request stops a measurement's decode
             self._calibration = BackgroundTask(lambda pacer: self._measure_between_requests(pacer),
                                                self._pacer)
+        # parallel > 1: the slots' model thread (edgespec.app.scheduler); 1: requests hold the Turnstile in turn
+        self._scheduler = Scheduler(self, c.parallel) if c.parallel > 1 else None
 
     # ------------------------------------------------------------- threads
     @contextlib.contextmanager
@@ -177,7 +181,8 @@ class SpecModel(ModelEngines, PromptCaching):
         so their own memory stays.  The memory store (`memory`) is kept:
         memory.clear() empties it."""
         with self._request():
-            self.backend.reset()
+            for k in range(self.backend.n_slots):
+                self.backend.slot(k).reset()
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()
             self._engines = {}
@@ -210,6 +215,8 @@ class SpecModel(ModelEngines, PromptCaching):
             self._closing.set()         # the running request stops before its next step
             stream = g.stream
             g.cond.notify_all()
+        if getattr(self, "_scheduler", None) is not None:
+            self._scheduler.wake()
         if stream is not None:
             stream.close()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -279,10 +286,10 @@ class SpecModel(ModelEngines, PromptCaching):
             return resolve_request(self, request)
 
     # ------------------------------------------------------------ generate
-    def _start(self, resolved: Resolved, stop_event: threading.Event):
+    def _start(self, resolved: Resolved, stop_event: threading.Event, slot: int = 0):
         """With the model held: the engine generator of one resolved request
-        and what to do when it ends.  Its cancel check also sees close() and
-        a closed stream."""
+        (in parallel slot `slot`) and what to do when it ends.  Its cancel
+        check also sees close() and a closed stream."""
         user_cancel = cancel_check(resolved.cancel)
         closing = self._closing
 
@@ -292,14 +299,14 @@ class SpecModel(ModelEngines, PromptCaching):
         if resolved.grammar is not None and resolved.grammar.closed:     # its state is spent: llama.cpp would crash
             raise ConfigError("this resolved request has run (or was closed): resolve its Request again")
         drafter, predicted = resolved.engine_key
-        engine = self.engine_for(drafter if drafter is not None else self._drafter, prediction=predicted)
+        engine = self.engine_for(drafter if drafter is not None else self._drafter, prediction=predicted, slot=slot)
         if predicted:
             engine.drafter.set_prediction(resolved.prediction)
         gen = engine.run(resolved.but(cancel=is_cancelled))
 
         def on_end():
             if self.prefix_cache is not None:       # the cells' copy for the disk tier (its writer writes)
-                self.prefix_cache.persist(self.backend)
+                self.prefix_cache.persist(engine.backend)
             if predicted:
                 engine.drafter.set_prediction(None)
             resolved.close()
@@ -314,6 +321,8 @@ class SpecModel(ModelEngines, PromptCaching):
         one resolve() returned, to the end; generate() with the request as
         one value."""
         stop_event = threading.Event()
+        if self._scheduler is not None:
+            return _drained(self._submit(request, stop_event, wait, timeout), on_text, on_chunk)
         with self._request(wait, timeout):
             gen, on_end = self._start(self._resolved(request), stop_event)
             try:
@@ -322,9 +331,19 @@ class SpecModel(ModelEngines, PromptCaching):
                 gen.close()
                 on_end()
 
-    def run_stream(self, request: Request | Resolved, *, wait: bool = True, timeout: float | None = None) -> Stream:
+    def _submit(self, request: Request | Resolved, stop_event: threading.Event, wait: bool,
+                timeout: float | None) -> Ticket:
+        """A request handed to the parallel slots' Scheduler, started (resolved here, in the caller's thread)."""
+        resolved = request if isinstance(request, Resolved) else self.resolve(request)
+        assert self._scheduler is not None
+        return self._scheduler.submit(resolved, stop_event, wait, timeout)
+
+    def run_stream(self, request: Request | Resolved, *, wait: bool = True,
+                   timeout: float | None = None) -> Stream | TicketStream:
         """stream() with the request as one value (a Request, or one resolve() returned)."""
         stop_event = threading.Event()
+        if self._scheduler is not None:
+            return TicketStream(self._submit(request, stop_event, wait, timeout), self._scheduler)
         self._gate.acquire(wait, timeout)
         entered = False
         try:
@@ -443,3 +462,20 @@ class SpecModel(ModelEngines, PromptCaching):
                 del msgs[head]
                 dropped += 1
         return msgs, dropped
+
+
+def _drained(ticket: Ticket, on_text, on_chunk) -> GenerationResult:
+    """A started Ticket's chunks handed to on_text / on_chunk as core.engine.drain does; its result."""
+    try:
+        for c in ticket.chunks():
+            if c.result is not None:
+                return c.result
+            if on_text is not None and c.text:
+                on_text(c.text)
+            if on_chunk is not None:
+                on_chunk(c)
+    except BaseException:
+        ticket.abandoned = True     # an on_text that raised (Ctrl-C): the request ends at the next round
+        ticket.stop.set()
+        raise
+    raise AssertionError("a ticket's chunks end with its result")

@@ -151,19 +151,24 @@ class ModelEngines:
             return engine_settings(split_verify(drafter)[1]).get("verify", self.config.verify)
         return self.config.verify
 
-    def engine_for(self, drafter, prediction: bool = False) -> Engine:
+    def engine_for(self, drafter, prediction: bool = False, slot: int = 0) -> Engine:
         """The engine of a drafter: a Drafter, or a name such as "auto",
         "suffix-nocorpus" (without the loaded corpora) or "auto@relaxed" (with a
         lossy verification mode, see VerifyConfig).  prediction: the engine
-        whose drafter also drafts from a request's predicted output."""
+        whose drafter also drafts from a request's predicted output.  slot: the
+        parallel slot it runs in (edgespec.app.scheduler): each slot has engines
+        of its own (their drafters' and gates' state), over its own KV sequences;
+        a Drafter object runs in slot 0 only."""
         key = drafter if isinstance(drafter, str) else id(drafter)
+        key = ("slot", slot, key) if slot else key
+        backend = self.backend.slot(slot) if slot else self.backend
         if prediction:
             if ("prediction", key) not in self._engines:
                 from edgespec.drafters.prediction import PredictionDrafter
-                base = self.engine_for(drafter)
+                base = self.engine_for(drafter, slot=slot)
                 d = PredictionDrafter(base.drafter)
                 d.warmup()
-                self._engines[("prediction", key)] = Engine(self.backend, d, self.cost, base.config)
+                self._engines[("prediction", key)] = Engine(backend, d, self.cost, base.config)
                 self._engines[("prediction", key)].memory = self.memory
                 self._engines[("prediction", key)].prefix_cache = self.prefix_cache
             return self._engines[("prediction", key)]
@@ -174,10 +179,12 @@ class ModelEngines:
                                             corpora=self.corpora, memory_store=self.memory)
                 if mode:        # an engine mode gets a config of its own; the others share the model's
                     config = dataclasses.replace(self.config, **engine_settings(mode))
+            elif slot:
+                raise ConfigError("a Drafter object runs in parallel slot 0 only (name a drafter to run it in every slot)")
             else:
                 d = drafter
             d.warmup()
-            self._engines[key] = Engine(self.backend, d, self.cost, config)
+            self._engines[key] = Engine(backend, d, self.cost, config)
             self._engines[key].memory = self.memory
             self._engines[key].prefix_cache = self.prefix_cache
         return self._engines[key]

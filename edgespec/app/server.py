@@ -136,7 +136,9 @@ class Server:
         self.answers = Answers(model, self.defaults, lambda: self._draining)
         self.native = NativeAnswers(self.answers)
         self.created = int(time.time())
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-model")
+        # requests at once: the model's parallel slots (edgespec.app.scheduler), each read by a worker here
+        self.parallel = int(getattr(getattr(model, "run_config", None), "parallel", 1))
+        self._worker = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="edgespec-model")
         self._pending = 0                    # running + queued requests (event loop thread only)
         self._avg_s = 2.0                    # moving average of a request's time, for Retry-After
         self._stats_lock = threading.Lock()
@@ -145,7 +147,7 @@ class Server:
         self._draining = False               # SIGTERM came: admit nothing more
         self._jobs_lock = threading.Lock()   # guards the next two
         self._waiting: dict[int, tuple] = {} # admitted requests not started: id -> (cancel, emit)
-        self._running: threading.Event | None = None   # the cancel event of the running request
+        self._running: set[threading.Event] = set()    # the cancel events of the running requests
         self.metrics = self._new_metrics()
         self.app = Starlette(routes=[
             Route("/", self.page, methods=["GET"]),
@@ -178,8 +180,8 @@ class Server:
     async def health(self, request: Request):
         with self._stats_lock:
             stats = dict(self.stats)
-        return JSONResponse({"status": "ok", "model": self.model_id, "queued": max(0, self._pending - 1),
-                             "running": min(1, self._pending), "requests": stats,
+        return JSONResponse({"status": "ok", "model": self.model_id, "queued": self._queued(),
+                             "running": min(self.parallel, self._pending), "requests": stats,
                              "calibration": getattr(self.model, "calibration_state", None),
                              "calibration_waits_ms": pacer_waits(self.model)})
 
@@ -201,7 +203,7 @@ class Server:
             def cache_stats() -> dict:      # the model's cache now (use_prompt_cache replaces it)
                 cache = getattr(self.model, "prefix_cache", None)
                 return cache.stats() if cache is not None else {}
-            return ServerMetrics(lambda: max(0, self._pending - 1), lambda: min(1, self._pending), cache_stats)
+            return ServerMetrics(self._queued, lambda: min(self.parallel, self._pending), cache_stats)
         except ImportError:
             return None
 
@@ -317,13 +319,17 @@ class Server:
 
     def _admit(self) -> int:
         """Take a place in the queue (503 with Retry-After when it is full); returns how many requests are ahead."""
-        if self._pending >= self.max_queue + 1:
+        if self._pending >= self.max_queue + self.parallel:
             self._count("rejected_busy")
-            wait = max(1, math.ceil(self._avg_s * self._pending))
-            raise RequestError(503, f"the server is busy ({self._pending - 1} requests queued); retry later",
+            wait = max(1, math.ceil(self._avg_s * self._pending / self.parallel))
+            raise RequestError(503, f"the server is busy ({self._queued()} requests queued); retry later",
                                None, "server_busy", "server_error", {"Retry-After": str(wait)})
         self._pending += 1
         return self._pending - 1
+
+    def _queued(self) -> int:
+        """Admitted requests that wait for a slot."""
+        return max(0, self._pending - self.parallel)
 
     def _release(self, seconds: float | None) -> None:
         self._pending -= 1
@@ -339,7 +345,7 @@ class Server:
         with self._jobs_lock:
             mine = self._waiting.pop(id(cancel), None) is not None     # else answered 503 at shutdown
             if mine:
-                self._running = cancel
+                self._running.add(cancel)
         try:
             if mine and cancel.is_set():    # the client left while queued
                 self._count("cancelled", 0)
@@ -360,8 +366,7 @@ class Server:
             if took is None and call.resolved is not None:
                 call.resolved.close()       # it never ran (or failed): its grammar is freed now
             with self._jobs_lock:
-                if self._running is cancel:
-                    self._running = None
+                self._running.discard(cancel)
             try:
                 loop.call_soon_threadsafe(self._release, took)
             except RuntimeError:        # its loop has ended (a test client's loop per request): nothing else runs there
@@ -397,12 +402,12 @@ class Server:
         self._draining = True
         with self._jobs_lock:
             waiting, self._waiting = self._waiting, {}
-            running = self._running
+            running = list(self._running)
         for cancel, emit in waiting.values():
             cancel.set()
             emit(Event("error", error=shutting_down()))
-        if running is not None:
-            asyncio.get_running_loop().call_later(self.limits.shutdown_timeout, running.set)
+        for r in running:
+            asyncio.get_running_loop().call_later(self.limits.shutdown_timeout, r.set)
 
     # ------------------------------------------------------------ the client
     async def _watch_disconnect(self, request: Request, cancel: threading.Event) -> None:

@@ -31,88 +31,26 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import time
 
 import llama_cpp as L
 import numpy as np
 
 from edgespec.backend.protocol import SPLIT_KV_FREE_CELLS
-from edgespec.errors import BackendError, ConfigError, Interrupted, ModelLoadError  # re-exported
-from edgespec.backend import ggml
+from edgespec.errors import BackendError, ConfigError, Interrupted, ModelLoadError  # noqa: F401 (re-exported)
 from edgespec.backend.layer_tap import LayerTap, attach_tap, tap_block
-from edgespec.backend.process import (CACHE_TYPES_K, clear_recent_log, default_threads,
-                                      gpu_offload_available, init_backend, recent_errors)
+from edgespec.backend.model_file import free_model, load_model, model_metadata  # noqa: F401 (re-exported)
+from edgespec.backend.process import CACHE_TYPES_K, default_threads, gpu_offload_available, recent_errors
 from edgespec.backend.seqstate import SeqState
 from edgespec.backend.splice import Splicer
 from edgespec.backend.settings import BackendSettings
+from edgespec.backend.slots import Cells, check_slots, seqs_needed
 from edgespec.backend.vocab import Vocab
 
 EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
 # llama.cpp rounds every context size up to a multiple of 256 KV cells (its padding), so 256 is
 # the smallest context there is (a smaller request is refused, not rounded up silently)
 MIN_CTX = 256
-
-
-def load_model(path: str, n_gpu_layers: int = 0, vocab_only: bool = False, verbose: bool = False,
-               cpu_repack: bool = False, tiled_mm: str = "0", rpc: list[str] | None = None,
-               tensor_split: list[float] | None = None, load_progress=None, rpc_output: str = "local"):
-    """Load a GGUF file; return the model pointer or raise ModelLoadError.
-
-    cpu_repack: let llama.cpp's CPU backend move weights into its "extra buffer
-    types" (weights repacked into interleaved blocks for its AVX2/AVX-512 gemv
-    and gemm kernels, or into AMX tiles on Intel CPUs that have AMX).  Off by
-    default: with repacking a batch of T tokens and T one-token decodes run
-    different kernels, whose sums differ (so greedy output of verified drafts
-    can leave plain decoding's), and its AMX kernel has crashed the process on
-    the first multi-token batch (docs/exactness.md).
-
-    rpc: llama.cpp RPC workers (HOST:PORT) whose devices take the offloaded
-    layers, before this machine's GPUs; n_gpu_layers 0 then means all layers;
-    rpc_output "local" computes the logits here, "remote" on the last worker.
-    tensor_split: the proportions of the offloaded layers per device, in that
-    order (None: by the devices' free memory).
-    load_progress: called with the fraction loaded (0..1) while llama.cpp
-    loads the weights (over RPC: while it sends them to the workers)."""
-    init_backend(verbose, tiled_mm)
-    mp = L.llama_model_default_params()
-    mp.n_gpu_layers = int(n_gpu_layers)
-    mp.vocab_only = bool(vocab_only)
-    mp.use_extra_bufts = bool(cpu_repack)
-    keep = []       # ctypes arrays llama.cpp reads while loading
-    if rpc and not vocab_only:
-        keep += ggml.place_on_workers(mp, rpc, rpc_output)
-        mp.n_gpu_layers = int(n_gpu_layers) or -1
-    if load_progress is not None:
-        def on_progress(fraction, user_data):  # pragma: no cover - called from C
-            with contextlib.suppress(Exception):
-                load_progress(float(fraction))
-            return True
-        keep.append(L.llama_progress_callback(on_progress))
-        mp.progress_callback = keep[-1]
-    if tensor_split and not vocab_only:
-        n_dev = int(L.llama_max_devices())
-        if len(tensor_split) > n_dev or any(x < 0 for x in tensor_split) or not sum(tensor_split) > 0:
-            raise ConfigError(f"--tensor-split takes at most {n_dev} non-negative proportions, not {tensor_split}")
-        keep.append((ctypes.c_float * n_dev)(*tensor_split))
-        mp.tensor_split = keep[-1]
-    clear_recent_log()
-    model = L.llama_model_load_from_file(os.fsencode(path), mp)
-    if not model:
-        detail = recent_errors()
-        raise ModelLoadError(f"llama.cpp could not load {path}" + (f": {detail}" if detail else ""))
-    return model
-
-
-def free_model(model_ptr) -> None:
-    """Free a model loaded with load_model (a vocab-only one too)."""
-    L.llama_model_free(model_ptr)
-
-
-def model_metadata(model_ptr, key: str) -> str | None:
-    buf = ctypes.create_string_buffer(1 << 16)
-    n = L.llama_model_meta_val_str(model_ptr, key.encode(), buf, len(buf))
-    return None if n < 0 else buf.value.decode("utf-8", errors="replace")
 
 
 def _check_request(n_ctx: int, n_gpu_layers: int, max_nodes: int, max_leaves: int | None, rpc) -> int:
@@ -148,6 +86,8 @@ class LlamaBackend(SeqState, Splicer):
         self.n_threads = s.n_threads or default_threads()
         self.max_nodes = s.max_nodes
         self.max_leaves = max_leaves
+        self.n_slots = s.n_slots
+        check_slots(s.n_slots, max_leaves)
         self.n_batch = max(s.n_batch, s.max_nodes)
         self.rpc, self.tensor_split = list(s.rpc or []), list(s.tensor_split or [])
         self.rpc_output = s.rpc_output
@@ -164,17 +104,26 @@ class LlamaBackend(SeqState, Splicer):
         self.vocab = Vocab(self.model)
         self.n_vocab = self.vocab.n_vocab
         self._tap: LayerTap | None = None     # a middle layer's hidden states (set_hidden(True, layer))
+        self._owner = True          # the slots' views (backend/slots.py) share this context; only it frees it
+        self.seq0 = 0               # this slot's first KV sequence
         self._create_context(s.n_ctx, load.flash_attn)
         self._create_batch()
         self._init_state()
+        self._cells: Cells | None = None
+        if s.n_slots > 1:
+            Cells(self, s.n_slots)      # sets every slot's _cells
+
+    def slot(self, k: int) -> "LlamaBackend":
+        """Request slot k's view of this context (backend/slots.py): slot 0 is this backend."""
+        return self if k == 0 else self._cells.views[k]   # type: ignore[union-attr]
 
     def _create_context(self, n_ctx: int, flash_attn: bool | None) -> None:
         """The llama.cpp context: KV cache, batch and output sizes, threads, kernels."""
         cp = L.llama_context_default_params()
-        cp.n_ctx = int(n_ctx)
+        cp.n_ctx = int(n_ctx) * self.n_slots
         cp.n_batch = self.n_batch
         cp.n_ubatch = self.n_batch
-        cp.n_seq_max = max(1, self.max_leaves)
+        cp.n_seq_max = seqs_needed(self.n_slots, self.max_leaves)
         # outputs per ubatch: a tree needs max_nodes, a prefill that ranks every
         # prompt position (prefill(topk_out=...)) a whole chunk.  llama.cpp grows
         # its output buffer only when a batch asks for that many rows.
@@ -199,7 +148,8 @@ class LlamaBackend(SeqState, Splicer):
             L.llama_model_free(self.model)
             self.model = None
             raise BackendError(f"llama.cpp could not create a context (n_ctx={n_ctx}): {recent_errors()}")
-        self.n_ctx = int(L.llama_n_ctx(self.ctx))
+        self.n_cells = int(L.llama_n_ctx(self.ctx))
+        self.n_ctx = self.n_cells // self.n_slots      # a request's room: each slot's
         # llama.cpp caps the batch at the context it was asked for (n_ctx may be
         # rounded up); feed it no more than that, or it aborts the process
         self.n_batch = int(L.llama_n_batch(self.ctx))
@@ -228,11 +178,7 @@ class LlamaBackend(SeqState, Splicer):
 
     def _init_state(self) -> None:
         """The KV bookkeeping of an empty cache, the thread policy, the output views."""
-        S = max(1, self.max_leaves)
-        self._synced = 1                       # seqs 0.._synced-1 equal seq 0
-        self._dirty = np.zeros(S, np.bool_)    # seq has cells but is not in sync
-        self._step_lc = np.ones(1, np.int32)   # seqs through each slot of the last batch
-        self._n_leaves = 1
+        self._init_seq_state()
         # Exactness on CPU (docs/exactness.md): with an f16 K cache a one-token
         # decode over 512+ cells on several threads takes ggml's split-KV
         # attention, which sums in another order than a batch (a q8_0 K cache
@@ -241,7 +187,18 @@ class LlamaBackend(SeqState, Splicer):
         # cells); batches always use every thread.  Batches of 64 or more tokens
         # take a tiled kernel that differs too, hence EXACT_MAX_BATCH.
         self.one_thread_after = SPLIT_KV_FREE_CELLS if (self.exact and self.cache_type_k == "f16") else None
-        self._single_threads = self.n_threads
+        self._threads_box = [self.n_threads]    # threads of one-token decodes: the context's, shared by its slots
+        self.n_embd = int(L.llama_model_n_embd(self.model))
+        self.hidden_on = False
+        self.hidden_layer: int | None = None    # set_hidden(True, layer)
+
+    def _init_seq_state(self) -> None:
+        """One slot's own state: its sequences' sync, its committed tokens, its last decode's output rows."""
+        S = max(1, self.max_leaves)
+        self._synced = 1                       # seqs 0.._synced-1 equal seq 0
+        self._dirty = np.zeros(S, np.bool_)    # seq has cells but is not in sync
+        self._step_lc = np.ones(1, np.int32)   # seqs through each slot of the last batch
+        self._n_leaves = 1
         self.n_past = 0           # committed tokens in seq 0
         self.kv_tokens = np.zeros(0, np.int32)  # their ids (kept by the engine)
         self.spliced_from = None    # the first cell a splice made inexact (backend/splice.py)
@@ -249,14 +206,30 @@ class LlamaBackend(SeqState, Splicer):
         self._out_off = 0         # first of them in llama.cpp's output buffer
         self._logits_addr: int | None = None
         self._logits_view: np.ndarray | None = None
-        self.n_embd = int(L.llama_model_n_embd(self.model))
-        self.hidden_on = False
-        self.hidden_layer: int | None = None    # set_hidden(True, layer)
         self._hidden_addr: int | None = None
         self._hidden_view: np.ndarray | None = None
 
+    @property
+    def _single_threads(self) -> int:
+        return self._threads_box[0]
+
+    def _in_use(self) -> int:
+        """The cells a one-token decode's attention covers at most: this request's, or with slots every slot's."""
+        return self.n_past if self._cells is None else self._cells.used
+
+    def _drop(self, p0: int, seqs=None) -> None:
+        """Remove cells from position p0 on: from every sequence (a lone backend), or from this slot's
+        sequences `seqs` (offsets; None: all of them) into the tombstone (backend/slots.py)."""
+        if self._cells is None:
+            L.llama_memory_seq_rm(self.mem, -1, p0, -1)
+        else:
+            self._cells.free(self.mem, [self.seq0 + s for s in (seqs if seqs is not None else range(len(self._dirty)))],
+                             p0)
+
     # ------------------------------------------------------------------ basics
     def close(self) -> None:
+        if not getattr(self, "_owner", False):      # a slot's view: the context is slot 0's
+            return
         if getattr(self, "ctx", None):
             L.llama_free(self.ctx)
             self.ctx = None
@@ -290,7 +263,10 @@ class LlamaBackend(SeqState, Splicer):
 
     # -------------------------------------------------------------- KV / decode
     def reset(self) -> None:
-        L.llama_memory_clear(self.mem, True)
+        if self._cells is None:
+            L.llama_memory_clear(self.mem, True)
+        else:
+            self._drop(0)
         self._synced, self._n_leaves = 1, 1
         self._dirty[:] = False
         if self.exact and self._single_threads != self.n_threads:
@@ -304,12 +280,12 @@ class LlamaBackend(SeqState, Splicer):
         mode decode_tree chooses them itself; with exact=False they stay as set
         (tools/kcache_numerics.py, in git at ff5bfef, compares thread counts this way)."""
         L.llama_set_n_threads(self.ctx, n, self.n_threads)
-        self._single_threads = n
+        self._threads_box[0] = n
 
     def truncate(self, n: int) -> None:
         """Forget committed tokens from position n on (used for chat prefix reuse)."""
         if n < self.n_past:
-            L.llama_memory_seq_rm(self.mem, -1, n, -1)
+            self._drop(n)
             self.n_past = n
             self.kv_tokens = self.kv_tokens[:n]
             if self.spliced_from is not None and n <= self.spliced_from:
@@ -352,6 +328,8 @@ class LlamaBackend(SeqState, Splicer):
                 self.n_outputs = 0
                 return
             m = min(self.n_batch, n - i)
+            if self._cells is not None:
+                self._cells.reserve(m)
             self._decode_chunk(tokens[i:i + m], every_row, want_last_logits and i + m == n)
             self._copy_rows(i, m, topk_out, hidden_out, rows)
             self.n_past += m
@@ -369,7 +347,7 @@ class LlamaBackend(SeqState, Splicer):
         self._tok[:m] = chunk
         self._pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
         self._nseq[:m] = 1
-        self._seq[:m, 0] = 0
+        self._seq[:m, 0] = self.seq0
         self._logits[:m] = 1 if every_row else 0
         if last_logits:
             self._logits[m - 1] = 1
@@ -408,9 +386,11 @@ class LlamaBackend(SeqState, Splicer):
             if n > EXACT_MAX_BATCH:
                 raise ValueError(f"exact mode verifies at most {EXACT_MAX_BATCH} tokens per batch")
             lim = self.one_thread_after
-            want = self.n_threads if (n > 1 or lim is None or self.n_past + 1 <= lim) else 1
+            want = self.n_threads if (n > 1 or lim is None or self._in_use() + 1 <= lim) else 1
             if want != self._single_threads:
                 self.set_single_threads(want)
+        if self._cells is not None:     # first: a compaction empties the path seqs
+            self._cells.reserve(n)
         e = self._synced - n_leaves
         if e > 0:
             # seqs already in sync ride along the leftmost path (the nodes whose
@@ -421,13 +401,13 @@ class LlamaBackend(SeqState, Splicer):
             n_leaves += e
         for s in range(self._synced, n_leaves):
             if self._dirty[s]:
-                L.llama_memory_seq_rm(self.mem, s, -1, -1)
+                L.llama_memory_seq_rm(self.mem, self.seq0 + s, -1, -1)    # its cells are seq 0's too
                 self._dirty[s] = False
-            L.llama_memory_seq_cp(self.mem, 0, s, -1, -1)
+            L.llama_memory_seq_cp(self.mem, self.seq0, self.seq0 + s, -1, -1)
         self._tok[:n] = tokens
         self._pos[:n] = self.n_past + depth
         self._nseq[:n] = leaf_count
-        self._seq[:n] = leaf_first[:, None] + self._arange_s[None, :]
+        self._seq[:n] = self.seq0 + leaf_first[:, None] + self._arange_s[None, :]
         self._logits[:n] = 1
         self._synced = self._n_leaves = n_leaves
         self._step_lc = leaf_count
@@ -448,6 +428,8 @@ class LlamaBackend(SeqState, Splicer):
     def set_hidden(self, on: bool, layer: int | None = None) -> None:
         """Also read each output row's hidden state (hidden()): layer None, the last (llama_set_embeddings);
         layer b, block b's output (0: a middle one; backend/layer_tap.py).  Logits stay bit-identical."""
+        if on and self._cells is not None:
+            raise ConfigError("hidden states are read from a backend without parallel slots (n_slots=1)")
         was_final = self.hidden_on and self.hidden_layer is None
         block = tap_block(self.model, layer) if on and layer is not None else None
         if block is not None and self._tap is None:
@@ -481,10 +463,12 @@ class LlamaBackend(SeqState, Splicer):
         """After decode_tree: commit the first k slots (a seq-0 chain from the root)
         and free every other cell of the step."""
         base = self.n_past
-        L.llama_memory_seq_rm(self.mem, -1, base + k, -1)
+        self._drop(base + k, range(self._n_leaves))
         through = int(self._step_lc[k - 1]) if k > 0 else self._n_leaves   # seqs 0..through-1 pass slot k-1
         for s in range(through, self._n_leaves):              # seqs that left the chain earlier
-            L.llama_memory_seq_rm(self.mem, s, -1, -1)
+            if self._cells is not None:                         # their branch cells: into the tombstone
+                self._cells.free(self.mem, [self.seq0 + s], base)
+            L.llama_memory_seq_rm(self.mem, self.seq0 + s, -1, -1)
         self._synced = through
         self._n_leaves = 1
         self.n_past = base + k
@@ -492,7 +476,7 @@ class LlamaBackend(SeqState, Splicer):
     def rollback(self) -> None:
         """Drop every cell beyond the committed prefix, in every sequence (used when
         a step is interrupted)."""
-        L.llama_memory_seq_rm(self.mem, -1, self.n_past, -1)
+        self._drop(self.n_past)
         # the batch's seqs now hold only committed cells, but which of them got
         # seq_cp before an interruption is unknown: treat all as behind
         self._dirty[1:] = True

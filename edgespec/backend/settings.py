@@ -102,6 +102,9 @@ class BackendSettings:
     rpc, tensor_split, rpc_output: llama.cpp RPC workers (HOST:PORT list),
         the proportions of the offloaded layers per device, and where the
         output layer runs over RPC ("local" or "remote").
+    n_slots: requests held at once in one context (backend/slots.py): each
+        slot n_ctx cells and max_leaves KV sequences of its own; 1: a lone
+        backend, as before slots existed.
     """
     n_ctx: int = 4096
     n_gpu_layers: int = 0
@@ -114,6 +117,7 @@ class BackendSettings:
     rpc: Any = None
     tensor_split: Any = None
     rpc_output: str = "local"
+    n_slots: int = 1
 
     def but(self, **changes) -> "BackendSettings":
         """A copy with `changes`, a Loadout's fields among them (TypeError

@@ -54,6 +54,8 @@ class Splicer:
 
     def splice_refusal(self) -> str | None:
         """Why this backend cannot splice (None: it can)."""
+        if getattr(self, "n_slots", 1) > 1:       # slots shift sequence ids and tombstone cells: not built together
+            return "cache reuse by shifting runs with one request at a time (not with --parallel > 1)"
         if self.max_leaves < SPLICE_SEQ + 1:
             return "splicing decodes in a second KV sequence: load the model with max_leaves >= 2"
         if not L.llama_memory_can_shift(self.mem):

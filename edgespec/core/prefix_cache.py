@@ -33,7 +33,8 @@ kernels an answer does not depend on which of these the prefix came from
 (Backend.spliced_from, core/cache_reuse.py) is never saved, in memory or
 on disk.  The cache holds no lock of its own: the engine
 uses it inside a request, and a model runs one request at a time
-(app/concurrency.py's Turnstile).
+(app/concurrency.py's Turnstile), or with parallel slots one model thread
+steps them all (app/scheduler.py).
 """
 from __future__ import annotations
 

@@ -123,6 +123,10 @@ class RunConfig:
         staying a small share of a laptop's disk.  0 turns it off; None:
         $EDGESPEC_PROMPT_CACHE_DISK_MIB, else 2048 (RunConfig.defaults() reads it).
     verbose: llama.cpp's own log on stderr.
+    parallel: requests run at once (llama-server's -np): that many slots in
+        one llama.cpp context of parallel * n_ctx cells, stepped in turn by one
+        model thread (edgespec.app.scheduler; docs/scheduler.md); 1: one
+        request at a time, the others queue.
     """
     drafter: Any = "suffix"
     corpora: tuple = ()
@@ -142,6 +146,7 @@ class RunConfig:
     prompt_cache_mib: float = 256
     prompt_cache_disk_mib: float | None = DISK_MIB
     verbose: bool = False
+    parallel: int = 1
 
     def __post_init__(self):
         if isinstance(self.corpora, (str, bytes)):
@@ -154,6 +159,8 @@ class RunConfig:
         for name in ("prompt_cache_mib", "prompt_cache_disk_mib"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)!r}")
+        if not (isinstance(self.parallel, int) and self.parallel >= 1):
+            raise ConfigError(f"parallel must be a whole number >= 1, not {self.parallel!r}")
         if self.rpc_output not in RPC_OUTPUTS:     # checked here without workers too (the backend: with them)
             raise ConfigError(f"rpc_output must be one of {', '.join(RPC_OUTPUTS)}, not {self.rpc_output!r}")
         self.engine_config()           # max_nodes' range and verify's mode: EngineConfig checks them
@@ -177,7 +184,7 @@ class RunConfig:
         return BackendSettings(n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, n_threads=self.n_threads,
                                max_nodes=max(EXACT_MAX_BATCH, self.max_nodes), max_leaves=None, load=load,
                                verbose=self.verbose, rpc=parse_endpoints(self.rpc),
-                               tensor_split=self.tensor_split, rpc_output=self.rpc_output)
+                               tensor_split=self.tensor_split, rpc_output=self.rpc_output, n_slots=self.parallel)
 
     def engine_config(self, batch_cap: int | None = None) -> EngineConfig:
         """The engine's settings of this run: max_nodes (at most `batch_cap`, the

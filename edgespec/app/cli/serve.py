@@ -69,7 +69,10 @@ def _read_key_file(path: str) -> str:
               help="Require `Authorization: Bearer KEY` on /v1/*.  Prefer EDGESPEC_API_KEY or --api-key-file: "
                    "other users see a command line in `ps`.")
 @click.option("--queue", "max_queue", type=click.IntRange(min=0), default=16, show_default=True,
-              help="Requests that may wait while one runs; more get 503 with Retry-After.")
+              help="Requests that may wait while the running ones run; more get 503 with Retry-After.")
+@click.option("--parallel", "parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Requests run at once (llama-server's -np): slots of --ctx tokens each in one context, "
+                   "stepped in turn (docs/scheduler.md).")
 @click.option("--model-id", default=None, help="The model's name in /v1/models (default: the file's name "
                                                "without .gguf).")
 @click.option("--no-cache-prompt", "cache_prompt", is_flag=True, flag_value=False, default=True,
@@ -83,15 +86,15 @@ def _read_key_file(path: str) -> str:
                    "> 0); a request's n_cache_reuse overrides it; chat stays exact.  0: exact reuse only.")
 @serve_guard_options
 def serve(model, max_tokens, temperature, top_k, top_p, min_p, seed, stop, config, host, port, api_key, max_queue,
-          model_id, cache_prompt, cache_reuse, api_key_file, allow_host, cors, **limits):
+          parallel, model_id, cache_prompt, cache_reuse, api_key_file, allow_host, cors, **limits):
     """Serve MODEL over an OpenAI-compatible HTTP API, with a chat page at /.
 
     POST /v1/chat/completions and /v1/completions (streamed or not), GET
     /v1/models, /health, /props and /metrics (Prometheus).  The generation
     options are the defaults of requests that leave them out; a request
     without max_tokens runs to the end of its turn or a full context unless
-    --max-tokens is given.  One request runs at a time; the others wait in a
-    queue of --queue requests.  SIGTERM (or Ctrl-C) answers the queue with
+    --max-tokens is given.  --parallel requests run at once (default one);
+    the others wait in a queue of --queue requests.  SIGTERM (or Ctrl-C) answers the queue with
     503, gives the running request --shutdown-timeout seconds and exits 0.
     Requests are bounded before any work, and only the server's own page (or
     --cors origins) may call it from a browser: see docs/serving.md.
@@ -106,7 +109,7 @@ def serve(model, max_tokens, temperature, top_k, top_p, min_p, seed, stop, confi
     except ImportError as e:
         raise click.ClickException(f"serve needs {e.name}: pip install 'edgespec[serve]'") from None
     sampling = make_sampling(temperature, top_k, top_p, min_p, seed)      # a bad value fails before the model loads
-    m = load_model(model, config.but(calibrate="background"))
+    m = load_model(model, config.but(calibrate="background", parallel=parallel))
     if cache_reuse and m.backend.splice_refusal() is not None:
         m.close()
         raise click.ClickException(f"--cache-reuse cannot run with this model: {m.backend.splice_refusal()}")

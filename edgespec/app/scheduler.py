@@ -1,0 +1,287 @@
+"""Several requests at once on one SpecModel: its Scheduler (issue 62, docs/scheduler.md).
+
+A SpecModel loaded with parallel=N > 1 holds N request slots in one llama.cpp
+context (backend/slots.py: each slot its own KV sequences) and one Scheduler:
+every generation entry point submits a `Resolved` and gets a Ticket, whose
+events (Event: started, a chunk per step, the last chunk with the result, or
+an error) one model thread pushes into the ticket's queue.  The model thread
+steps the slots one engine step at a time, each slot with its own engines
+(drafter, gate, guard state); per round, the requests still without their
+first token go first (their prompt is read in that step), then the others in
+arrival order.  A ticket whose reader lags `QUEUE_CHUNKS` chunks behind is
+skipped for a round (back-pressure on its own request only).  A request
+whose cancel fires ends at its next step (its sequences are dropped then); a
+stream closed by its reader is closed at the next round without a step.
+
+The model thread holds the SpecModel's Turnstile while any slot runs, so the
+calls that need the model alone (calibrate, new_session, use_drafter,
+save_prefix, close) wait until the slots have drained; while one waits no new
+request is admitted.  With parallel=1 there is no Scheduler: requests hold
+the Turnstile one at a time, as before slots existed.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import queue
+import threading
+from typing import Iterator
+
+from edgespec.app.concurrency import StreamChunk
+from edgespec.core.params import Resolved
+from edgespec.errors import ModelBusyError, ModelClosedError
+
+QUEUE_CHUNKS = 64       # chunks a reader may lag behind before its request is skipped for a round
+_arrivals = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """What the model thread hands the reader of one request, in order:
+    STARTED once the model runs it, then a chunk per step (the last one
+    carries the result); or, instead of all that, one error (the exception:
+    a RequestError at the server) or CANCELLED (the client left before it ran)."""
+    kind: str                           # "started", "chunk", "error" or "cancelled"
+    chunk: StreamChunk | None = None
+    error: BaseException | None = None
+
+
+STARTED = Event("started")
+CANCELLED = Event("cancelled")
+
+
+class Ticket:
+    """One request submitted to a Scheduler: its events, its cancel event, its place."""
+
+    def __init__(self, resolved: Resolved, stop: threading.Event, slot0_only: bool):
+        self.resolved, self.stop, self.slot0_only = resolved, stop, slot0_only
+        self.events: queue.Queue = queue.Queue()
+        self.arrival = next(_arrivals)
+        self.started = False        # its first token is out
+        self.abandoned = False      # its reader closed it: no more events wanted
+        self.gen = None
+        self.on_end = None
+
+    def chunks(self) -> Iterator[StreamChunk]:
+        """The request's chunks as the model thread pushes them; the last carries the result.
+        An error event raises its exception."""
+        while True:
+            e: Event = self.events.get()
+            if e.kind == "error":
+                assert e.error is not None
+                raise e.error
+            if e.kind == "chunk":
+                assert e.chunk is not None
+                yield e.chunk
+                if e.chunk.result is not None:
+                    return
+
+
+class TicketStream:
+    """SpecModel.stream()'s iterator over a Ticket (the parallel counterpart of concurrency.Stream):
+    StreamChunks, the last with finish_reason and the result; close() ends the request from any thread."""
+
+    def __init__(self, ticket: Ticket, scheduler: "Scheduler"):
+        self._ticket, self._scheduler = ticket, scheduler
+        self._it = ticket.chunks()
+        self._done = False
+        self.result = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> StreamChunk:
+        if self._done:
+            raise StopIteration
+        try:
+            c = next(self._it)
+        except BaseException:
+            self._done = True
+            raise
+        if c.result is not None:
+            self.result, self._done = c.result, True
+        return c
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._scheduler.abandon(self._ticket)
+
+    @property
+    def closed(self) -> bool:
+        return self._done
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):  # pragma: no cover - depends on the garbage collector
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Scheduler:
+    """N request slots of one SpecModel stepped by one model thread (the module doc)."""
+
+    def __init__(self, model, n_slots: int):
+        self.model, self.n_slots = model, n_slots
+        self.cond = threading.Condition()
+        self.waiting: collections.deque[Ticket] = collections.deque()
+        self.slots: list[Ticket | None] = [None] * n_slots
+        self._held = False
+        self.thread = threading.Thread(target=self._loop, name="edgespec-scheduler", daemon=True)
+        self.thread.start()
+
+    # ------------------------------------------------------------ callers
+    def submit(self, resolved: Resolved, stop: threading.Event, wait: bool = True,
+               timeout: float | None = None) -> Ticket:
+        """Queue a request; returns once it has started (a slot holds it).  wait=False: ModelBusyError
+        when no slot is free now; timeout=S: when none was free for S seconds."""
+        t = Ticket(resolved, stop, slot0_only=not isinstance(resolved.engine_key[0] or self.model._drafter, str))
+        with self.cond:
+            if self.model._gate.closed:
+                raise ModelClosedError("this SpecModel was closed")
+            if not wait and (self.waiting or all(s is not None for s in self.slots)):
+                raise ModelBusyError("every parallel slot is serving a request (wait=False)")
+            self.waiting.append(t)
+            self.cond.notify_all()
+        try:
+            first = t.events.get(timeout=timeout)
+        except queue.Empty:
+            with self.cond:
+                if t in self.waiting:
+                    self.waiting.remove(t)
+                    raise ModelBusyError(f"every parallel slot stayed busy for {timeout:g}s (timeout)") from None
+            first = t.events.get()
+        if first.kind == "error":
+            raise first.error           # type: ignore[misc]
+        return t
+
+    def abandon(self, t: Ticket) -> None:
+        """The reader of t is gone: end it at the next round, without another step."""
+        t.abandoned = True
+        t.stop.set()
+        with self.cond:
+            self.cond.notify_all()
+
+    def wake(self) -> None:
+        """close() was called: the model thread ends every request and stops."""
+        with self.cond:
+            self.cond.notify_all()
+
+    # -------------------------------------------------------- model thread
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.waiting and not any(self.slots):
+                    self._release()
+                    if self.model._gate.closed:
+                        return
+                    self.cond.wait()
+            if not any(self.slots) and self.model._gate.queue:
+                self._release()         # an exclusive call waits: it goes first (_hold queues behind it)
+            if not self._hold():
+                continue
+            self._admit()
+            if not self._round():       # every reader lags (or nothing was admitted): wait a little
+                with self.cond:
+                    self.cond.wait(0.01)
+
+    def _hold(self) -> bool:
+        """The Turnstile for the model thread (waits for an exclusive call); False when the model closed."""
+        if self._held:
+            return True
+        try:
+            self.model._gate.acquire()
+        except ModelClosedError as e:
+            with self.cond:
+                waiting, self.waiting = list(self.waiting), collections.deque()
+            for t in waiting:
+                t.events.put(Event("error", error=e))
+            return False
+        self._held = True
+        self.model._pacer.enter()
+        return True
+
+    def _release(self) -> None:
+        if self._held:
+            self._held = False
+            try:
+                self.model._pacer.exit()
+            finally:
+                self.model._gate.release()
+
+    def _admit(self) -> None:
+        """Start waiting requests in free slots, in arrival order (none while an exclusive call waits)."""
+        if self.model._gate.closed:
+            with self.cond:
+                waiting, self.waiting = list(self.waiting), collections.deque()
+            for t in waiting:
+                t.events.put(Event("error", error=ModelClosedError("this SpecModel was closed")))
+            return
+        if self.model._gate.queue:
+            return
+        with self.cond:
+            for k in range(self.n_slots):
+                if self.slots[k] is not None:
+                    continue
+                t = next((t for t in self.waiting if k == 0 or not t.slot0_only), None)
+                if t is None:
+                    continue
+                self.waiting.remove(t)
+                try:
+                    t.gen, t.on_end = self.model._start(t.resolved, t.stop, slot=k)
+                except BaseException as e:      # a spent grammar, a drafter that cannot load
+                    t.events.put(Event("error", error=e))
+                    continue
+                self.slots[k] = t
+                t.events.put(STARTED)
+
+    def _round(self) -> bool:
+        """One step of every running request: those without a first token first, then by arrival.
+        Whether any request moved."""
+        running = [(k, t) for k, t in enumerate(self.slots) if t is not None]
+        moved = False
+        for k, t in sorted(running, key=lambda kt: (kt[1].started, kt[1].arrival)):
+            try:
+                if t.abandoned:
+                    self._end(k, t)
+                elif t.events.qsize() < QUEUE_CHUNKS:
+                    self._step(k, t)
+                else:
+                    continue
+                moved = True
+            except BaseException as e:      # its end failed (a prefix cache's write): the request's error
+                t.events.put(Event("error", error=e))
+                with self.cond:
+                    self.slots[k] = None
+        return moved
+
+    def _step(self, k: int, t: Ticket) -> None:
+        try:
+            c = next(t.gen)         # type: ignore[call-overload]
+        except StopIteration as e:      # the slot is free before the reader has the result
+            r = e.value
+            self._end(k, t)
+            t.events.put(Event("chunk", StreamChunk("", [], 0, [], finish_reason=r.stop_reason, result=r)))
+            return
+        except BaseException as e:
+            self._end(k, t)
+            t.events.put(Event("error", error=e))
+            return
+        t.started = True
+        t.events.put(Event("chunk", StreamChunk(c.text, c.tokens, c.n_drafted, c.spans, c.logprobs)))
+
+    def _end(self, k: int, t: Ticket) -> None:
+        """Free slot k: the engine generator closed (its cells dropped), the request's end run."""
+        try:
+            t.gen.close()           # type: ignore[union-attr]
+        finally:
+            with self.cond:
+                self.slots[k] = None
+            t.on_end()              # type: ignore[misc]

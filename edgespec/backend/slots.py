@@ -1,0 +1,114 @@
+"""Several requests in one llama.cpp context: a LlamaBackend's slots (issue 62, docs/scheduler.md).
+
+A LlamaBackend loaded with n_slots > 1 holds that many requests at once in
+one context of n_slots * n_ctx cells.  Slot k owns the KV sequences
+k*S .. k*S+S-1 (S = max_leaves): its committed prefix in k*S, its tree
+paths after it, with the bookkeeping a lone backend keeps (backend/llama.py),
+every seq id shifted by the slot's `seq0`.  Slot 0 is the LlamaBackend
+itself; slot k > 0 is a shallow copy of it (`LlamaBackend.slot(k)`) that
+shares the model, the context, the one batch and these Cells, and has its
+own n_past, kv_tokens and sync state.  Each slot reads the logits of its own
+last decode, so one thread steps the slots one decode at a time.
+
+Exactness (docs/scheduler.md, "Exactness", measured with
+tools/shared_context.py): a row's logits do not depend on other sequences'
+cells or on where its own cells sit, but CPU flash attention visits a
+sequence's cells in cell order, and llama.cpp's slot search refills the
+lowest holes once the tail was freed: a cell freed below a neighbour's
+cells, reused by that neighbour's next token, puts its cells out of position
+order and changes its logits.  So with slots no cell is ever freed between
+compactions: what a lone backend removes (rejected drafts, a truncated or
+reset prefix, a rolled-back step) is moved into the tombstone sequence
+(`tomb`, the last id), which no batch row attends.  Before every decode
+`reserve` counts the cells it takes (an upper bound on the occupied ones);
+when the next decode might not fit, `compact` saves every slot's committed
+prefix, clears the cache and restores them, each contiguous and in position
+order (measured exact), tombstones gone.
+"""
+from __future__ import annotations
+
+import copy
+import ctypes
+
+import llama_cpp as L
+import numpy as np
+
+from edgespec.errors import BackendError, ConfigError
+
+
+def seqs_needed(n_slots: int, max_leaves: int) -> int:
+    """KV sequences a context of n_slots slots needs: one per tree path per slot, and the tombstone."""
+    return max(1, max_leaves) if n_slots == 1 else n_slots * max(1, max_leaves) + 1
+
+
+def check_slots(n_slots: int, max_leaves: int) -> None:
+    """Refuse a slot count llama.cpp cannot hold (ConfigError)."""
+    if n_slots < 1:
+        raise ConfigError(f"the number of parallel requests (--parallel) must be at least 1, not {n_slots}")
+    limit = int(L.llama_max_parallel_sequences())
+    if seqs_needed(n_slots, max_leaves) > limit:
+        raise ConfigError(f"{n_slots} parallel requests of up to {max_leaves} tree paths need "
+                          f"{seqs_needed(n_slots, max_leaves)} KV sequences; llama.cpp holds {limit} "
+                          "(lower --parallel or --max-nodes)")
+
+
+class Cells:
+    """The KV cells a backend's slots share (see the module doc)."""
+
+    def __init__(self, backend, n_slots: int):
+        self.per_slot = max(1, backend.max_leaves)
+        self.tomb = n_slots * self.per_slot
+        self.used = 0           # cells occupied at most (tombstones included) since the last compaction
+        self.compactions = 0
+        self.size = backend.n_cells
+        self.views = [backend]
+        for k in range(1, n_slots):
+            v = copy.copy(backend)
+            v._owner = False            # only slot 0 frees the context
+            v.seq0 = k * self.per_slot
+            v._init_seq_state()
+            self.views.append(v)
+        for v in self.views:
+            v._cells = self
+
+    def free(self, mem, seqs, p0: int) -> None:
+        """Take sequences `seqs`' cells from position p0 on out of them, into the tombstone."""
+        for s in seqs:
+            L.llama_memory_seq_cp(mem, s, self.tomb, p0, -1)
+            L.llama_memory_seq_rm(mem, s, p0, -1)
+
+    def reserve(self, n: int) -> None:
+        """Before a decode of n cells: compact first when they might not fit."""
+        if self.used + n > self.size:
+            self.compact()
+        if self.used + n > self.size:
+            raise BackendError(f"the KV cache is full: the slots' {self.used} committed tokens and "
+                               f"{n} more do not fit its {self.size} cells")
+        self.used += n
+
+    def compact(self) -> None:
+        """Every slot's committed prefix saved, the cache cleared, each prefix restored (module doc)."""
+        saved = [(v, _seq_bytes(v)) for v in self.views]
+        self.compactions += 1
+        be = self.views[0]
+        L.llama_memory_clear(be.mem, True)
+        self.used = 0
+        for v, buf in saved:
+            v._synced, v._n_leaves = 1, 1
+            v._dirty[:] = False
+            if v.n_past and int(L.llama_state_seq_set_data(
+                    v.ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), buf.nbytes, v.seq0)) == 0:
+                raise BackendError(f"llama.cpp could not restore slot {v.seq0 // self.per_slot}'s KV cells")
+            self.used += v.n_past
+
+
+def _seq_bytes(v) -> np.ndarray:
+    """Slot view v's committed cells (sequence v.seq0) as llama.cpp's per-sequence state."""
+    if not v.n_past:
+        return np.zeros(0, np.uint8)
+    size = int(L.llama_state_seq_get_size(v.ctx, v.seq0))
+    buf = np.empty(size, np.uint8)
+    n = int(L.llama_state_seq_get_data(v.ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, v.seq0))
+    if n == 0:
+        raise BackendError("llama.cpp could not save a slot's KV cells")
+    return buf[:n]
