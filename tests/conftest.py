@@ -194,6 +194,23 @@ def server_binary():
         missing_external("llama-server", f"no llama-server to test against: {e}")
 
 
+@pytest.fixture(scope="module")
+def coder():
+    """Qwen2.5-Coder-0.5B (the model-matrix tier's FIM model: repository-level
+    FIM tokens) with the suffix drafter and every node verified (no cost gate,
+    nothing calibrated), for the editor's tests (test_infill, test_editor,
+    test_cache_reuse)."""
+    from edgespec import SpecModel
+    from edgespec.models.zoo import ModelZooError, require_model
+    try:
+        path = require_model("qwen2.5-coder-0.5b")
+    except ModelZooError as e:
+        pytest.fail(f"the model-matrix tier was selected but {e}", pytrace=False)
+    m = SpecModel(path, drafter="suffix", n_ctx=2048, calibrate=False, cost_gate=False, max_nodes=32)
+    yield m
+    m.close()
+
+
 @pytest.fixture(scope="session")
 def model():
     m = SpecModel(drafter="none", n_ctx=2048, calibrate=True)     # measured before the tests (exact)

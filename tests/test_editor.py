@@ -262,19 +262,6 @@ def test_n_indent_cuts_the_first_line_indented_less():
 
 
 # ------------------------------------------------------------------ over HTTP (matrix)
-@pytest.fixture(scope="module")
-def coder():
-    from edgespec import SpecModel
-    from edgespec.models.zoo import ModelZooError, require_model
-    try:
-        path = require_model("qwen2.5-coder-0.5b")
-    except ModelZooError as e:
-        pytest.fail(f"the model-matrix tier was selected but {e}", pytrace=False)
-    m = SpecModel(path, drafter="suffix", n_ctx=2048, calibrate=False, cost_gate=False, max_nodes=32)
-    yield m
-    m.close()
-
-
 @contextlib.contextmanager
 def served(model):
     """edgespec's server app on a loopback port, in this process (uvicorn in

@@ -169,17 +169,6 @@ def test_an_abandoned_request_frees_the_model(model):
 
 
 # ------------------------------------------------------------ FIM models (matrix)
-@pytest.fixture(scope="module")
-def coder():
-    try:
-        path = require_model("qwen2.5-coder-0.5b")
-    except ModelZooError as e:
-        pytest.fail(f"the model-matrix tier was selected but {e}", pytrace=False)
-    m = SpecModel(path, drafter="suffix", n_ctx=2048, calibrate=False, cost_gate=False, max_nodes=32)
-    yield m
-    m.close()
-
-
 def ids(model, text: str) -> list[int]:
     return model.tokenize(text, add_special=False).tolist() if text else []
 
