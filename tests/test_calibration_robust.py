@@ -374,31 +374,3 @@ def test_a_busy_first_measurement_and_a_quiet_second_caches_the_second(cache, mo
     c = C.load_or_measure("backend", "k")
     assert c.rel == [1.0, 1.5, 2.5] and "capped" not in c.meta
     assert C.cached_curve("k").rel == [1.0, 1.5, 2.5]
-
-
-def test_a_slice_waits_until_the_model_has_been_quiet():
-    """quiet_s: after a request ends, the measurement's next slice starts
-    only once quiet_s have passed with no request (a fixed clock here), so a
-    burst of requests is never split by a slice."""
-    now = [100.0]
-    p = Pacer(quiet_s=3.0, clock=lambda: now[0])
-    p.enter()
-    p.exit()                                    # a request ended at t = 100
-    started = threading.Event()
-
-    def measure(pacer):
-        pacer.pause()
-        started.set()
-    task = BackgroundTask(measure, p)
-    try:
-        now[0] = 102.9                          # 2.9 s of quiet: not yet
-        assert not started.wait(0.3)
-        p.enter()                               # the burst goes on: another request at 102.9 ...
-        now[0] = 104.0
-        p.exit()                                # ... that ends at 104
-        now[0] = 106.5
-        assert not started.wait(0.3)            # 2.5 s after it: still not
-        now[0] = 107.1
-        assert started.wait(5)                  # 3.1 s after it: the slice starts
-    finally:
-        task.stop()

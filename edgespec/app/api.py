@@ -30,7 +30,7 @@ from edgespec.app.infill import Infill
 from edgespec.app.resolve import prompt_tokens, resolve_request
 from edgespec.backend.interrupt import attach as attach_interrupt
 from edgespec.backend.llama import LlamaBackend
-from edgespec.calibration.background import QUIET_S, BackgroundTask, Pacer
+from edgespec.calibration.background import BackgroundTask, Pacer
 from edgespec.calibration.curve import CostCurve
 from edgespec.core.engine import cancel_check, drain
 from edgespec.core.result import GenerationResult
@@ -85,7 +85,7 @@ class SpecModel(ModelEngines, PromptCaching):
         self._gate = Turnstile()
         self._closing = threading.Event()
         self._engines: dict = {}
-        self._pacer = Pacer(self._idle, self._keep_live_prefix, quiet_s=QUIET_S)
+        self._pacer = Pacer(self._idle, self._keep_live_prefix)
         self._calibration: BackgroundTask | None = None
         self.model_path = resolve_model(model_path)
         self.loadout = load = c.resolve_kernels(self.model_path, progress=kernel_progress)   # auto: timed or fast

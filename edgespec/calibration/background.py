@@ -14,13 +14,6 @@ the measurement drops that sample and takes it again in a later slice.  A
 slice that follows a request finds the KV cache changed, so the measurement
 lays its context down again (the live conversation is kept in the prompt
 cache first: before_slice).
-
-A slice also waits until the model has been quiet for `quiet_s` since the last
-request ended (SpecModel: QUIET_S).  Apps send requests in bursts (a turn and
-its side requests, an editor's requests while a person types, an agent's next
-step); a slice between two of them costs the next one more than the slice's
-own wait: its conversation restored from the prompt cache, caches cold.  A
-measurement taken only in the pauses between bursts adds nothing to them.
 """
 from __future__ import annotations
 
@@ -34,19 +27,13 @@ from edgespec.backend.interrupt import new_flag
 from edgespec.calibration.cache import CalibrationStopped
 
 
-QUIET_S = 3.0       # SpecModel's quiet_s: longer than the gaps within an app's burst of requests
-
-
 class Pacer:
     """Turns between requests and a measurement.  Requests call enter() and
     exit() around their use of the backend; the measurement calls pause()
     before each slice and end() after the last one."""
 
-    def __init__(self, idle=lambda: True, before_slice=None, quiet_s: float = 0.0, clock=time.monotonic):
+    def __init__(self, idle=lambda: True, before_slice=None):
         self._cond = threading.Condition()
-        self._quiet_s = quiet_s    # a slice starts only this long after the last request ended
-        self._clock = clock
-        self._last_exit = -float("inf")
         self._idle = idle          # True when nobody holds or waits for the model (SpecModel's gate)
         # called (on the measuring thread, the backend its own) when a slice starts after requests
         # used the backend: a slice clears the KV cache, so the live prefix is saved first
@@ -76,12 +63,7 @@ class Pacer:
     def exit(self) -> None:
         with self._cond:
             self._requests -= 1
-            self._last_exit = self._clock()
             self._cond.notify_all()
-
-    def _busy(self) -> bool:
-        """A request holds or waits for the model, or one ended less than quiet_s ago."""
-        return bool(self._requests) or not self._idle() or self._clock() - self._last_exit < self._quiet_s
 
     def pause(self) -> bool:
         """End the current slice, let every request that holds or waits for
@@ -92,7 +74,7 @@ class Pacer:
             self._slicing = False
             self.flag[0] = 0
             self._cond.notify_all()
-            while not self._stop and self._busy():
+            while not self._stop and (self._requests or not self._idle()):
                 self._cond.wait(0.05)       # the gate does not notify this condition: poll it
             if self._stop:
                 raise CalibrationStopped()
