@@ -250,13 +250,12 @@ def test_qwen_infill_is_plain_decoding_before_and_after_reuse(coder):
     c = client_for(coder)
     body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": EXTRA, "n_predict": 32,
             "cache_prompt": True, "samplers": ["top_k", "top_p", "infill"], "top_k": 40, "top_p": 0.9,
-            "id_slot": 0, "n_indent": 4, "t_max_prompt_ms": 500}
+            "id_slot": 0, "t_max_prompt_ms": 500}
     longer = dict(body, input_prefix=PREFIX + "f")
     answers = []
     for b in (body, longer, body):
         d = c.post("/infill", json=b).json()
-        ref = plain(coder, Infill(b["input_prefix"], SUFFIX, tuple((e["filename"], e["text"]) for e in EXTRA)), 32,
-                    n_indent=b["n_indent"])
+        ref = plain(coder, Infill(b["input_prefix"], SUFFIX, tuple((e["filename"], e["text"]) for e in EXTRA)), 32)
         assert d["tokens"] == [int(t) for t in ref.tokens] and d["content"] == ref.text, b["input_prefix"][-5:]
         assert d["stop_type"] in ("eos", "limit") and d["truncated"] is False
         answers.append(d)
