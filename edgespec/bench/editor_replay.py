@@ -25,11 +25,10 @@ keystroke), reused, generated, and first lines right; the "ring" requests
 from __future__ import annotations
 
 import copy
-import json
 
 import numpy as np
 
-from edgespec.bench.sessions import Client, Session
+from edgespec.bench.sessions import Client, Session, read_rows
 from edgespec.errors import BenchError
 
 BENCH = "editor"         # the results' header and rows say so
@@ -178,13 +177,5 @@ def format_editor(rows: list[dict], head: dict | None = None) -> str:
 
 def read_results(path: str) -> tuple[dict | None, list[dict]]:
     """A bench-editor results file: (its header or None, every row)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    except OSError as e:
-        raise BenchError(f"cannot read {path}: {e.strerror}") from None
-    except ValueError as e:
-        raise BenchError(f"{path}: not a JSON-lines results file ({e})") from None
-    if not any(isinstance(r, dict) and r.get("kind") == "summary" and r.get("bench") == BENCH for r in rows):
-        raise BenchError(f"{path}: no editor summary rows (not a bench-editor results file?)")
-    return next((r for r in rows if r.get("kind") == "header"), None), rows
+    return read_rows(path, lambda r: r.get("kind") == "summary" and r.get("bench") == BENCH,
+                     "editor summary rows (not a bench-editor results file?)")

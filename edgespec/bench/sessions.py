@@ -270,8 +270,10 @@ def replay(client_for, target: str, sessions: list[Session], max_tokens: int, pr
     return out
 
 
-def read_results(path: str) -> tuple[dict | None, list[dict]]:
-    """A bench-sessions results file: (its header or None, every row)."""
+def read_rows(path: str, is_row, what: str) -> tuple[dict | None, list[dict]]:
+    """A bench results file of JSON lines: (its header or None, every row);
+    BenchError unless some row passes is_row (`what` names such rows and the
+    command that writes them, for the message)."""
     try:
         with open(path, encoding="utf-8") as f:
             rows = [json.loads(line) for line in f if line.strip()]
@@ -279,9 +281,15 @@ def read_results(path: str) -> tuple[dict | None, list[dict]]:
         raise BenchError(f"cannot read {path}: {e.strerror}") from None
     except ValueError as e:
         raise BenchError(f"{path}: not a JSON-lines results file ({e})") from None
-    if not any(isinstance(r, dict) and r.get("kind") == "session" for r in rows):
-        raise BenchError(f"{path}: no session rows (not a bench-sessions results file?)")
+    if not any(isinstance(r, dict) and is_row(r) for r in rows):
+        raise BenchError(f"{path}: no {what}")
     return next((r for r in rows if r.get("kind") == "header"), None), rows
+
+
+def read_results(path: str) -> tuple[dict | None, list[dict]]:
+    """A bench-sessions results file: (its header or None, every row)."""
+    return read_rows(path, lambda r: r.get("kind") == "session",
+                     "session rows (not a bench-sessions results file?)")
 
 
 def identical_counts(rows: list[dict], reference: str) -> dict:
