@@ -29,7 +29,6 @@ import copy
 import numpy as np
 
 from edgespec.bench.sessions import Client, Session, read_rows
-from edgespec.errors import BenchError
 
 BENCH = "editor"         # the results' header and rows say so
 FIM_PRESET = ("--cache-reuse", "256", "-b", "1024", "-ub", "1024")
