@@ -149,6 +149,25 @@ def test_n_indent_ends_the_answer_at_a_line_indented_less(model):
     assert r.status_code == 400 and r.json()["error"]["param"] == "n_indent"
 
 
+def test_n_indent_cut_inside_a_drafted_step_streams_only_the_answers_tokens(model):
+    """A step that commits several drafted tokens across the n_indent cut:
+    the streamed events' tokens are the answer's tokens (those before the
+    cut), the same as the non-streamed answer's, and decode to its text.
+    The prompt repeats its lines, so the suffix drafter's copy runs past the
+    first newline of the answer, where n_indent 1 cuts it."""
+    lines = "".join(f"v{i} = {i}\n" for i in range(12))
+    prompt = lines + lines + lines[:4]
+    c = client_for(model, drafter="suffix")
+    body = {"prompt": prompt, "n_predict": 24, "n_indent": 1}
+    d = c.post("/completion", json=body).json()
+    assert d["stop_type"] == "limit" and d["content"].count("\n") == 1
+    assert model.detokenize(d["tokens"]) == d["content"]
+    ev = sse_events(c.post("/completion", json={**body, "stream": True}).text)
+    streamed = [t for e in ev for t in e["tokens"]]
+    assert streamed == d["tokens"] and "".join(e["content"] for e in ev) == d["content"]
+    assert ev[-1]["timings"]["predicted_n"] == len(d["tokens"])
+
+
 def test_an_abandoned_request_frees_the_model(model):
     """A client that closes its connection mid-stream: the next request is
     served, and in full (a real server subprocess)."""

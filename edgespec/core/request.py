@@ -95,11 +95,14 @@ def chunks(st: RunState, n_drafted: int):
     """Yield what a step added to the answer (nothing when it added nothing)."""
     text, spans = st.out.delta()
     a = st.n_streamed
-    toks = st.generated[a:]
+    # a step that ended at a stop string or an n_indent cut may have committed
+    # tokens past it (several accepted drafts): they are not the answer's
+    end = st.out.n_tokens_before_stop() if st.out.stopped_at >= 0 else len(st.generated)
+    toks = st.generated[a:max(a, end)]
     st.n_streamed = len(st.generated)
     lp = None
     if st.lp is not None:       # none for tokens at or past a stop string
-        lp = st.lp[a:st.out.n_tokens_before_stop() if st.out.stopped_at >= 0 else len(st.lp)]
+        lp = st.lp[a:max(a, min(end, len(st.lp)))]
     if text or toks:
         yield Chunk(text, toks, min(n_drafted, len(toks)), spans, lp)
 
