@@ -44,6 +44,33 @@ def sse_events(text: str) -> list[dict]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
 
 
+def test_a_sliding_prefix_window_keeps_its_anchor_line_in_front():
+    """A 256-line window sliding one line at a time down a file: the anchored
+    prefix is the window's tail from its first anchor line (a non-blank line
+    whose crc32 is 0 modulo ANCHOR_EVERY, among the first ANCHOR_MAX_DROP),
+    so consecutive windows start at the same line until that line leaves the
+    window; short prefixes and Infill(anchor=False) stay whole."""
+    import zlib
+
+    from edgespec.app import infill as I
+    file = [f"    value_{i} = compute({i}, {i * 7 % 13})\n" if i % 5 else "\n" for i in range(2000)]
+    is_anchor = [bool(x.strip()) and zlib.crc32(x.encode()) % I.ANCHOR_EVERY == 0 for x in file]
+    starts, changes = [], 0
+    for top in range(0, 300):
+        window = "".join(file[top:top + 256]) + "    tail = "
+        got = I.anchored(window)
+        assert window.endswith(got) and got.endswith("    tail = ")
+        first = next((i for i in range(top, top + I.ANCHOR_MAX_DROP) if is_anchor[i]), None)
+        assert got == ("".join(file[first:top + 256]) + "    tail = " if first is not None else window)
+        if starts and first != starts[-1]:
+            changes += 1
+        starts.append(first)
+    assert 0 < changes < 300 // 8       # the start moves once per anchor gap, not at every line
+    short = "".join(file[:100])
+    assert I.anchored(short) == short
+    assert I.Infill("x").anchor is True and I.Infill("x", anchor=False).anchor is False
+
+
 def test_request_checks_its_stop_tokens_and_time_limit():
     """Request.stop_tokens are checked where a request resolves (in the
     vocabulary), t_max_predict_ms where it is built (> 0)."""
@@ -207,6 +234,25 @@ def test_qwen_layout_repo_level_and_text_stays_text(coder):
     assert p.ids.tolist() == want and not p.truncated
     assert p.ids.tolist().count(f.pre) == 1 and p.ids.tolist().count(f.sep) == 3
     assert set(p.stop_tokens) == {f.pad, f.rep, f.sep}
+
+
+@pytest.mark.matrix
+def test_qwen_typed_text_ends_the_prefix_or_follows_the_middle_token(coder):
+    """The text typed on the cursor's line (llama-server's `prompt`, each part
+    tokenized alone): layout psm (the default, llama-server's) puts it after
+    the prefix, before the suffix token; layout mid after the middle token."""
+    v, f = coder.vocab, fim_tokens(coder.vocab)
+    typed = "    return fi"
+    psm = fim_prompt(v, Infill(PREFIX, SUFFIX, (), typed), 2048, 64).ids.tolist()
+    mid = fim_prompt(v, Infill(PREFIX, SUFFIX, (), typed, layout="mid"), 2048, 64).ids.tolist()
+    tail = [f.pre] + ids(coder, PREFIX)
+    assert psm[-len(tail) - len(ids(coder, SUFFIX)) - len(ids(coder, typed)) - 2:] == \
+        tail + ids(coder, typed) + [f.suf] + ids(coder, SUFFIX) + [f.mid]
+    assert mid[-len(tail) - len(ids(coder, SUFFIX)) - len(ids(coder, typed)) - 2:] == \
+        tail + [f.suf] + ids(coder, SUFFIX) + [f.mid] + ids(coder, typed)
+    assert Infill("x").layout == "psm"
+    with pytest.raises(ValueError, match="layout"):
+        Infill("x", layout="spm")
 
 
 @pytest.mark.matrix

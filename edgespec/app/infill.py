@@ -28,7 +28,23 @@ the suffix, so its tokens are read again at each one (what bounds an
 editor's request on a CPU: issue 65, BENCHMARKS.md); llama-server reads at
 most a quarter of its batch of the suffix for the same reason (256 tokens
 with its FIM preset's -b 1024).  The text typed on the cursor's line (the
-middle) comes after the middle token, so a keystroke reads only itself.
+middle, llama-server's `prompt`) ends the prefix, as llama-server lays it
+out (layout "psm"), so a keystroke reads the suffix again too; layout "mid"
+puts it after the middle token, where a keystroke reads only itself, but
+Qwen2.5-Coder then continues a half-typed word less often as it was typed
+(bench-editor, BENCHMARKS.md: first lines right 8/60 against 14/60).
+
+A long prefix starts at an anchor line.  Past the first 256 lines of a
+file an editor's prefix window slides with the cursor: each new line drops
+the window's first line, and with it (the cache being exact) every cell
+after it, so the whole prefix would be read again at each new line (about
+2,000 tokens: 30 s on two CPU cores).  So a prefix of ANCHOR_MIN_LINES lines
+or more starts at its first anchor line among the first ANCHOR_MAX_DROP: a
+non-blank line whose text hashes (crc32) to 0 modulo ANCHOR_EVERY.  The
+choice depends on the text alone (the same request gives the same prompt),
+and the same anchor stays first while the window slides, until it leaves
+the window (once per ANCHOR_EVERY lines on average); the prefix loses
+ANCHOR_EVERY / 2 lines on average.  Infill(anchor=False) keeps it whole.
 
 When the parts do not fit the context (room is left for the answer: its
 max_tokens, at most a quarter of the context), what is kept is the prefix's
@@ -39,6 +55,7 @@ model's end-of-generation tokens do (Request.stop_tokens).
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +72,11 @@ FIM_TEXTS = {     # the texts where the metadata lacks an id: Qwen2.5-Coder's, S
     "rep": ("<|repo_name|>", "<repo_name>", "<reponame>"),
     "sep": ("<|file_sep|>", "<file_sep>", "<filename>", "<|file_separator|>"),
 }
+LAYOUTS = ("psm", "mid")   # where the text typed on the cursor's line goes (module doc)
 ANSWER_RESERVE = 256      # room left for an answer without max_tokens (at most a quarter of the context)
+ANCHOR_MIN_LINES = 128    # a prefix this long may slide (llama.vim sends 256 lines): it starts at an anchor
+ANCHOR_EVERY = 32         # one non-blank line in this many is an anchor, by its text's hash
+ANCHOR_MAX_DROP = 96      # lines an anchor may drop at most (none among them: the prefix stays whole)
 
 
 @dataclass(frozen=True)
@@ -73,11 +94,15 @@ class Infill:
     repo: str = "myproject"
     filename: str = "filename"
     suffix_tokens: int | None = None        # None: SUFFIX_TOKENS; 0 or more: at most this many suffix tokens
+    anchor: bool = True                     # a long prefix starts at its first anchor line (module doc)
+    layout: str = "psm"                     # "psm": middle ends the prefix; "mid": middle after the middle token
 
     def __post_init__(self):
         object.__setattr__(self, "extra", tuple((str(n), str(t)) for n, t in self.extra))
         if self.suffix_tokens is not None and self.suffix_tokens < 0:
             raise ValueError("suffix_tokens must be 0 or more")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
 
 
 @dataclass(frozen=True)
@@ -125,6 +150,18 @@ class FimPrompt:
     stop_tokens: tuple[int, ...]
 
 
+def anchored(prefix: str) -> str:
+    """The prefix from its first anchor line on (the module doc); the whole
+    prefix when it is short or has no anchor among its first ANCHOR_MAX_DROP lines."""
+    lines = prefix.splitlines(keepends=True)
+    if len(lines) < ANCHOR_MIN_LINES:
+        return prefix
+    for i, line in enumerate(lines[:ANCHOR_MAX_DROP]):
+        if line.strip() and zlib.crc32(line.encode("utf-8")) % ANCHOR_EVERY == 0:
+            return "".join(lines[i:])
+    return prefix
+
+
 def _take(prefix: list, suffix: list, room: int) -> tuple[int, int]:
     """How many tokens of the prefix (its tail) and the suffix (its head) fit
     in room: the suffix gets at most a quarter while the prefix wants more."""
@@ -152,7 +189,8 @@ def fim_prompt(vocab, infill: Infill, n_ctx: int, max_tokens: int | None) -> Fim
     else:       # no repository tokens: the chunks as plain text before the prefix
         chunks = [tok(text) for _, text in infill.extra]
         current = []
-    prefix, suffix, middle = tok(infill.prefix), tok(infill.suffix), tok(infill.middle)
+    prefix = tok(anchored(infill.prefix) if infill.anchor else infill.prefix)
+    suffix, middle = tok(infill.suffix), tok(infill.middle)
     budget = SUFFIX_TOKENS if infill.suffix_tokens is None else infill.suffix_tokens
     cut = len(suffix) > budget
     suffix = suffix[:budget]
@@ -168,5 +206,8 @@ def fim_prompt(vocab, infill: Infill, n_ctx: int, max_tokens: int | None) -> Fim
         left -= len(c)
     truncated = cut or n_pre < len(prefix) or n_suf < len(suffix) or len(kept) < len(chunks)
     ids = head + [t for c in kept for t in c] + current + [fim.pre] + prefix[len(prefix) - n_pre:]
-    ids += [fim.suf] + suffix[:n_suf] + [fim.mid] + middle
+    if infill.layout == "psm":
+        ids += middle + [fim.suf] + suffix[:n_suf] + [fim.mid]
+    else:
+        ids += [fim.suf] + suffix[:n_suf] + [fim.mid] + middle
     return FimPrompt(np.asarray(ids, dtype=np.int32), truncated, fim.ends)

@@ -97,6 +97,7 @@ class Limits:
     max_prediction_tokens: int | None = None   # PREDICTION_CONTEXTS * n_ctx
     shutdown_timeout: float = 5.0         # seconds the running request gets on SIGTERM
     fim_suffix_tokens: int | None = None  # an FIM prompt's suffix, at most (None: app/infill.SUFFIX_TOKENS)
+    fim_layout: str = "psm"               # where /infill's `prompt` goes (app/infill.LAYOUTS)
 
     def resolve(self, n_ctx: int) -> "Limits":
         body = self.max_body_bytes if self.max_body_bytes is not None else BODY_BASE + BODY_PER_TOKEN * n_ctx

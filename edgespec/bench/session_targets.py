@@ -17,10 +17,10 @@ An edgespec target's OPTIONS may also hold two of the bench's own:
 folder of its own (EDGESPEC_CACHE_DIR: nothing calibrated or timed, no
 saved prompts) and no warm-up request, so its first request pays what a new
 user's does; `--same-cache` starts it with the folder the last fresh target
-left (that user's second session).  A fresh target's server is kept up
-after its sessions, idle, until its background calibration has ended (as a
-user's server between two sessions), so the next --same-cache target
-starts with what it cached.  The time each target took to start (to its
+left (that user's second session).  Where a --same-cache target follows, a
+fresh target's server is kept up after its sessions, idle, until its
+background calibration has ended (as a user's server between two
+sessions), so that target starts with what it cached.  The time each target took to start (to its
 first /health) and that wait are in the header: a fresh start's load-time
 measurements are there, not in the sessions' wall time.
 
@@ -297,13 +297,15 @@ def run_sessions(sessions, targets: list[Target], model_path: str, n_ctx: int, t
     with contextlib.ExitStack() as stack:
         fresh_dir = None
         for rnd in range(rounds):
-            for t in targets:
+            for i, t in enumerate(targets):
                 if t.cache == "fresh":
                     fresh_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgespec-new-user-"))
                 cache = _cache_for(t, restart, stack, fresh_dir)
                 label = t.name if rnd == 0 else f"{t.name} (round {rnd + 1})"
+                # a fresh target's calibration is waited for only where a later --same-cache target reads it
+                settle = t.cache == "fresh" and any(u.cache == "same" for u in targets[i + 1:])
                 got = _run_target(t, label, head, sessions, cache, (model_path, n_ctx, threads, max_tokens, binary),
-                                  restart, (progress, kind))
+                                  restart, (progress, kind, settle))
                 rows += [dict(r, round=rnd + 1) for r in got] if rounds > 1 else got
                 with open(out_path, "w", encoding="utf-8") as f:
                     for r in [head] + rows:
@@ -315,10 +317,11 @@ def _run_target(t: Target, label: str, head: dict, sessions, cache: str | None, 
                 how: tuple) -> list[dict]:
     """One target's replay of every session; its start-up (and a fresh
     target's calibration) noted in `head` under `label`.  how: (progress,
-    the replay's module or None: run_sessions' kind)."""
+    the replay's module or None: run_sessions' kind, whether to wait for a
+    fresh target's background calibration to end before stopping it)."""
     from edgespec.bench import sessions as default_kind
 
-    progress, kind = how
+    progress, kind, settle = how
     replay, warm = (kind.replay, kind.warm_up) if kind is not None else (default_kind.replay, warm_up)
     model_path, n_ctx, threads, max_tokens, binary = run
     key = _restart_key(restart)
@@ -336,7 +339,8 @@ def _run_target(t: Target, label: str, head: dict, sessions, cache: str | None, 
         if t.cache == "fresh":
             client = server.client_now
             head.setdefault("calibration_waits_ms", {})[label] = client.get("/health").get("calibration_waits_ms")
-            head.setdefault("calibrated_after_s", {})[label] = calibration_ended(client)
+            if settle:
+                head.setdefault("calibrated_after_s", {})[label] = calibration_ended(client)
         return rows
     finally:
         server.close()

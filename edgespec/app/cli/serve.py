@@ -36,6 +36,10 @@ def serve_guard_options(f):
         click.option("--fim-suffix-tokens", type=click.IntRange(min=0), default=None,
                      help="Read at most this many tokens of a fill-in-the-middle request's suffix (/infill, "
                           "suffix on /v1/completions) [default: 128]: each new cursor line reads them again."),
+        click.option("--fim-layout", type=click.Choice(["psm", "mid"]), default="psm", show_default=True,
+                     help="Where /infill's `prompt` (the text typed on the cursor's line) goes: psm ends the "
+                          "prefix with it (llama-server's layout); mid puts it after the middle token (a "
+                          "keystroke reads only itself, but suggestions continue half-typed words worse)."),
         click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=5.0, show_default=True,
                      help="On SIGTERM, seconds the running request may finish in before it is cancelled."),
     ]
