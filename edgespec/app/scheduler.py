@@ -5,10 +5,13 @@ context (backend/slots.py: each slot its own KV sequences) and one Scheduler:
 every generation entry point submits a `Resolved` and gets a Ticket, whose
 events (Event: started, a chunk per step, the last chunk with the result, or
 an error) one model thread pushes into the ticket's queue.  The model thread
-steps the slots one engine step at a time, each slot with its own engines
-(drafter, gate, guard state); per round, the requests still without their
-first token go first (their prompt is read in that step), then the others in
-arrival order.  A ticket whose reader lags `QUEUE_CHUNKS` chunks behind is
+steps every running slot once per round, each slot with its own engines
+(drafter, gate, guard state), through the backend's batch broker
+(backend/batching.py): each slot's step runs in a thread of its own, one at
+a time, and their verification decodes go into one llama_decode (a prompt
+chunk under exact kernels alone); per round, the requests still without
+their first token go first (their prompt is read in that step), then the
+others in arrival order.  A ticket whose reader lags `QUEUE_CHUNKS` chunks behind is
 skipped for a round (back-pressure on its own request only).  A request
 whose cancel fires ends at its next step (its sequences are dropped then); a
 stream closed by its reader is closed at the next round without a step.
@@ -243,36 +246,54 @@ class Scheduler:
                 t.events.put(STARTED)
 
     def _round(self) -> bool:
-        """One step of every running request: those without a first token first, then by arrival.
-        Whether any request moved."""
+        """One step of every running request: those without a first token first, then by arrival; their
+        decodes gathered into one llama_decode per round (the backend's broker).  Whether any request moved."""
         running = [(k, t) for k, t in enumerate(self.slots) if t is not None]
-        moved = False
+        moved, step = False, []
         for k, t in sorted(running, key=lambda kt: (kt[1].started, kt[1].arrival)):
-            try:
-                if t.abandoned:
-                    self._end(k, t)
-                elif t.events.qsize() < QUEUE_CHUNKS:
-                    self._step(k, t)
-                else:
-                    continue
+            if t.abandoned:
+                self._guarded(k, t, self._end, k, t)
                 moved = True
-            except BaseException as e:      # its end failed (a prefix cache's write): the request's error
-                t.events.put(Event("error", error=e))
-                with self.cond:
-                    self.slots[k] = None
+            elif t.events.qsize() < QUEUE_CHUNKS:
+                step.append((k, t))
+        outcomes = self._run([t.gen.__next__ for _, t in step])     # type: ignore[union-attr]
+        for (k, t), (value, error) in zip(step, outcomes):
+            self._guarded(k, t, self._took, k, t, value, error)
+            moved = True
         return moved
 
-    def _step(self, k: int, t: Ticket) -> None:
+    def _run(self, jobs: list) -> list:
+        """Each job called once: (value, error) per job.  With slots the backend's broker runs them, one
+        thread each, their decodes in one llama_decode (backend/batching.py); else one after another."""
+        broker = getattr(self.model.backend, "broker", None)
+        if broker is not None:
+            return broker.run(jobs)
+        out: list = []
+        for fn in jobs:
+            try:
+                out.append((fn(), None))
+            except BaseException as e:      # the job's own outcome, for _took
+                out.append((None, e))
+        return out
+
+    def _guarded(self, k: int, t: Ticket, fn, *args) -> None:
         try:
-            c = next(t.gen)         # type: ignore[call-overload]
-        except StopIteration as e:      # the slot is free before the reader has the result
-            r = e.value
+            fn(*args)
+        except BaseException as e:      # its end failed (a prefix cache's write): the request's error
+            t.events.put(Event("error", error=e))
+            with self.cond:
+                self.slots[k] = None
+
+    def _took(self, k: int, t: Ticket, c, error: BaseException | None) -> None:
+        """Slot k's step gave chunk c, or ended (StopIteration: the result) or failed with error."""
+        if isinstance(error, StopIteration):    # the slot is free before the reader has the result
+            r = error.value
             self._end(k, t)
             t.events.put(Event("chunk", StreamChunk("", [], 0, [], finish_reason=r.stop_reason, result=r)))
             return
-        except BaseException as e:
+        if error is not None:
             self._end(k, t)
-            t.events.put(Event("error", error=e))
+            t.events.put(Event("error", error=error))
             return
         t.started = True
         t.events.put(Event("chunk", StreamChunk(c.text, c.tokens, c.n_drafted, c.spans, c.logprobs)))

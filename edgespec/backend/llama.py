@@ -110,8 +110,8 @@ class LlamaBackend(SeqState, Splicer):
         self._create_batch()
         self._init_state()
         self._cells: Cells | None = None
-        if s.n_slots > 1:
-            Cells(self, s.n_slots)      # sets every slot's _cells
+        if s.n_slots > 1:       # sets every slot's _cells; their Broker combines at most this many rows
+            Cells(self, s.n_slots, EXACT_MAX_BATCH if self.exact else self.n_batch)
 
     def slot(self, k: int) -> "LlamaBackend":
         """Request slot k's view of this context (backend/slots.py): slot 0 is this backend."""
@@ -247,12 +247,22 @@ class LlamaBackend(SeqState, Splicer):
     def chat_template(self) -> str | None:
         return self.vocab.chat_template()
 
-    def _decode(self, n: int) -> None:
-        self._batch.n_tokens = n
-        self._out_off = 0
-        if self._tap is not None:
-            self._tap.reset()
-        rc = L.llama_decode(self.ctx, self._batch)
+    @property
+    def broker(self):
+        """The slots' batch broker (backend/batching.py); None without slots."""
+        return self._cells.broker if self._cells is not None else None
+
+    def _decode(self, n: int, off: int = 0) -> None:
+        """Decode the n rows laid at off: now, or with a Broker's job, in its next combined decode."""
+        if self._cells is not None and self._cells.batched():
+            rc = self._cells.broker.submit(self, off, n)        # sets _out_off
+        else:
+            assert off == 0, "rows laid past row 0 outside a Broker's run"
+            self._batch.n_tokens = n
+            self._out_off = 0
+            if self._tap is not None:
+                self._tap.reset()
+            rc = L.llama_decode(self.ctx, self._batch)
         if rc != 0:
             if rc == 1:
                 raise BackendError("llama_decode: no KV cache slot for the batch (context full?)")
@@ -328,30 +338,29 @@ class LlamaBackend(SeqState, Splicer):
                 self.n_outputs = 0
                 return
             m = min(self.n_batch, n - i)
-            if self._cells is not None:
-                self._cells.reserve(m)
-            self._decode_chunk(tokens[i:i + m], every_row, want_last_logits and i + m == n)
+            off = self._cells.room(self, m, solo=self.exact) if self._cells is not None else 0
+            self._decode_chunk(tokens[i:i + m], every_row, want_last_logits and i + m == n, off)
             self._copy_rows(i, m, topk_out, hidden_out, rows)
             self.n_past += m
             i += m
         self.n_outputs = 1 if (want_last_logits and n) else 0
         if every_row and n:
             # logits() shows the last token's row alone, as after a plain prefill
-            self._out_off = m - 1
+            self._out_off += m - 1
 
-    def _decode_chunk(self, chunk: np.ndarray, every_row: bool, last_logits: bool) -> None:
-        """Decode one prefill chunk into seq 0 after the committed prefix (n_past
-        unchanged); output rows: all of them with every_row, else the last one
-        with last_logits."""
+    def _decode_chunk(self, chunk: np.ndarray, every_row: bool, last_logits: bool, off: int = 0) -> None:
+        """Decode one prefill chunk (laid at batch row off) into seq 0 after the committed prefix (n_past
+        unchanged); output rows: all of them with every_row, else the last one with last_logits."""
         m = len(chunk)
-        self._tok[:m] = chunk
-        self._pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
-        self._nseq[:m] = 1
-        self._seq[:m, 0] = self.seq0
-        self._logits[:m] = 1 if every_row else 0
+        r = slice(off, off + m)
+        self._tok[r] = chunk
+        self._pos[r] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
+        self._nseq[r] = 1
+        self._seq[r, 0] = self.seq0
+        self._logits[r] = 1 if every_row else 0
         if last_logits:
-            self._logits[m - 1] = 1
-        self._decode(m)
+            self._logits[off + m - 1] = 1
+        self._decode(m, off)
 
     def _copy_rows(self, i: int, m: int, topk_out, hidden_out, rows) -> None:
         """After a chunk of m tokens decoded with every row: its top-k and
@@ -382,15 +391,15 @@ class LlamaBackend(SeqState, Splicer):
             raise ValueError(f"tree of {n_leaves} leaves exceeds max_leaves={self.max_leaves}")
         if self.n_past + n > self.n_ctx:
             raise BackendError("verification batch does not fit the context")
-        if self.exact:
-            if n > EXACT_MAX_BATCH:
-                raise ValueError(f"exact mode verifies at most {EXACT_MAX_BATCH} tokens per batch")
+        if self.exact and n > EXACT_MAX_BATCH:
+            raise ValueError(f"exact mode verifies at most {EXACT_MAX_BATCH} tokens per batch")
+        if self.exact and not (self._cells is not None and self._cells.batched()):   # else the Broker's decode
             lim = self.one_thread_after
             want = self.n_threads if (n > 1 or lim is None or self._in_use() + 1 <= lim) else 1
             if want != self._single_threads:
                 self.set_single_threads(want)
-        if self._cells is not None:     # first: a compaction empties the path seqs
-            self._cells.reserve(n)
+        # first: a compaction empties the path seqs; off: the batch row the tree starts at (a Broker's)
+        off = self._cells.room(self, n) if self._cells is not None else 0
         e = self._synced - n_leaves
         if e > 0:
             # seqs already in sync ride along the leftmost path (the nodes whose
@@ -404,14 +413,15 @@ class LlamaBackend(SeqState, Splicer):
                 L.llama_memory_seq_rm(self.mem, self.seq0 + s, -1, -1)    # its cells are seq 0's too
                 self._dirty[s] = False
             L.llama_memory_seq_cp(self.mem, self.seq0, self.seq0 + s, -1, -1)
-        self._tok[:n] = tokens
-        self._pos[:n] = self.n_past + depth
-        self._nseq[:n] = leaf_count
-        self._seq[:n] = self.seq0 + leaf_first[:, None] + self._arange_s[None, :]
-        self._logits[:n] = 1
+        r = slice(off, off + n)
+        self._tok[r] = tokens
+        self._pos[r] = self.n_past + depth
+        self._nseq[r] = leaf_count
+        self._seq[r] = self.seq0 + leaf_first[:, None] + self._arange_s[None, :]
+        self._logits[r] = 1
         self._synced = self._n_leaves = n_leaves
         self._step_lc = leaf_count
-        self._decode(n)
+        self._decode(n, off)
         self.n_outputs = n
 
     def logits(self) -> np.ndarray:

@@ -49,7 +49,7 @@ class SeqState:
         state = np.ascontiguousarray(state, np.uint8)
         if len(tokens):
             if self._cells is not None:
-                self._cells.reserve(len(tokens))
+                self._cells.room(self, len(tokens), rows=False)
             ptr = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
             if int(L.llama_state_seq_set_data(self.ctx, ptr, state.nbytes, self.seq0)) == 0:
                 self.reset()

@@ -8,7 +8,9 @@ every seq id shifted by the slot's `seq0`.  Slot 0 is the LlamaBackend
 itself; slot k > 0 is a shallow copy of it (`LlamaBackend.slot(k)`) that
 shares the model, the context, the one batch and these Cells, and has its
 own n_past, kv_tokens and sync state.  Each slot reads the logits of its own
-last decode, so one thread steps the slots one decode at a time.
+last decode.  Stepped by the Cells' Broker (backend/batching.py), the slots'
+decodes of one round go into one llama_decode; stepped one after another
+(outside a Broker.run), each decodes on its own.
 
 Exactness (docs/scheduler.md, "Exactness", measured with
 tools/shared_context.py): a row's logits do not depend on other sequences'
@@ -33,6 +35,7 @@ import ctypes
 import llama_cpp as L
 import numpy as np
 
+from edgespec.backend.batching import Broker
 from edgespec.errors import BackendError, ConfigError
 
 
@@ -55,7 +58,8 @@ def check_slots(n_slots: int, max_leaves: int) -> None:
 class Cells:
     """The KV cells a backend's slots share (see the module doc)."""
 
-    def __init__(self, backend, n_slots: int):
+    def __init__(self, backend, n_slots: int, capacity: int):
+        """capacity: the rows the Broker may combine into one decode."""
         self.per_slot = max(1, backend.max_leaves)
         self.tomb = n_slots * self.per_slot
         self.used = 0           # cells occupied at most (tombstones included) since the last compaction
@@ -70,6 +74,19 @@ class Cells:
             self.views.append(v)
         for v in self.views:
             v._cells = self
+        self.broker = Broker(self, capacity)
+
+    def room(self, view, n: int, solo: bool = False, rows: bool = True) -> int:
+        """Before view lays n rows into the batch (rows False: restores n cells): their cells reserved;
+        the batch row they start at (0 unless the Broker gathers the slots' rows; solo: decoded alone)."""
+        if self.broker.driving():
+            return self.broker.claim(view, n, solo, rows)
+        self.reserve(n)
+        return 0
+
+    def batched(self) -> bool:
+        """Whether this thread's decodes go through the Broker (a Broker.run's job)."""
+        return self.broker.driving()
 
     def free(self, mem, seqs, p0: int) -> None:
         """Take sequences `seqs`' cells from position p0 on out of them, into the tombstone."""

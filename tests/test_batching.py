@@ -1,0 +1,215 @@
+"""The slots' decodes of one round in one llama_decode (backend/batching.py's Broker, app/scheduler.py):
+under exact kernels an answer decoded in combined batches beside other slots' trees equals the same
+request alone, token for token: fan trees with rejected siblings, the suffix drafter and no drafter on
+three slots, a compaction that waits for the pending batch, a neighbour closed mid-stream and another
+request in its place, an interrupted combined decode, a job that fails with its rows laid; and
+SpecModel(parallel=3) serving three threads at once.  Each test also asserts that decodes with rows of
+two or more slots happened, so a silent fallback to one decode per slot fails it."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import OracleDrafter, dev_prompts
+from edgespec import SpecModel
+from edgespec.backend import interrupt
+from edgespec.backend.llama import LlamaBackend
+from edgespec.core.config import EngineConfig
+from edgespec.core.engine import Engine, drain
+from edgespec.core.params import Request
+from edgespec.drafters import make_drafter
+from edgespec.errors import Interrupted
+
+pytestmark = pytest.mark.model
+N = 32
+CONFIG = EngineConfig(max_nodes=16, cost_gate=False)
+
+
+@pytest.fixture(scope="module")
+def slots(model):
+    """Three slots of 256 cells each in one context (exact kernels: the backend's default)."""
+    be = LlamaBackend(model.model_path, n_ctx=256, max_nodes=16, max_leaves=15, n_slots=3)
+    yield be
+    be.close()
+
+
+@pytest.fixture(scope="module")
+def prompts(model):
+    return [model.prompt_tokens([{"role": "user", "content": r["turns"][0]}])[:72]
+            for r in dev_prompts(128, 132, 156, 160)]
+
+
+@pytest.fixture(scope="module")
+def alone(model, prompts):
+    """Each prompt's plain greedy answer on a backend of its own (no slots)."""
+    eng = Engine(model.backend, make_drafter("none"), None, CONFIG)
+    return [drain(eng.run(eng.resolve(Request(p, max_tokens=N, reuse_prefix=False)))).tokens for p in prompts]
+
+
+def _req(engine, prompt):
+    return engine.run(engine.resolve(Request(prompt, max_tokens=N, reuse_prefix=False)))
+
+
+def _batched(broker, gens, close=None, every_round=None, late=None):
+    """Step the generators `gens` once each per round through broker.run until all end; close = (i, steps):
+    close gens[i] after that many steps; every_round(round) runs between rounds; late = (round, gen):
+    that generator joins at that round.  Their results (None: closed)."""
+    gens = list(gens)
+    out: list = [None] * (len(gens) + (late is not None))
+    live, steps, rounds = list(range(len(gens))), [0] * len(out), 0
+    while live or (late is not None and rounds < late[0]):
+        rounds += 1
+        if late is not None and rounds == late[0]:
+            gens.append(late[1])
+            live.append(len(gens) - 1)
+        if every_round is not None:
+            every_round(rounds)
+        if close is not None and close[0] in live and steps[close[0]] == close[1]:
+            gens[close[0]].close()
+            live.remove(close[0])
+        outcomes = broker.run([gens[i].__next__ for i in live])
+        for i, (_, err) in list(zip(live, outcomes)):
+            if err is None:
+                steps[i] += 1
+            elif isinstance(err, StopIteration):
+                out[i] = err.value
+                live.remove(i)
+            else:
+                raise err
+    return out
+
+
+def test_three_slots_in_one_decode_equal_alone(slots, prompts, alone):
+    """No drafter, fan trees whose right token is ranked last, the suffix drafter: one combined decode
+    per round (after each prompt, read alone), and each answer is plain decoding's alone.  Now and then
+    the cells are made to look full, so that a slot's claim must wait for the pending batch's decode
+    before the compaction (the one-token slot claims first, the trees after it)."""
+    b, cells = slots.broker, slots._cells
+    before = (b.decodes, b.combined, cells.compactions)
+    e0 = Engine(slots.slot(0), make_drafter("none"), None, CONFIG)
+    e1 = Engine(slots.slot(1), OracleDrafter(len(prompts[1]), alone[1], "fan", slots.n_vocab, width=4, depth=4),
+                None, CONFIG)
+    e2 = Engine(slots.slot(2), make_drafter("suffix"), None, CONFIG)
+
+    def crowd(r):
+        if r % 7 == 0:
+            cells.used = cells.size - 1      # an upper bound: a compaction recounts it
+    r0, r1, r2 = _batched(b, [_req(e0, prompts[0]), _req(e1, prompts[1]), _req(e2, prompts[2])],
+                          every_round=crowd)
+    assert r0.tokens == alone[0] and r1.tokens == alone[1] and r2.tokens == alone[2]
+    assert r1.n_draft_nodes > 0 and r1.n_draft_accepted > 0 and r1.n_draft_accepted < r1.n_draft_nodes
+    assert b.combined - before[1] >= N // 2, "the slots' decodes were not combined"
+    assert b.max_rows > 16                  # a fan tree and the others' rows in one batch
+    assert cells.compactions > before[2]
+
+
+def test_a_closed_neighbour_and_a_late_request(slots, prompts, alone):
+    """Slot 1's request is closed after three steps; a new request starts in slot 2 while the others
+    stream; every answer that ends is its answer alone."""
+    b = slots.broker
+    before = b.combined
+    e0 = Engine(slots.slot(0), OracleDrafter(len(prompts[0]), alone[0], "chain", slots.n_vocab, depth=3), None, CONFIG)
+    e1 = Engine(slots.slot(1), make_drafter("suffix"), None, CONFIG)
+    e2 = Engine(slots.slot(2), make_drafter("none"), None, CONFIG)
+    r0, r1, r3 = _batched(b, [_req(e0, prompts[0]), _req(e1, prompts[1])], close=(1, 3),
+                          late=(5, _req(e2, prompts[3])))
+    assert r1 is None and r0.tokens == alone[0] and r3.tokens == alone[3]
+    assert b.combined > before
+
+
+def test_an_interrupted_combined_decode_rolls_every_slot_back(slots, prompts, alone):
+    """The interrupt flag set during a round: the one combined decode returns 2, every slot in it raises
+    Interrupted and drops its step's cells; the next requests on those slots give their answers alone."""
+    b, flag = slots.broker, interrupt.new_flag()
+    interrupt.attach(slots, flag)
+    try:
+        engines = [Engine(slots.slot(k), make_drafter("suffix" if k else "none"), None, CONFIG) for k in range(2)]
+        gens = [_req(e, prompts[k]) for k, e in enumerate(engines)]
+        for _ in range(3):              # prompts read, a first step each
+            assert all(err is None for _, err in b.run([g.__next__ for g in gens]))
+        flag[0] = 1
+        decodes = b.decodes
+        outcomes = b.run([g.__next__ for g in gens])
+        assert all(isinstance(err, Interrupted) for _, err in outcomes) and b.decodes == decodes + 1
+        flag[0] = 0
+        r = _batched(b, [_req(engines[0], prompts[2]), _req(engines[1], prompts[3])])
+        assert r[0].tokens == alone[2] and r[1].tokens == alone[3]
+    finally:
+        interrupt.attach(slots, None)
+
+
+def test_a_job_that_fails_with_rows_laid_leaves_the_batch(slots, prompts, alone):
+    """A job claims rows beside slot 0's tree, lays rows for slot 2's empty sequence there and raises before
+    its decode: its rows leave the batch (slot 2's sequence stays empty), slot 0's answer is as alone."""
+    b = slots.broker
+    e0 = Engine(slots.slot(0), make_drafter("suffix"), None, CONFIG)
+    g = _req(e0, prompts[0])
+    view = slots.slot(2)
+    view.reset()
+
+    def bad():
+        off = view._cells.room(view, 5)
+        r = slice(off, off + 5)
+        view._tok[r], view._pos[r], view._nseq[r], view._seq[r, 0], view._logits[r] = 7, np.arange(5), 1, view.seq0, 0
+        raise ValueError("failed after its claim")
+    out, rounds = None, 0
+    while out is None:
+        rounds += 1
+        (_, err), (_, bad_err) = b.run([g.__next__, bad]) if rounds % 2 else b.run([bad, g.__next__])[::-1]
+        assert isinstance(bad_err, ValueError) and b.rows == 0 and not b.claims
+        if isinstance(err, StopIteration):
+            out = err.value
+        else:
+            assert err is None
+    assert out.tokens == alone[0]
+    assert view.seq_positions(view.seq0) == (-1, -1)
+
+
+@pytest.fixture(scope="module")
+def parallel(model):
+    m = SpecModel(model.model_path, drafter="suffix", n_ctx=512, calibrate=False, parallel=3, kernels="exact")
+    yield m
+    m.close()
+
+
+QUESTIONS = ["Name three fruits.", "Count from one to ten in words.", "Name three colors.", "List two metals."]
+
+
+def test_threads_on_parallel_3_share_decodes(parallel):
+    """Three threads at once on SpecModel(parallel=3): each answer equals the same request alone, and
+    the scheduler's rounds decoded rows of two or more slots together."""
+    alone = {q: parallel.generate(q, max_tokens=24).tokens for q in QUESTIONS[:3]}
+    b = parallel.backend.broker
+    before = b.combined
+    seen: dict = {}
+    start = threading.Barrier(3)
+
+    def ask(q):
+        start.wait()
+        seen[q] = parallel.generate(q, max_tokens=24).tokens
+    threads = [threading.Thread(target=ask, args=(q,)) for q in QUESTIONS[:3]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert all(seen[q] == alone[q] for q in QUESTIONS[:3])
+    assert b.combined > before, "no decode held rows of two slots"
+
+
+def test_a_stream_closed_beside_others_and_one_arriving(parallel):
+    """A stream closed after two chunks while another request runs, and a request arriving while that
+    one streams: each finished answer equals the request alone."""
+    alone = {q: parallel.generate(q, max_tokens=24).tokens for q in QUESTIONS[2:]}
+    out: dict = {}
+    s = parallel.stream(QUESTIONS[1], max_tokens=200)
+    t = threading.Thread(target=lambda: out.setdefault("a", parallel.generate(QUESTIONS[2], max_tokens=24)))
+    t.start()
+    next(s), next(s)
+    s.close()
+    late = parallel.stream(QUESTIONS[3], max_tokens=24)
+    toks = [tok for c in late for tok in c.tokens]
+    t.join(300)
+    assert s.closed and out["a"].tokens == alone[QUESTIONS[2]]
+    assert late.result.tokens == alone[QUESTIONS[3]] and toks == alone[QUESTIONS[3]]
