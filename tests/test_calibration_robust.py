@@ -374,3 +374,108 @@ def test_a_busy_first_measurement_and_a_quiet_second_caches_the_second(cache, mo
     c = C.load_or_measure("backend", "k")
     assert c.rel == [1.0, 1.5, 2.5] and "capped" not in c.meta
     assert C.cached_curve("k").rel == [1.0, 1.5, 2.5]
+
+
+def test_a_slice_waits_until_the_model_has_been_quiet():
+    """quiet_s: after a request ends, the measurement's next slice starts
+    only once quiet_s have passed with no request (a fixed clock here), so a
+    burst of requests is never split by a slice."""
+    now = [100.0]
+    p = Pacer(quiet_s=3.0, clock=lambda: now[0])
+    p.enter()
+    p.exit()                                    # a request ended at t = 100
+    started = threading.Event()
+
+    def measure(pacer):
+        pacer.pause()
+        started.set()
+    task = BackgroundTask(measure, p)
+    try:
+        now[0] = 102.9                          # 2.9 s of quiet: not yet
+        assert not started.wait(0.3)
+        p.enter()                               # the burst goes on: another request at 102.9 ...
+        now[0] = 104.0
+        p.exit()                                # ... that ends at 104
+        now[0] = 106.5
+        assert not started.wait(0.3)            # 2.5 s after it: still not
+        now[0] = 107.1
+        assert started.wait(5)                  # 3.1 s after it: the slice starts
+    finally:
+        task.stop()
+
+
+def test_the_first_request_after_a_slice_puts_the_backend_back():
+    """after_slice runs once, on the request's side, for the first request
+    after one or more slices (before_slice once per request-to-slice turn);
+    one that raises leaves no request counted; settle() runs it at close."""
+    calls = []
+    p = Pacer(before_slice=lambda: calls.append("before"), after_slice=lambda: calls.append("after"))
+    p.enter()
+    p.exit()
+    assert calls == []                          # no slice ran yet
+    assert p.pause() is True and calls == ["before"]
+    p.end()
+    p.enter()
+    assert calls == ["before", "after"]
+    p.exit()
+    p.enter()                                   # no slice since the last request
+    p.exit()
+    assert p.pause() is True and p.pause() is False and p.slices == 3   # two slices in a row: one before
+    p.end()
+    p.settle()
+    assert calls == ["before", "after", "before", "after"]
+
+    def boom():
+        raise RuntimeError("restore failed")
+    q = Pacer(after_slice=boom)
+    q.pause()
+    q.end()
+    with pytest.raises(RuntimeError):
+        q.enter()
+    assert q._requests == 0
+
+
+@pytest.mark.parametrize("system", ["You are a helpful assistant. Answer briefly.",
+                                    "You are a careful assistant who answers in plain words. " * 12])
+def test_a_turn_after_a_slice_reads_only_its_new_tokens(model_path, cache, monkeypatch, system):
+    """Issue 64 item 4, on real llama.cpp: a background slice lays down the
+    measurement's own context between two turns; the next turn reads only
+    the tokens that are new to it (the conversation is put back from memory,
+    not prefilled: a short one too, under the prompt cache's 64-token
+    minimum), answers as without the slice, and the measurement's cells are
+    saved nowhere."""
+    from edgespec import SpecModel
+    from edgespec.core.prefix_cache import common_prefix
+
+    own = np.arange(2000, 2200, dtype=np.int32)        # the measurement's context: no prompt's tokens
+    laid = []
+
+    def measure(backend, progress=None, pause=None):
+        while True:
+            pause()                                         # every use of the backend within a slice
+            time.sleep(0.01)
+            C.prefill(backend, own, pause, C.PACED_CHUNK)   # as measure_at: reset, 64-token chunks, pauses
+            laid.append(len(own))
+    monkeypatch.setattr(C, "measure_cost_curve", measure)
+    m = SpecModel(model_path, drafter="none", n_ctx=1024)
+    try:
+        assert m.calibration_state == "measuring"
+        m._pacer.quiet_s = 1e9                          # no slice until the reference is taken
+        convo = [{"role": "system", "content": system}, {"role": "user", "content": "Name a fruit."}]
+        first = m.chat(convo, max_tokens=8)
+        turn = convo + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And a vegetable?"}]
+        want = m.chat(turn, max_tokens=8)               # the next turn without a slice before it
+        assert m.chat(convo, max_tokens=8).tokens == first.tokens      # the first turn's cells again
+        n = len(laid)
+        m._pacer.quiet_s = 0.0
+        deadline = time.monotonic() + 120
+        while len(laid) <= n and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(laid) > n, "no slice laid its context down within 120 s"
+        r = m.chat(turn, max_tokens=8)
+        assert want.n_reused_tokens > 10 and r.n_reused_tokens == want.n_reused_tokens
+        assert r.n_prompt_tokens == want.n_prompt_tokens and r.tokens == want.tokens
+        held = [e.tokens for e in m.prefix_cache.entries.values()]
+        assert not any(common_prefix(t, own, len(own)) > 0 for t in held)
+    finally:
+        m.close()

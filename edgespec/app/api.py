@@ -30,7 +30,7 @@ from edgespec.app.infill import Infill
 from edgespec.app.resolve import prompt_tokens, resolve_request
 from edgespec.backend.interrupt import attach as attach_interrupt
 from edgespec.backend.llama import LlamaBackend
-from edgespec.calibration.background import BackgroundTask, Pacer
+from edgespec.calibration.background import QUIET_S, BackgroundTask, Pacer
 from edgespec.calibration.curve import CostCurve
 from edgespec.core.engine import cancel_check, drain
 from edgespec.core.result import GenerationResult
@@ -85,7 +85,7 @@ class SpecModel(ModelEngines, PromptCaching):
         self._gate = Turnstile()
         self._closing = threading.Event()
         self._engines: dict = {}
-        self._pacer = Pacer(self._idle, self._keep_live_prefix)
+        self._pacer = Pacer(self._idle, self._keep_live_prefix, quiet_s=QUIET_S, after_slice=self._back_from_slice)
         self._calibration: BackgroundTask | None = None
         self.model_path = resolve_model(model_path)
         self.loadout = load = c.resolve_kernels(self.model_path, progress=kernel_progress)   # auto: timed or fast
@@ -126,6 +126,11 @@ class SpecModel(ModelEngines, PromptCaching):
         the live conversation in the prompt cache, so its next turn restores it."""
         if self.prefix_cache is not None:
             self.prefix_cache.keep_live(self.backend)
+
+    def _back_from_slice(self) -> None:
+        """The first request after a slice: the live conversation back from memory (no prefill)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.back_from_slice(self.backend)
 
     def _idle(self) -> bool:
         """Nobody holds or waits for the model (a background calibration may take a slice)."""
@@ -231,8 +236,9 @@ class SpecModel(ModelEngines, PromptCaching):
                 return
             self._freed = True
         self._stop_calibration()
+        self._pacer.settle()                    # after a slice: the live conversation back in the backend
         if self.prefix_cache is not None:
-            self.prefix_cache.close()           # the files still queued are written first
+            self.prefix_cache.close(self.backend)   # the queued files, then the live cache if no file holds it
         self.backend.close()
         close_memory(getattr(self, "memory", None))
 

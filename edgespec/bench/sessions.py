@@ -13,7 +13,10 @@ conversation; title, tags, autocomplete, ...: a side request).  Replaying
 sends each body as recorded (the history of later requests holds the answers
 of the recording, not the replay's: every target gets the same prompts),
 except: `model` is the target's served model, `temperature` 0 (greedy), and
-a request without `max_tokens` gets the replay's cap.  Each answer's figures
+a request without `max_tokens` gets the replay's cap.  A request line may
+carry `gap_s`: the seconds the app paused after the answer before it sent
+this request (a person reading, typing); the replay waits that long first,
+outside the request's time.  Each answer's figures
 come from the response's `timings` (llama-server's names, which edgespec
 serve returns too; a stream has them on its last chunk), the time to first
 token from the clock here: from sending the request to the first chunk that
@@ -35,6 +38,7 @@ TRACE_MARK = "edgespec-session"
 PATHS = ("/v1/chat/completions", "/v1/completions")
 TIMING_FIELDS = ("prompt_n", "prompt_ms", "cache_n", "predicted_n", "predicted_ms", "predicted_per_second")
 REQUEST_TIMEOUT_S = 3600.0
+MAX_GAP_S = 600.0       # a request line's gap_s at most: a pause, not a stall
 
 
 @dataclass
@@ -56,7 +60,10 @@ def _check_request(where: str, r) -> dict:
         raise BenchError(f"{where}: a {r['path']} body needs `{key}`")
     if not isinstance(r.get("role", "chat"), str):
         raise BenchError(f"{where}: `role` is a string")
-    return {"path": r["path"], "role": r.get("role", "chat"), "body": body}
+    gap = r.get("gap_s", 0)
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 <= gap <= MAX_GAP_S:
+        raise BenchError(f"{where}: `gap_s` is a number of seconds from 0 to {MAX_GAP_S:g}")
+    return {"path": r["path"], "role": r.get("role", "chat"), "body": body, "gap_s": float(gap)}
 
 
 def load_session(path: str) -> Session:
@@ -262,6 +269,8 @@ def replay(client_for, target: str, sessions: list[Session], max_tokens: int, pr
         for i, req in enumerate(s.requests):
             client = client_for(s, i)
             model_id = model_id or client.model_id()
+            if req["gap_s"]:
+                time.sleep(req["gap_s"])        # the app's pause since the last answer (not in wall_ms)
             got = client.send(req["path"], replay_body(req["body"], model_id, max_tokens))
             rows.append(request_row(target, s, i, got))
             if progress:

@@ -13,7 +13,16 @@ the request waits about a millisecond instead of up to a 64-token decode;
 the measurement drops that sample and takes it again in a later slice.  A
 slice that follows a request finds the KV cache changed, so the measurement
 lays its context down again (the live conversation is kept in the prompt
-cache first: before_slice).
+cache first: before_slice), and the first request after a slice puts it
+back before anything else (after_slice, on the request's thread): the
+request then finds the KV cache as it would have without the slice.
+
+A slice also waits until the model has been quiet for `quiet_s` since the last
+request ended (SpecModel: QUIET_S).  Apps send requests in bursts (a turn and
+its side requests, an editor's requests while a person types, an agent's next
+step); a slice between two of them costs the next one more than the slice's
+own wait: its conversation restored from the prompt cache, caches cold.  A
+measurement taken only in the pauses between bursts adds nothing to them.
 """
 from __future__ import annotations
 
@@ -27,17 +36,33 @@ from edgespec.backend.interrupt import new_flag
 from edgespec.calibration.cache import CalibrationStopped
 
 
+# SpecModel's quiet_s.  An app's burst arrives within about a second or two: Open WebUI's title
+# and tags requests right after an answer, an editor's completion requests while a person types,
+# an agent's next step (Aider's lint-fix request); a person reads an answer and types the next
+# message for far longer.  3 s lies above the first and well below the second.
+QUIET_S = 3.0
+
+
 class Pacer:
     """Turns between requests and a measurement.  Requests call enter() and
     exit() around their use of the backend; the measurement calls pause()
     before each slice and end() after the last one."""
 
-    def __init__(self, idle=lambda: True, before_slice=None):
+    def __init__(self, idle=lambda: True, before_slice=None, quiet_s: float = 0.0, clock=time.monotonic,
+                 after_slice=None):
         self._cond = threading.Condition()
+        self.quiet_s = quiet_s     # a slice starts only this long after the last request ended
+        self._clock = clock
+        self._last_exit = -float("inf")
         self._idle = idle          # True when nobody holds or waits for the model (SpecModel's gate)
         # called (on the measuring thread, the backend its own) when a slice starts after requests
         # used the backend: a slice clears the KV cache, so the live prefix is saved first
         self._before_slice = before_slice
+        # called (on the request's thread, the slices over) by the first request after a slice:
+        # the KV cache holds the measurement's cells, and the live prefix is put back
+        self._after_slice = after_slice
+        self._measured = False     # a slice ran since the last request entered
+        self.slices = 0            # slices started so far
         self._requests = 0         # requests in enter()..exit()
         self._admitted = 0         # requests admitted so far
         self._seen = 0             # ... as of the measurement's last slice
@@ -48,7 +73,9 @@ class Pacer:
         self.interrupts = 0        # slices a request interrupted
 
     def enter(self) -> None:
-        """A request begins: interrupt the slice in progress, if any, and wait for it to end."""
+        """A request begins: interrupt the slice in progress, if any, and wait
+        for it to end; after a slice, after_slice() (no slice starts while a
+        request is in: it runs alone)."""
         with self._cond:
             self._requests += 1
             self._admitted += 1
@@ -59,11 +86,23 @@ class Pacer:
                 while self._slicing:
                     self._cond.wait()
                 self.waits.append(time.perf_counter() - t0)
+            measured, self._measured = self._measured, False
+        if measured and self._after_slice is not None:
+            try:
+                self._after_slice()
+            except BaseException:
+                self.exit()         # the caller's exit() never runs when enter() raises
+                raise
 
     def exit(self) -> None:
         with self._cond:
             self._requests -= 1
+            self._last_exit = self._clock()
             self._cond.notify_all()
+
+    def _busy(self) -> bool:
+        """A request holds or waits for the model, or one ended less than quiet_s ago."""
+        return bool(self._requests) or not self._idle() or self._clock() - self._last_exit < self.quiet_s
 
     def pause(self) -> bool:
         """End the current slice, let every request that holds or waits for
@@ -74,11 +113,12 @@ class Pacer:
             self._slicing = False
             self.flag[0] = 0
             self._cond.notify_all()
-            while not self._stop and (self._requests or not self._idle()):
+            while not self._stop and self._busy():
                 self._cond.wait(0.05)       # the gate does not notify this condition: poll it
             if self._stop:
                 raise CalibrationStopped()
-            self._slicing = True
+            self._slicing = self._measured = True
+            self.slices += 1
             used, self._seen = self._admitted != self._seen, self._admitted
         if used and self._before_slice is not None:
             self._before_slice()
@@ -94,6 +134,12 @@ class Pacer:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+
+    def settle(self) -> None:
+        """After stop(), with no request in: after_slice() if a slice ran since
+        the last request (the backend as that request left it, for its close)."""
+        self.enter()
+        self.exit()
 
     def stopped(self) -> bool:
         return self._stop

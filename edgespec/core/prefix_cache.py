@@ -21,11 +21,18 @@ least as far).
 
 The disk tier (core/prompt_disk.py's PromptDisk, `disk`) lies under both:
 after every request the live cache's cells are copied and handed to its
-writer thread (`persist`, skipped when a file holds them already), and a
+writer thread (`persist`, skipped when a file holds them already or the
+writer is behind; a model's close() offers them once more), and a
 request whose prompt a file matches `min_gain` tokens further than the live
 cache and the saved entries restores it from disk, when reading it costs less
 than prefilling the difference (at this process's measured prefill rate,
 `observe_prefill`).
+
+A background calibration's slice clears the KV cache between requests:
+`keep_live` holds the live cells first (however few; an entry too when
+worth keeping), and `back_from_slice` puts them back before the next
+request's choose(), so that request reuses what it would have reused
+without the slice, and the measurement's own cells are never saved.
 
 The KV cells of a prefix do not depend on what follows it, so with exact
 kernels an answer does not depend on which of these the prefix came from
@@ -79,6 +86,7 @@ class PrefixCache:
         # same cells saved again before anything changed them are not copied twice
         self._snapshot: tuple[np.ndarray, int, np.ndarray] | None = None
         self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()   # oldest use first
+        self.parked: Entry | None = None    # the live cache while a calibration slice holds the backend
         self._next_key = 0
         self.n_bytes = 0
         self.n_saved = self.n_restored = self.n_evicted = self.n_disk_restored = 0
@@ -166,17 +174,50 @@ class PrefixCache:
         self._snapshot = (backend.kv_tokens, backend.n_past, state)
         disk.put(live, state)
 
-    def close(self) -> None:
-        """Write what the disk tier has queued (a model's close())."""
+    def close(self, backend=None) -> None:
+        """Write what the disk tier has queued, then (a model's close(), its
+        backend given) the live cache unless a file holds it already: the
+        last request's persist() skips it while the writer is behind."""
         if self.disk is not None:
+            if backend is not None:
+                self.disk.flush()
+                self.persist(backend)
             self.disk.close()
 
     def keep_live(self, backend) -> None:
-        """Save the live cache's cells (when worth keeping) before something
-        else clears them (a background calibration's slice)."""
+        """Before something else clears the KV cache (a background
+        calibration's slice): hold the live cache's cells, however few, for
+        back_from_slice, and save them as an entry when worth keeping.  A
+        spliced cache is cut to its exact part first (nothing inexact is kept)."""
+        if backend.spliced_from is not None:
+            backend.truncate(backend.spliced_from)
         live = backend.kv_tokens[:backend.n_past]
+        self.parked = None
+        if not len(live):
+            return
+        snap = self._snapshot       # the last persist()'s copy, when the cells are still those
+        if snap is None or snap[0] is not backend.kv_tokens or snap[1] != backend.n_past:
+            self._snapshot = snap = (backend.kv_tokens, backend.n_past, backend.save_state())
+        self.parked = Entry(live.copy(), snap[2])
         if len(live) >= self.min_gain:
             self._save(backend, live)
+
+    def back_from_slice(self, backend) -> None:
+        """The first request after a slice, before choose(): the cells keep_live
+        held go back into the backend (a copy in memory; the request then reuses
+        them as if no slice had run), else the KV cache is emptied: the
+        measurement's cells are never a prefix to save."""
+        e, self.parked = self.parked, None
+        self._snapshot = None
+        if e is None:
+            backend.reset()
+            return
+        try:
+            backend.restore_state(e.state, e.tokens)
+        except BackendError:
+            backend.reset()
+            return
+        self._snapshot = (backend.kv_tokens, backend.n_past, e.state)     # the cells are e's again
 
     def _restore(self, backend, key: int, n: int) -> int:
         """Put entry `key` into the backend (it becomes the most recently used); n, or 0 if that failed."""
