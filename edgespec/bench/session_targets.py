@@ -9,8 +9,9 @@ A target is named on the command line as
     NAME=http://HOST:PORT        a server already running there (started by hand)
 
 The tool starts each one in turn on a free loopback port with the run's
-model, context and threads (llama-server: one slot, its prompt cache at its
-defaults), replays every trace on it, and stops it before the next.
+model, context and threads (llama-server: one slot, or bench-mix's --parallel
+slots, see started(); its prompt cache at its defaults), replays every trace
+on it, and stops it before the next.
 
 An edgespec target's OPTIONS may also hold two of the bench's own:
 `--fresh-cache` starts it as a new user starts it, with an empty cache
