@@ -53,9 +53,10 @@ STOP_REASONS = {"eos": "stop", "word": "stop", "limit": "length"}
 
 def server_args(method: str, binary: str, model_path: str, n_ctx: int, n_gpu_layers: int,
                 threads: int | None, port: int, rpc: list[str] = (), tensor_split: list[float] = (),
-                rpc_output: str = "local") -> list[str]:
+                rpc_output: str = "local", n_parallel: int = 1) -> list[str]:
     """llama-server's command line for a method (threads None = its default:
-    one per physical core for decoding and for batches).  CPU weight
+    one per physical core for decoding and for batches; n_parallel: its
+    slots, -np, which split n_ctx between them).  CPU weight
     repacking is off, as for edgespec and the llama-cpp-python methods
     (backend.llama.load_model: llama.cpp's AMX kernel crashed llama-server
     at its warm-up on the project's Xeon too)."""
@@ -63,7 +64,7 @@ def server_args(method: str, binary: str, model_path: str, n_ctx: int, n_gpu_lay
         raise PeerError(f"unknown llama-server method {method!r}")
     # over RPC (the same workers as edgespec's model) every layer goes to them unless -ngl says otherwise
     ngl = n_gpu_layers or (999 if rpc else 0)
-    args = [binary, "-m", model_path, "-c", str(n_ctx), "-ngl", str(ngl), "-np", "1",
+    args = [binary, "-m", model_path, "-c", str(n_ctx), "-ngl", str(ngl), "-np", str(n_parallel),
             "--host", "127.0.0.1", "--port", str(port), "--no-webui", "--no-repack"]
     if threads:
         args += ["-t", str(threads), "-tb", str(threads)]
@@ -141,11 +142,11 @@ class LlamaServerRunner:
     def __init__(self, method: str, binary: str, model_path: str, n_ctx: int, n_gpu_layers: int,
                  threads: int | None, env: dict | None = None, start_timeout: float = START_TIMEOUT_S,
                  rpc: list[str] = (), tensor_split: list[float] = (), rpc_output: str = "local",
-                 extra_args: tuple[str, ...] = ()):
+                 extra_args: tuple[str, ...] = (), n_parallel: int = 1):
         self.method = method
         self.port = free_port()
         self.args = server_args(method, binary, model_path, n_ctx, n_gpu_layers, threads, self.port, rpc,
-                                tensor_split, rpc_output) + list(extra_args)
+                                tensor_split, rpc_output, n_parallel) + list(extra_args)
         self.log = tempfile.TemporaryFile(mode="w+", prefix="llama-server-", suffix=".log")
         try:
             self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=self.log,

@@ -9,8 +9,9 @@ A target is named on the command line as
     NAME=http://HOST:PORT        a server already running there (started by hand)
 
 The tool starts each one in turn on a free loopback port with the run's
-model, context and threads (llama-server: one slot, its prompt cache at its
-defaults), replays every trace on it, and stops it before the next.
+model, context and threads (llama-server: one slot, or bench-mix's --parallel
+slots, see started(); its prompt cache at its defaults), replays every trace
+on it, and stops it before the next.
 
 An edgespec target's OPTIONS may also hold two of the bench's own:
 `--fresh-cache` starts it as a new user starts it, with an empty cache
@@ -150,24 +151,35 @@ class EdgespecServer:
         self.log.close()
 
 
+def with_parallel(extra: tuple[str, ...], parallel: int) -> tuple[str, ...]:
+    """An edgespec target's serve options with `--parallel N` first, unless
+    they set --parallel themselves (edgespec-queue='--parallel 1': the queue)."""
+    if parallel == 1 or any(o == "--parallel" or o.startswith("--parallel=") for o in extra):
+        return extra
+    return ("--parallel", str(parallel)) + extra
+
+
 @contextlib.contextmanager
 def started(target: Target, model_path: str, n_ctx: int, threads: int | None, binary: str | None = None,
-            cache_dir: str | None = None):
+            cache_dir: str | None = None, parallel: int = 1):
     """Yields (Client, the command line) for a target while it runs;
-    cache_dir: an edgespec target's EDGESPEC_CACHE_DIR (None: the environment's)."""
+    cache_dir: an edgespec target's EDGESPEC_CACHE_DIR (None: the environment's);
+    parallel: requests served at once, each with n_ctx tokens of context
+    (edgespec serve's --parallel gives every slot -c; llama-server's -np
+    splits its -c between the slots, so it gets -c parallel * n_ctx)."""
     if target.kind == "url":
         yield Client(target.url), []
         return
     if target.kind == "edgespec":
         port = free_port()
-        args = edgespec_args(model_path, port, n_ctx, threads, target.extra)
+        args = edgespec_args(model_path, port, n_ctx, threads, with_parallel(target.extra, parallel))
         env = dict(os.environ, EDGESPEC_CACHE_DIR=cache_dir) if cache_dir else None
         server = EdgespecServer(args, port, env=env)
     else:
         if binary is None:
             raise PeerError("no llama-server binary given")
-        server = LlamaServerRunner(target.method, binary, model_path, n_ctx, 0, threads, env=server_env(),
-                                   extra_args=target.extra)
+        server = LlamaServerRunner(target.method, binary, model_path, n_ctx * parallel, 0, threads, env=server_env(),
+                                   extra_args=target.extra, n_parallel=parallel)
         port, args = server.port, server.args
     try:
         yield Client(f"http://127.0.0.1:{port}"), args

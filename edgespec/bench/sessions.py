@@ -139,8 +139,11 @@ class Client:
         except (KeyError, IndexError, TypeError):
             raise PeerError(f"{self.host}:{self.port}/v1/models lists no model") from None
 
-    def send(self, path: str, body: dict) -> dict:
-        """One request: {status, wall_ms, ttft_ms, text, timings, finish_reason, error}."""
+    def send(self, path: str, body: dict, on_first_token=None) -> dict:
+        """One request: {status, wall_ms, ttft_ms, text, timings, finish_reason, error}
+        (a stream's also: chunks, the events that carried text, and usage when
+        the server sent one); on_first_token() is called as a stream's first
+        text arrives."""
         conn = self._conn()
         t0 = time.perf_counter()
         try:
@@ -149,7 +152,7 @@ class Client:
             if r.status != 200:
                 out = {"status": r.status, "error": r.read()[:300].decode("utf-8", "replace")}
             elif body.get("stream"):
-                out = _read_stream(r, t0)
+                out = _read_stream(r, t0, on_first_token)
             else:
                 out = _read_json(json.loads(r.read()))
         except (OSError, ValueError) as e:
@@ -199,10 +202,11 @@ def _read_json(resp: dict) -> dict:
             "finish_reason": choice.get("finish_reason"), "ttft_ms": None}
 
 
-def _read_stream(r, t0: float) -> dict:
+def _read_stream(r, t0: float, on_first_token=None) -> dict:
     """Server-sent events until [DONE]: the text, the time its first piece
-    came, the last `timings` and finish_reason seen."""
-    out = {"status": 200, "text": "", "timings": {}, "finish_reason": None, "ttft_ms": None}
+    came, the last `timings`, `usage` and finish_reason seen, the events
+    that carried text."""
+    out = {"status": 200, "text": "", "timings": {}, "finish_reason": None, "ttft_ms": None, "chunks": 0}
     for raw in r:
         line = raw.decode("utf-8", "replace").strip()
         if not line.startswith("data:"):
@@ -218,10 +222,15 @@ def _read_stream(r, t0: float) -> dict:
         piece = _choice_text(choice, delta=True)
         if piece and out["ttft_ms"] is None:
             out["ttft_ms"] = (time.perf_counter() - t0) * 1e3
+            if on_first_token is not None:
+                on_first_token()
+        out["chunks"] += bool(piece)
         out["text"] += piece
         out["finish_reason"] = choice.get("finish_reason") or out["finish_reason"]
         if isinstance(ev.get("timings"), dict):
             out["timings"] = ev["timings"]
+        if isinstance(ev.get("usage"), dict):
+            out["usage"] = ev["usage"]
     return out
 
 

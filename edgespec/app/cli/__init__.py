@@ -1,6 +1,6 @@
 """The `edgespec` command line: generate, chat, serve, calibrate, bench, bench-report, bench-sessions,
-bench-sessions-report, editor-trace, bench-editor, bench-editor-report, record-session, replay, build-peers,
-get-models, memory, cache.
+bench-sessions-report, bench-mix, bench-mix-report, editor-trace, bench-editor, bench-editor-report,
+record-session, replay, build-peers, get-models, memory, cache.
 
 Each command resolves its inputs, calls the library and prints.  Mistakes a
 user can make (a missing or broken model file, a prompt longer than the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import click
 
-from edgespec.app.cli import (bench, bench_sessions, cache, calibrate, chat, corpus, editor, generate, get_models, memory,
+from edgespec.app.cli import (bench, bench_mix, bench_sessions, cache, calibrate, chat, corpus, editor, generate, get_models, memory,
                               models, record_session, replay, rpc_worker, serve)
 from edgespec.app.cli.options import log_options
 
@@ -61,6 +61,8 @@ main.add_command(bench.bench)
 main.add_command(bench.bench_report)
 main.add_command(bench_sessions.bench_sessions)
 main.add_command(bench_sessions.bench_sessions_report)
+main.add_command(bench_mix.bench_mix)
+main.add_command(bench_mix.bench_mix_report)
 main.add_command(editor.editor_trace)
 main.add_command(editor.bench_editor)
 main.add_command(editor.bench_editor_report)
