@@ -15,7 +15,6 @@ import dataclasses
 import threading
 import time
 import weakref
-from typing import Iterator
 
 from edgespec.core.result import GenerationResult
 from edgespec.core.stream import Chunk
@@ -112,7 +111,38 @@ class Turnstile:
                 self.cond.notify_all()
 
 
-class Stream:
+class ClosingStream:
+    """What both request streams (Stream here, scheduler.TicketStream with
+    parallel slots) share: iteration, `closed`, `with`, and close() when the
+    garbage collector takes one that was not read to its end.  A subclass
+    sets `_done` and defines __next__ and close()."""
+    _done = False
+
+    def __iter__(self):
+        return self
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def closed(self) -> bool:
+        return self._done
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):  # pragma: no cover - depends on the garbage collector
+        try:
+            if not self._done:
+                self.close()
+        except Exception:
+            pass
+
+
+class Stream(ClosingStream):
     """The chunks of one request (SpecModel.stream()), as an iterator.
 
     It holds the model from its creation until the last chunk has been read or
@@ -129,9 +159,6 @@ class Stream:
         self._lock = threading.Lock()
         self._done = False
         self.result: GenerationResult | None = None
-
-    def __iter__(self) -> Iterator[StreamChunk]:
-        return self
 
     def __next__(self) -> StreamChunk:
         with self._lock:
@@ -166,20 +193,3 @@ class Stream:
             self._on_end()
         finally:
             self._gate.release()
-
-    @property
-    def closed(self) -> bool:
-        return self._done
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):  # pragma: no cover - depends on the garbage collector
-        try:
-            if not self._done:
-                self.close()
-        except Exception:
-            pass

@@ -31,7 +31,7 @@ import queue
 import threading
 from typing import Iterator
 
-from edgespec.app.concurrency import StreamChunk
+from edgespec.app.concurrency import ClosingStream, StreamChunk
 from edgespec.core.params import Resolved
 from edgespec.errors import ModelBusyError, ModelClosedError
 
@@ -81,7 +81,7 @@ class Ticket:
                     return
 
 
-class TicketStream:
+class TicketStream(ClosingStream):
     """SpecModel.stream()'s iterator over a Ticket (the parallel counterpart of concurrency.Stream):
     StreamChunks, the last with finish_reason and the result; close() ends the request from any thread."""
 
@@ -90,9 +90,6 @@ class TicketStream:
         self._it = ticket.chunks()
         self._done = False
         self.result = None
-
-    def __iter__(self):
-        return self
 
     def __next__(self) -> StreamChunk:
         if self._done:
@@ -110,22 +107,6 @@ class TicketStream:
         if not self._done:
             self._done = True
             self._scheduler.abandon(self._ticket)
-
-    @property
-    def closed(self) -> bool:
-        return self._done
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):  # pragma: no cover - depends on the garbage collector
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 class Scheduler:
