@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +35,39 @@ def request(base: str, method: str, path: str, body=None, headers: dict | None =
         return r.status, dict(r.getheaders()), r.read()
     finally:
         conn.close()
+
+
+def streams_at_once(base: str, model_id: str, n: int, headers: dict | None = None) -> list[tuple]:
+    """n streamed chat requests released together (a barrier); every admitted
+    stream is held open until all n have their status, then dropped (the
+    server cancels them).  Returns (status, Retry-After, body of a refusal)
+    per request, in the order they were answered."""
+    barrier, held = threading.Barrier(n), threading.Barrier(n)
+    results: list = []
+    lock = threading.Lock()
+    host, port = base.removeprefix("http://").split(":")
+
+    def run(i: int) -> None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=600)
+        try:
+            barrier.wait()
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(
+                {"model": model_id, "messages": [{"role": "user", "content": f"Tell a long story number {i}."}],
+                 "max_tokens": 32, "stream": True}),      # a queued stream gets its status when it starts
+                headers={"Content-Type": "application/json", **(headers or {})})
+            r = conn.getresponse()
+            with lock:
+                results.append((r.status, r.getheader("Retry-After"), r.read() if r.status != 200 else b""))
+            held.wait()                 # hold every admitted stream until all have their answer
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    return results
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from serving import request, running_server
+from serving import request, running_server, streams_at_once
 
 pytestmark = pytest.mark.model
 
@@ -263,31 +263,7 @@ def test_a_full_queue_gets_503_with_retry_after(server):
     """--queue 8: with one request running and eight waiting, more get 503."""
     base, mid, _ = server
     n = 14
-    barrier, held = threading.Barrier(n), threading.Barrier(n)
-    results: list = []
-    lock = threading.Lock()
-    host, port = base.removeprefix("http://").split(":")
-
-    def run(i: int) -> None:
-        conn = http.client.HTTPConnection(host, int(port), timeout=600)
-        try:
-            barrier.wait()
-            conn.request("POST", "/v1/chat/completions", body=json.dumps(
-                {"model": mid, "messages": [{"role": "user", "content": f"Tell a long story number {i}."}],
-                 "max_tokens": 32, "stream": True}),      # a queued stream gets its status when it starts
-                headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
-            r = conn.getresponse()
-            with lock:
-                results.append((r.status, r.getheader("Retry-After"), r.read() if r.status != 200 else b""))
-            held.wait()                 # hold every admitted stream until all have their answer
-        finally:
-            conn.close()                # then drop them: the server cancels them
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
+    results = streams_at_once(base, mid, n, {"Authorization": f"Bearer {KEY}"})
     statuses = sorted(s for s, _, _ in results)
     assert len(results) == n and set(statuses) <= {200, 503}
     busy = [(ra, body) for s, ra, body in results if s == 503]

@@ -8,7 +8,7 @@ import json
 import threading
 
 import pytest
-from serving import request, running_server
+from serving import request, running_server, streams_at_once
 
 pytestmark = pytest.mark.model
 
@@ -74,29 +74,6 @@ def test_the_queue_bound_counts_the_slots(server):
     """--parallel 2 --queue 1: two running and one waiting are admitted, the others get 503."""
     base, mid = server
     n = 6
-    barrier, held = threading.Barrier(n), threading.Barrier(n)
-    results: list = []
-    lock = threading.Lock()
-    host, port = base.removeprefix("http://").split(":")
-
-    def run(i: int) -> None:
-        conn = http.client.HTTPConnection(host, int(port), timeout=600)
-        try:
-            barrier.wait()
-            conn.request("POST", "/v1/chat/completions", body=json.dumps(
-                {"model": mid, "messages": [{"role": "user", "content": f"Tell a long story number {i}."}],
-                 "max_tokens": 32, "stream": True}), headers={"Content-Type": "application/json"})
-            r = conn.getresponse()
-            with lock:
-                results.append((r.status, r.getheader("Retry-After")))
-            held.wait()
-        finally:
-            conn.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
-    assert sorted(s for s, _ in results) == [200] * 3 + [503] * (n - 3)
-    assert all(int(ra) >= 1 for s, ra in results if s == 503)
+    results = streams_at_once(base, mid, n)
+    assert sorted(s for s, _, _ in results) == [200] * 3 + [503] * (n - 3)
+    assert all(int(ra) >= 1 for s, ra, _ in results if s == 503)
