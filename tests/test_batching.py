@@ -2,8 +2,10 @@
 under exact kernels an answer decoded in combined batches beside other slots' trees equals the same
 request alone, token for token: fan trees with rejected siblings, the suffix drafter and no drafter on
 three slots, a compaction that waits for the pending batch, a neighbour closed mid-stream and another
-request in its place, an interrupted combined decode, a job that fails with its rows laid; and
-SpecModel(parallel=3) serving three threads at once.  Each test also asserts that decodes with rows of
+request in its place, an interrupted combined decode, a job that fails with its rows laid, a long
+prompt read one chunk per round (parked between chunks) beside a stream, a prompt that starts from a
+neighbour's cells; and SpecModel(parallel=3) serving three threads at once, a short request read
+before a long prompt that came first.  Each test also asserts that decodes with rows of
 two or more slots happened, so a silent fallback to one decode per slot fails it."""
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import pytest
 from conftest import OracleDrafter, dev_prompts
 from edgespec import SpecModel
 from edgespec.backend import interrupt
-from edgespec.backend.llama import LlamaBackend
+from edgespec.backend.batching import Parked
+from edgespec.backend.llama import SLOT_PREFILL_CHUNK, LlamaBackend
 from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine, drain
 from edgespec.core.params import Request
@@ -59,6 +62,7 @@ def _batched(broker, gens, close=None, every_round=None, late=None):
     gens = list(gens)
     out: list = [None] * (len(gens) + (late is not None))
     live, steps, rounds = list(range(len(gens))), [0] * len(out), 0
+    parked: dict = {}           # a generator parked between two prompt chunks: its Parked resumes it
     while live or (late is not None and rounds < late[0]):
         rounds += 1
         if late is not None and rounds == late[0]:
@@ -69,9 +73,11 @@ def _batched(broker, gens, close=None, every_round=None, late=None):
         if close is not None and close[0] in live and steps[close[0]] == close[1]:
             gens[close[0]].close()
             live.remove(close[0])
-        outcomes = broker.run([gens[i].__next__ for i in live])
-        for i, (_, err) in list(zip(live, outcomes)):
-            if err is None:
+        outcomes = broker.run([parked.pop(i, None) or gens[i].__next__ for i in live])
+        for i, (value, err) in list(zip(live, outcomes)):
+            if isinstance(value, Parked):
+                parked[i] = value
+            elif err is None:
                 steps[i] += 1
             elif isinstance(err, StopIteration):
                 out[i] = err.value
@@ -168,6 +174,59 @@ def test_a_job_that_fails_with_rows_laid_leaves_the_batch(slots, prompts, alone)
 
 
 @pytest.fixture(scope="module")
+def long_prompt(model):
+    """A prompt of more than one slot prefill chunk (and short of a slot's 256 cells with N to answer)."""
+    text = " ".join(r["turns"][0] for r in dev_prompts(136))
+    toks = model.prompt_tokens([{"role": "user", "content": text}])
+    assert len(toks) > SLOT_PREFILL_CHUNK + 60
+    return toks[:SLOT_PREFILL_CHUNK + 60]
+
+
+def _alone(model, prompt):
+    eng = Engine(model.backend, make_drafter("none"), None, CONFIG)
+    return drain(eng.run(eng.resolve(Request(prompt, max_tokens=N, reuse_prefix=False)))).tokens
+
+
+def test_a_long_prompt_is_read_between_a_neighbours_steps(model, slots, prompts, alone, long_prompt):
+    """A prompt longer than SLOT_PREFILL_CHUNK parks after its first chunk: the run returns a Parked for
+    it, the neighbour steps in the next round while the rest is read, and both answers equal plain
+    decoding alone (whose prompt is read in one chunk)."""
+    b = slots.broker
+    e0 = Engine(slots.slot(0), make_drafter("none"), None, CONFIG)
+    e1 = Engine(slots.slot(1), make_drafter("suffix"), None, CONFIG)
+    g0, g1 = _req(e0, prompts[0]), _req(e1, long_prompt)
+    (v0, err0), (v1, err1) = b.run([g0.__next__, g1.__next__])
+    assert err0 is None and not isinstance(v0, Parked), "the short prompt's first token"
+    assert isinstance(v1, Parked) and err1 is None and slots.slot(1).n_past == SLOT_PREFILL_CHUNK
+    (v0, err0), (v1, err1) = b.run([g0.__next__, v1])       # the neighbour's step beside the second chunk
+    assert err0 is None and err1 is None and not isinstance(v1, Parked)
+    r0, r1 = _batched(b, [g0, g1])
+    assert r0.tokens == alone[0] and r1.tokens == _alone(model, long_prompt)
+
+
+def test_a_prompt_starts_from_a_neighbours_cells(model, slots, long_prompt):
+    """Slot 0 answers a prompt; slot 1's prompt shares its first 150 tokens: slot 1 borrows those cells
+    (nothing read again) and answers as plain decoding of its prompt alone; slot 0's next request on its
+    own cells, after slot 1 dropped the shared ones, still answers alone."""
+    cells = slots._cells
+    other = np.concatenate([long_prompt[:150], long_prompt[20:60]]).astype(np.int32)
+    e0 = Engine(slots.slot(0), make_drafter("none"), None, CONFIG)
+    e1 = Engine(slots.slot(1), make_drafter("suffix"), None, CONFIG)
+    slots.slot(1).reset()
+
+    def run(e, p):
+        return _batched(slots.broker, [e.run(e.resolve(Request(p, max_tokens=N, reuse_prefix=True)))])[0]
+    r0 = run(e0, long_prompt)
+    borrowed = cells.borrowed
+    r1 = run(e1, other)
+    assert cells.borrowed - borrowed == 150 and r1.n_reused_tokens == 150
+    assert r0.tokens == _alone(model, long_prompt) and r1.tokens == _alone(model, other)
+    slots.slot(1).reset()
+    again = np.concatenate([long_prompt[:100], long_prompt[30:50]]).astype(np.int32)
+    assert run(e0, again).tokens == _alone(model, again)
+
+
+@pytest.fixture(scope="module")
 def parallel(model):
     m = SpecModel(model.model_path, drafter="suffix", n_ctx=512, calibrate=False, parallel=3, kernels="exact")
     yield m
@@ -213,3 +272,39 @@ def test_a_stream_closed_beside_others_and_one_arriving(parallel):
     t.join(300)
     assert s.closed and out["a"].tokens == alone[QUESTIONS[2]]
     assert late.result.tokens == alone[QUESTIONS[3]] and toks == alone[QUESTIONS[3]]
+
+
+def test_a_short_request_is_read_before_a_long_prompt_that_came_first(parallel):
+    """A long prompt is being read (its cancel check, polled between its chunks, submits a short request
+    and waits until it is queued): the scheduler reads the short prompt next, so the short request's
+    first token comes before the long one's, and both answers equal the same requests alone."""
+    long_q = "Summarise this: " + " ".join(QUESTIONS * 15)
+    alone_long = parallel.generate(long_q, max_tokens=8, reuse_prefix=False).tokens
+    alone_short = parallel.generate(QUESTIONS[0], max_tokens=8, reuse_prefix=False).tokens
+    sched, order, out = parallel._scheduler, [], {}
+
+    def short():
+        r = parallel.generate(QUESTIONS[0], max_tokens=8, reuse_prefix=False, on_chunk=lambda c: order.append("short"))
+        out["short"] = r
+    started = threading.Event()
+
+    def poll():
+        if not started.is_set():
+            started.set()
+            threading.Thread(target=short).start()
+            for _ in range(500):
+                if sched.waiting:
+                    break
+                threading.Event().wait(0.01)
+        return False
+    chunks = iter(parallel.stream(long_q, max_tokens=8, reuse_prefix=False, cancel=poll))
+    first = next(chunks)
+    order.append("long")
+    rest = [tok for c in chunks for tok in c.tokens]
+    for _ in range(3000):
+        if "short" in out:
+            break
+        threading.Event().wait(0.01)
+    assert started.is_set(), "the long prompt was read in one chunk"
+    assert order[0] == "short", order
+    assert first.tokens + rest == alone_long and out["short"].tokens == alone_short

@@ -9,9 +9,14 @@ steps every running slot once per round, each slot with its own engines
 (drafter, gate, guard state), through the backend's batch broker
 (backend/batching.py): each slot's step runs in a thread of its own, one at
 a time, and their verification decodes go into one llama_decode (a prompt
-chunk under exact kernels alone); per round, the requests still without
-their first token go first (their prompt is read in that step), then the
-others in arrival order.  A ticket whose reader lags `QUEUE_CHUNKS` chunks behind is
+chunk under exact kernels alone).  Per round, every request past its first
+token takes one step, and ONE request still reading its prompt reads one
+chunk of it (SLOT_PREFILL_CHUNK tokens; it parks between chunks): the one
+with the fewest prompt tokens left to read, counting the cells another slot
+could lend it (backend/slots.py, Cells.borrow), so a short side request is
+answered before a long prompt is finished, a stream keeps moving while a
+prompt is read, and requests that embed the same conversation read it once.
+A ticket whose reader lags `QUEUE_CHUNKS` chunks behind is
 skipped for a round (back-pressure on its own request only).  A request
 whose cancel fires ends at its next step (its sequences are dropped then); a
 stream closed by its reader is closed at the next round without a step.
@@ -31,7 +36,10 @@ import queue
 import threading
 from typing import Iterator
 
+import numpy as np
+
 from edgespec.app.concurrency import ClosingStream, StreamChunk
+from edgespec.backend.batching import Parked
 from edgespec.core.params import Resolved
 from edgespec.errors import ModelBusyError, ModelClosedError
 
@@ -65,6 +73,7 @@ class Ticket:
         self.abandoned = False      # its reader closed it: no more events wanted
         self.gen = None
         self.on_end = None
+        self.parked = None          # a Broker's Parked: its prefill stopped between two chunks
 
     def chunks(self) -> Iterator[StreamChunk]:
         """The request's chunks as the model thread pushes them; the last carries the result.
@@ -227,21 +236,43 @@ class Scheduler:
                 t.events.put(STARTED)
 
     def _round(self) -> bool:
-        """One step of every running request: those without a first token first, then by arrival; their
-        decodes gathered into one llama_decode per round (the backend's broker).  Whether any request moved."""
+        """One step of every request past its first token and one prompt chunk of the request with the
+        least prompt left to read (the module doc); their decodes gathered into one llama_decode per
+        round (the backend's broker).  Whether any request moved."""
         running = [(k, t) for k, t in enumerate(self.slots) if t is not None]
-        moved, step = False, []
-        for k, t in sorted(running, key=lambda kt: (kt[1].started, kt[1].arrival)):
-            if t.abandoned:
+        moved, step, reading = False, [], []
+        for k, t in sorted(running, key=lambda kt: kt[1].arrival):
+            if t.abandoned and t.parked is None:
                 self._guarded(k, t, self._end, k, t)
                 moved = True
+            elif t.abandoned:
+                step.append((k, t))         # resumed to see its cancel at the chunk boundary and end
+            elif not t.started:
+                reading.append((k, t))
             elif t.events.qsize() < QUEUE_CHUNKS:
                 step.append((k, t))
-        outcomes = self._run([t.gen.__next__ for _, t in step])     # type: ignore[union-attr]
+        if reading:
+            step.insert(0, min(reading, key=lambda kt: self._to_read(*kt)))
+        jobs = [t.parked or t.gen.__next__ for _, t in step]   # type: ignore[union-attr]
+        for _, t in step:
+            t.parked = None
+        outcomes = self._run(jobs)
         for (k, t), (value, error) in zip(step, outcomes):
-            self._guarded(k, t, self._took, k, t, value, error)
+            if error is None and isinstance(value, Parked):
+                t.parked = value
+            else:
+                self._guarded(k, t, self._took, k, t, value, error)
             moved = True
         return moved
+
+    def _to_read(self, k: int, t: Ticket) -> int:
+        """Prompt tokens request t in slot k has still to read, at most (what another slot holds counted)."""
+        be = self.model.backend
+        prompt = np.asarray(t.resolved.prompt)
+        if t.parked is not None:
+            return len(prompt) - be.slot(k).n_past
+        cells = getattr(be, "_cells", None)
+        return len(prompt) - (cells.best_prefix(prompt, len(prompt) - 1)[0] if cells is not None else 0)
 
     def _run(self, jobs: list) -> list:
         """Each job called once: (value, error) per job.  With slots the backend's broker runs them, one

@@ -18,6 +18,14 @@ decode can happen, since the next decode waits until no job runs.  Then the
 jobs waiting to claim are resumed, in the order they came (first come,
 first served: a prefill's next chunk does not pass a neighbour's tree).
 
+A job may also *park* between two prompt chunks (`park`, called by a slot
+view's prefill): it leaves the run as if it had ended (its outcome is a
+`Parked`, the run returns once every job has ended or parked), its thread
+waits, and a later run resumes it where it stopped when the Parked is passed
+as that run's job for the slot.  So a long prompt is read one chunk per
+round, between the other slots' steps, and the scheduler can admit a request
+or choose whom to step between two chunks (app/scheduler.py).
+
 Exactness (docs/scheduler.md, "Exactness", measured: a row's logits do not
 depend on the other sequences' rows and cells):
 * under exact kernels a combined batch holds at most EXACT_MAX_BATCH rows
@@ -57,10 +65,19 @@ class _Worker:
     def __init__(self, fn):
         self.fn = fn
         self.go = threading.Semaphore(0)
-        self.state = "ready"        # ready, running, claim (waits to claim rows), decode (waits for its rows), done
+        self.state = "ready"        # ready, running, claim (waits to claim rows), decode (waits for its rows),
+        #                             parked (between prompt chunks, until a later run), done
         self.value = self.error = None
         self.rc = 0                 # llama_decode's code for its rows
         self.decode_s = 0.0         # how long that decode took
+
+
+class Parked:
+    """A run's outcome for a job that parked between two prompt chunks: pass it as a later run's job
+    (in place of a callable) to resume the job where it stopped."""
+
+    def __init__(self, worker: "_Worker"):
+        self.worker = worker
 
 
 class Broker:
@@ -84,21 +101,30 @@ class Broker:
 
     # ------------------------------------------------------------ the coordinator
     def run(self, jobs: list) -> list[tuple[object, BaseException | None]]:
-        """Run the callables `jobs` (one per slot), their decodes gathered; (value, error) per job, in order."""
+        """Run the callables `jobs` (one per slot; a Parked resumes its job), their decodes gathered;
+        (value, error) per job, in order: a job that parked gives (Parked, None)."""
         if self._running or self.driving():
             raise RuntimeError("Broker.run is not reentrant")
         self._running = True
-        ws = [_Worker(fn) for fn in jobs]
+        ws = []
+        for i, fn in enumerate(jobs):
+            if isinstance(fn, Parked):
+                if fn.worker.state != "parked":
+                    raise RuntimeError("a Parked job was resumed twice")
+                fn.worker.state = "ready"
+                ws.append(fn.worker)
+                continue
+            w = _Worker(fn)
+            threading.Thread(target=self._work, args=(w,), name=f"edgespec-slot-job-{i}", daemon=True).start()
+            ws.append(w)
         try:
-            for i, w in enumerate(ws):
-                threading.Thread(target=self._work, args=(w,), name=f"edgespec-slot-job-{i}", daemon=True).start()
             ready = list(ws)
             while True:
                 for w in ready:
-                    if w.state != "done":
+                    if w.state not in ("done", "parked"):
                         self._resume(w)
-                if all(w.state == "done" for w in ws):
-                    return [(w.value, w.error) for w in ws]
+                if all(w.state in ("done", "parked") for w in ws):
+                    return [(Parked(w), None) if w.state == "parked" else (w.value, w.error) for w in ws]
                 if self.claims:
                     ready = self._flush() + list(self.queue)
                 else:
@@ -167,6 +193,13 @@ class Broker:
         self._back.release()
         w.go.acquire()
         return time.perf_counter() - t
+
+    def park(self, view) -> None:
+        """Between two prompt chunks of view's prefill: leave this run (its outcome a Parked) and wait
+        until a later run resumes the job.  Its clock skips the wait."""
+        w: _Worker = self._local.worker
+        assert all(c.worker is not w for c in self.claims), "a job parked with rows in the batch"
+        view._idle += self._yield(w, "parked")
 
     def claim(self, view, n: int, solo: bool, rows: bool) -> int:
         """Before view lays n rows (rows False: only restores n cells): wait until they may join the

@@ -50,6 +50,10 @@ class Backend(Protocol):
     def truncate(self, n: int) -> None:
         """Forget committed tokens from position n on."""
 
+    def borrow(self, prompt: np.ndarray, have: int, min_gain: int = 16) -> int:
+        """Before a request reads prompt holding its first `have` tokens: take a longer prefix's cells
+        from another request slot of the same context where one holds them; the prefix held now."""
+
     def rollback(self) -> None:
         """Drop every cell beyond the committed prefix (an interrupted step)."""
 

@@ -26,11 +26,20 @@ reset prefix, a rolled-back step) is moved into the tombstone sequence
 when the next decode might not fit, `compact` saves every slot's committed
 prefix, clears the cache and restores them, each contiguous and in position
 order (measured exact), tombstones gone.
+
+A request may start from another slot's cells (`borrow`): where a
+neighbour's committed tokens share a longer prefix with the prompt than
+anything this slot holds (an app's title, tags and follow-up requests embed
+the same conversation), llama_memory_seq_cp lets this slot's sequence share
+those cells (no new cell, nothing decoded).  They are the cells a prefill of
+the same tokens would have made, in position order, so the answer is the one
+this slot would have given by reading them itself.
 """
 from __future__ import annotations
 
 import copy
 import ctypes
+from typing import Any
 
 import llama_cpp as L
 import numpy as np
@@ -64,6 +73,7 @@ class Cells:
         self.tomb = n_slots * self.per_slot
         self.used = 0           # cells occupied at most (tombstones included) since the last compaction
         self.compactions = 0
+        self.borrowed = 0       # prompt tokens requests took from other slots' cells (borrow)
         self.size = backend.n_cells
         self.views = [backend]
         for k in range(1, n_slots):
@@ -87,6 +97,33 @@ class Cells:
     def batched(self) -> bool:
         """Whether this thread's decodes go through the Broker (a Broker.run's job)."""
         return self.broker.driving()
+
+    def best_prefix(self, prompt: np.ndarray, limit: int, other_than=None) -> tuple[int, Any]:
+        """The longest prefix of prompt (at most limit tokens) some slot's committed cells hold, and that
+        slot's view (0, None where none shares a token)."""
+        best, src = 0, None
+        for v in self.views:
+            if v is other_than or not v.n_past:
+                continue
+            m = max(0, min(v.n_past, len(prompt), limit))
+            differ = np.flatnonzero(v.kv_tokens[:m] != prompt[:m])
+            n = int(differ[0]) if len(differ) else m
+            if n > best:
+                best, src = n, v
+        return best, src
+
+    def borrow(self, view, prompt: np.ndarray, have: int, min_gain: int) -> int:
+        """Before view's request reads prompt, holding its first `have` tokens: where another slot holds
+        at least min_gain more of them, view drops its own cells and shares that slot's instead (the
+        module doc).  The prefix view now holds."""
+        n, src = self.best_prefix(prompt, len(prompt) - 1, other_than=view)
+        if src is None or n < have + min_gain:
+            return have
+        view.reset()
+        L.llama_memory_seq_cp(view.mem, src.seq0, view.seq0, 0, n)
+        view.n_past, view.kv_tokens = n, np.array(prompt[:n], np.int32)
+        self.borrowed += n
+        return n
 
     def free(self, mem, seqs, p0: int) -> None:
         """Take sequences `seqs`' cells from position p0 on out of them, into the tombstone."""

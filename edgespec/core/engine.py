@@ -214,6 +214,8 @@ class Engine:
             st.n_common = pc.choose(be, prompt, reuse_prefix)
         elif reuse_prefix:
             st.n_common = common_prefix(self.kv_tokens, prompt, len(prompt) - 1)
+        if reuse_prefix and not min_chunk:      # another request slot may hold more of it
+            st.n_common = be.borrow(prompt, st.n_common)
         if min_chunk and splice_request(be, st, min_chunk):
             pass                # the cells of A + X + B are held: st.n_common of them
         elif st.n_common == 0:
@@ -226,7 +228,7 @@ class Engine:
         """Prefill the prompt past the reused prefix and lay it into st.ctx;
         returns the drafter's prefill buffers (DrafterFeedback.prefill_buffers).
         A cancel during the prefill ends the request (stop_reason "cancelled")."""
-        be, prompt, t0 = self.backend, st.prompt, time.perf_counter()
+        be, prompt, t0 = self.backend, st.prompt, self._clock()     # a slot's clock skips its waits for others
         pre, hid = self._feedback.prefill_buffers(len(prompt) - st.n_common)
         try:
             be.prefill(prompt[st.n_common:], topk_out=pre, cancel=is_cancelled, hidden_out=hid)
@@ -234,7 +236,7 @@ class Engine:
             self.reset()
             raise
         if self.prefix_cache is not None:       # the rate a disk read is weighed against
-            self.prefix_cache.observe_prefill(be.n_past - st.n_common, time.perf_counter() - t0)
+            self.prefix_cache.observe_prefill(be.n_past - st.n_common, self._clock() - t0)
         st.ctx = np.empty(be.n_ctx + self.config.max_nodes + 2, np.int32)
         st.ctx[:len(prompt)] = prompt
         st.n = len(prompt)

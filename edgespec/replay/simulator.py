@@ -272,6 +272,9 @@ class ReplayBackend:
     def rollback(self) -> None:
         pass
 
+    def borrow(self, prompt: np.ndarray, have: int, min_gain: int = 16) -> int:
+        return have             # a replay has one request slot
+
     def splice_refusal(self) -> str | None:
         return "a replay models exact decoding only: it does not splice cells (cache_reuse)"
 
