@@ -226,6 +226,41 @@ def test_a_prompt_starts_from_a_neighbours_cells(model, slots, long_prompt):
     assert run(e0, again).tokens == _alone(model, again)
 
 
+def test_a_decoding_neighbour_lends_what_it_has_committed(slots, prompts, long_prompt):
+    """A slot decoding its answer has committed more cells than its prompt (the engine lays its tokens
+    down at the end): a longer prompt is compared with the tokens known, the prompt's."""
+    e0 = Engine(slots.slot(0), make_drafter("none"), None, CONFIG)
+    g = _req(e0, prompts[0])
+    for _ in range(3):
+        assert b_ok(slots.broker.run([g.__next__]))
+    v = slots.slot(0)
+    assert v.n_past > len(v.kv_tokens) == len(prompts[0])
+    longer = np.concatenate([prompts[0], long_prompt]).astype(np.int32)
+    assert slots._cells.best_prefix(longer, len(longer) - 1) == (len(prompts[0]), v)
+    g.close()
+
+
+def b_ok(outcomes) -> bool:
+    return all(err is None for _, err in outcomes)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")     # the fault is re-raised, loudly
+def test_a_scheduler_fault_reaches_every_request(model):
+    """The model thread itself fails (here: its round raises): the running request gets the error
+    instead of waiting for ever, and so does every later one."""
+    m = SpecModel(model.model_path, drafter="none", n_ctx=256, calibrate=False, parallel=2, kernels="exact")
+    try:
+        def broken():
+            raise ValueError("a fault in the round")
+        m._scheduler._round = broken
+        with pytest.raises(RuntimeError, match="scheduler failed: ValueError: a fault in the round"):
+            m.generate("Name three colors.", max_tokens=4)
+        with pytest.raises(RuntimeError, match="scheduler failed"):
+            m.generate("Name three colors.", max_tokens=4)
+    finally:
+        m.close()
+
+
 @pytest.fixture(scope="module")
 def parallel(model):
     m = SpecModel(model.model_path, drafter="suffix", n_ctx=512, calibrate=False, parallel=3, kernels="exact")

@@ -127,6 +127,7 @@ class Scheduler:
         self.waiting: collections.deque[Ticket] = collections.deque()
         self.slots: list[Ticket | None] = [None] * n_slots
         self._held = False
+        self.broken: BaseException | None = None     # the model thread's own failure (_fail)
         self.thread = threading.Thread(target=self._loop, name="edgespec-scheduler", daemon=True)
         self.thread.start()
 
@@ -137,6 +138,8 @@ class Scheduler:
         when no slot is free now; timeout=S: when none was free for S seconds."""
         t = Ticket(resolved, stop, slot0_only=not isinstance(resolved.engine_key[0] or self.model._drafter, str))
         with self.cond:
+            if self.broken is not None:
+                raise self.broken
             if self.model._gate.closed:
                 raise ModelClosedError("this SpecModel was closed")
             if not wait and (self.waiting or all(s is not None for s in self.slots)):
@@ -169,6 +172,25 @@ class Scheduler:
 
     # -------------------------------------------------------- model thread
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:      # a fault of the scheduler itself: every request hears it, none hangs
+            self._fail(e)
+            raise
+
+    def _fail(self, e: BaseException) -> None:
+        """The model thread failed: every running and waiting request gets the error, later ones too."""
+        err = RuntimeError(f"edgespec's scheduler failed: {type(e).__name__}: {e}")
+        err.__cause__ = e
+        with self.cond:
+            self.broken = err
+            tickets = [t for t in self.slots if t is not None] + list(self.waiting)
+            self.slots, self.waiting = [None] * self.n_slots, collections.deque()
+        for t in tickets:
+            t.events.put(Event("error", error=err))
+        self._release()
+
+    def _serve(self) -> None:
         while True:
             with self.cond:
                 while not self.waiting and not any(self.slots):

@@ -105,7 +105,8 @@ class Cells:
         for v in self.views:
             if v is other_than or not v.n_past:
                 continue
-            m = max(0, min(v.n_past, len(prompt), limit))
+            # kv_tokens may lag n_past while a request decodes (the engine lays it down at its end)
+            m = max(0, min(v.n_past, len(v.kv_tokens), len(prompt), limit))
             differ = np.flatnonzero(v.kv_tokens[:m] != prompt[:m])
             n = int(differ[0]) if len(differ) else m
             if n > best:
