@@ -38,6 +38,11 @@ depend on the other sequences' rows and cells):
   compaction falls between a view's decode and its keep either;
 * the threads of one-token decodes (exact kernels, f16 K cache) are chosen
   for the whole batch: every thread for more than one row.
+
+Each view's `clock` (the engine's and its gate's timing) skips the view's
+waits for the others and counts its rows' share of a combined decode (its
+rows over the batch's), so a drafting slot beside others is not charged its
+neighbours' rows (its speed guard would stop drafting).
 """
 from __future__ import annotations
 
@@ -69,7 +74,7 @@ class _Worker:
         #                             parked (between prompt chunks, until a later run), done
         self.value = self.error = None
         self.rc = 0                 # llama_decode's code for its rows
-        self.decode_s = 0.0         # how long that decode took
+        self.decode_s = 0.0         # its rows' share of that decode's seconds
 
 
 class Parked:
@@ -155,8 +160,8 @@ class Broker:
         self.decodes += 1
         self.combined += len({id(c.worker) for c in claims}) > 1
         self.max_rows = max(self.max_rows, rows)
-        for c in claims:
-            c.worker.rc, c.worker.decode_s = rc, dt
+        for c in claims:        # each job's clock counts its rows' share of the decode (Broker's doc)
+            c.worker.rc, c.worker.decode_s = rc, dt * c.n / max(1, rows)
         return [c.worker for c in claims]
 
     def _threads(self, be, rows: int) -> None:

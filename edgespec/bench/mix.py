@@ -287,10 +287,11 @@ def _one_target(t, mix: Mix, model_path: str, s: MixSettings, how: tuple) -> lis
     """A target started, warmed up (unless fresh: a new user's first request
     pays the cold start), the mix replayed (and alone), stopped; the header
     `head` gets its command line and start-up.  how: (head, binary, cache
-    folder, progress)."""
+    folder, progress, settle: wait for a fresh target's background
+    calibration to end before stopping it)."""
     from edgespec.bench import session_targets as T
 
-    head, binary, cache, progress = how
+    head, binary, cache, progress, settle = how
     t_start = time.monotonic()
     with T.started(t, model_path, s.n_ctx, s.threads, binary, cache, parallel=s.parallel) as (client, args):
         head["targets"][t.name], head["started_s"][t.name] = args, round(time.monotonic() - t_start, 2)
@@ -303,7 +304,7 @@ def _one_target(t, mix: Mix, model_path: str, s: MixSettings, how: tuple) -> lis
             replay_alone(client, mix, rows, model_id)
         for r in rows if progress else ():
             progress(r)
-        if t.cache == "fresh":      # as bench-sessions: a later --same-cache target starts with its calibration
+        if settle:      # as bench-sessions: a later --same-cache target starts with its calibration
             head.setdefault("calibrated_after_s", {})[t.name] = T.calibration_ended(client)
     return rows
 
@@ -319,9 +320,12 @@ def run_mix(mix: Mix, targets: list, model_path: str, s: MixSettings, out_path: 
     head, rows = mix_header(mix, model_path, s), []
     with contextlib.ExitStack() as stack:
         fresh_dir = None
-        for t in targets:
+        for i, t in enumerate(targets):
             if t.cache == "fresh":
                 fresh_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgespec-new-user-"))
-            rows += _one_target(t, mix, model_path, s, (head, binary, fresh_dir if t.cache else None, progress))
+            # a fresh target's calibration is waited for only where a later --same-cache target reads it
+            settle = t.cache == "fresh" and any(u.cache == "same" for u in targets[i + 1:])
+            rows += _one_target(t, mix, model_path, s, (head, binary, fresh_dir if t.cache else None, progress,
+                                                        settle))
             _write(out_path, head, rows)
     return head, rows
