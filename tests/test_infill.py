@@ -71,6 +71,38 @@ def test_a_sliding_prefix_window_keeps_its_anchor_line_in_front():
     assert I.Infill("x").anchor is True and I.Infill("x", anchor=False).anchor is False
 
 
+def test_a_capped_prefix_starts_at_an_anchor_line_that_stays_while_the_file_grows():
+    """prefix_tokens: a file typed line by line from the top; the capped prefix is the text from the
+    first anchor line whose rest fits the cap (a hand-written tokenizer: one token per word), so it
+    stays the same from one new line to the next until the prefix has outgrown the cap; a prefix
+    that fits stays whole, and one without a fitting anchor line is left whole for the token cut."""
+    import zlib
+
+    from edgespec.app import infill as I
+    file = [f"    value_{i} = compute({i}, {i * 7 % 13})\n" if i % 5 else "\n" for i in range(600)]
+    is_anchor = [bool(x.strip()) and zlib.crc32(x.encode()) % I.ANCHOR_EVERY == 0 for x in file]
+
+    def tok(text):
+        return text.split()
+    cap, starts = 200, []
+    for n in range(1, len(file)):
+        prefix = "".join(file[:n])
+        got = I.fitted(prefix, cap, tok)
+        assert prefix.endswith(got) and len(tok(got)) <= cap or got == prefix
+        if len(tok(prefix)) <= cap:
+            assert got == prefix
+            continue
+        first = next((i for i in range(1, n) if is_anchor[i] and len(tok("".join(file[i:n]))) <= cap), None)
+        assert got == ("".join(file[first:n]) if first is not None else prefix)
+        starts.append(first)
+    moves = sum(a != b for a, b in zip(starts, starts[1:]))
+    assert 0 < moves < len(starts) // 8         # once per anchor gap, not at every new line
+    one_line = "    " + " ".join(["word"] * 500) + "\n"
+    assert I.fitted(one_line, cap, tok) == one_line
+    with pytest.raises(ValueError):
+        I.Infill("x", prefix_tokens=-1)
+
+
 def test_request_checks_its_stop_tokens_and_time_limit():
     """Request.stop_tokens are checked where a request resolves (in the
     vocabulary), t_max_predict_ms where it is built (> 0)."""
@@ -375,8 +407,9 @@ def test_serve_fim_suffix_tokens_reaches_every_fim_door():
     from edgespec.app import native
     from edgespec.app.request_fields import Limits, RequestParser
     for budget in (None, 5):
-        p = RequestParser(None, "m", SERVE_DEFAULTS, Limits(fim_suffix_tokens=budget))
+        p = RequestParser(None, "m", SERVE_DEFAULTS, Limits(fim_suffix_tokens=budget, fim_prefix_tokens=budget))
         infill = native.parse(p, {"input_prefix": "a", "input_suffix": "b"}, "infill").request.prompt
         completion = p.parse({"prompt": "a", "suffix": "b"}, chat=False).request.prompt
         assert isinstance(infill, Infill) and isinstance(completion, Infill)
         assert infill.suffix_tokens == completion.suffix_tokens == budget
+        assert infill.prefix_tokens == completion.prefix_tokens == budget

@@ -46,6 +46,15 @@ and the same anchor stays first while the window slides, until it leaves
 the window (once per ANCHOR_EVERY lines on average); the prefix loses
 ANCHOR_EVERY / 2 lines on average.  Infill(anchor=False) keeps it whole.
 
+The prefix may be capped (`prefix_tokens`; `serve --fim-prefix-tokens`;
+None, the default: no cap but the context's).  llama-server reads at most
+three quarters of its batch of the prefix's tail (768 tokens with its FIM
+preset), cut at a token, so the prompt's start moves with every character
+typed; edgespec's cap starts the prefix at the first anchor line from which
+the rest fits (the same anchor stays first until the prefix has grown past
+the cap: one prefix read again per ANCHOR_EVERY new lines on average), and
+cuts at a token only where no anchor line fits (and with anchor=False).
+
 When the parts do not fit the context (room is left for the answer: its
 max_tokens, at most a quarter of the context), what is kept is the prefix's
 tail nearest the cursor, the suffix's head (at most a quarter of the room
@@ -94,6 +103,7 @@ class Infill:
     repo: str = "myproject"
     filename: str = "filename"
     suffix_tokens: int | None = None        # None: SUFFIX_TOKENS; 0 or more: at most this many suffix tokens
+    prefix_tokens: int | None = None        # None: the prefix as the context allows; N: at most N (module doc)
     anchor: bool = True                     # a long prefix starts at its first anchor line (module doc)
     layout: str = "psm"                     # "psm": middle ends the prefix; "mid": middle after the middle token
 
@@ -101,6 +111,8 @@ class Infill:
         object.__setattr__(self, "extra", tuple((str(n), str(t)) for n, t in self.extra))
         if self.suffix_tokens is not None and self.suffix_tokens < 0:
             raise ValueError("suffix_tokens must be 0 or more")
+        if self.prefix_tokens is not None and self.prefix_tokens < 0:
+            raise ValueError("prefix_tokens must be 0 or more")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
 
@@ -157,9 +169,33 @@ def anchored(prefix: str) -> str:
     if len(lines) < ANCHOR_MIN_LINES:
         return prefix
     for i, line in enumerate(lines[:ANCHOR_MAX_DROP]):
-        if line.strip() and zlib.crc32(line.encode("utf-8")) % ANCHOR_EVERY == 0:
+        if _is_anchor(line):
             return "".join(lines[i:])
     return prefix
+
+
+def _is_anchor(line: str) -> bool:
+    return bool(line.strip()) and zlib.crc32(line.encode("utf-8")) % ANCHOR_EVERY == 0
+
+
+def fitted(prefix: str, n_max: int, tok) -> str:
+    """The prefix from its first anchor line on from which the rest is at most n_max tokens (tok: text ->
+    ids); the whole prefix where it fits or no anchor line does (the caller then cuts at a token)."""
+    if len(tok(prefix)) <= n_max:
+        return prefix
+    starts, at = [], 0
+    for line in prefix.splitlines(keepends=True):
+        if at and _is_anchor(line):
+            starts.append(at)
+        at += len(line)
+    lo, hi = 0, len(starts)         # the first start whose rest fits: later starts leave fewer tokens
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tok(prefix[starts[mid]:])) <= n_max:
+            hi = mid
+        else:
+            lo = mid + 1
+    return prefix[starts[lo]:] if lo < len(starts) else prefix
 
 
 def _take(prefix: list, suffix: list, room: int) -> tuple[int, int]:
@@ -189,7 +225,12 @@ def fim_prompt(vocab, infill: Infill, n_ctx: int, max_tokens: int | None) -> Fim
     else:       # no repository tokens: the chunks as plain text before the prefix
         chunks = [tok(text) for _, text in infill.extra]
         current = []
-    prefix = tok(anchored(infill.prefix) if infill.anchor else infill.prefix)
+    text = anchored(infill.prefix) if infill.anchor else infill.prefix
+    if infill.prefix_tokens is not None and infill.anchor:
+        text = fitted(text, infill.prefix_tokens, tok)
+    prefix = tok(text)
+    if infill.prefix_tokens is not None:        # no anchor line fits (or none wanted): a token's cut
+        prefix = prefix[max(0, len(prefix) - infill.prefix_tokens):]
     suffix, middle = tok(infill.suffix), tok(infill.middle)
     budget = SUFFIX_TOKENS if infill.suffix_tokens is None else infill.suffix_tokens
     cut = len(suffix) > budget

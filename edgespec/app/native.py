@@ -126,7 +126,8 @@ def parse(parser: RequestParser, body: dict, kind: str) -> ServeRequest:
     field, value = constraint or (None, None)
     if kind == "infill":
         prompt = Infill(_string(body, "input_prefix"), _string(body, "input_suffix"), _extra(body),
-                        _string(body, "prompt"), suffix_tokens=parser.limits.fim_suffix_tokens, layout=parser.limits.fim_layout)
+                        _string(body, "prompt"), suffix_tokens=parser.limits.fim_suffix_tokens,
+                        prefix_tokens=parser.limits.fim_prefix_tokens, layout=parser.limits.fim_layout)
     else:
         prompt = parser._prompt(body.get("prompt"))
     request = d.but(prompt=prompt, max_tokens=max_tokens, sampling=_sampling(body, d.sampling),

@@ -97,6 +97,7 @@ class Limits:
     max_prediction_tokens: int | None = None   # PREDICTION_CONTEXTS * n_ctx
     shutdown_timeout: float = 5.0         # seconds the running request gets on SIGTERM
     fim_suffix_tokens: int | None = None  # an FIM prompt's suffix, at most (None: app/infill.SUFFIX_TOKENS)
+    fim_prefix_tokens: int | None = None  # an FIM prompt's prefix, at most (None: as the context allows)
     fim_layout: str = "psm"               # where /infill's `prompt` goes (app/infill.LAYOUTS)
 
     def resolve(self, n_ctx: int) -> "Limits":
@@ -353,7 +354,7 @@ def _stream(body: dict) -> tuple[bool, bool]:
     return stream, bool(opts.get("include_usage"))
 
 
-def _with_suffix(prompt, suffix, suffix_tokens: int | None = None):
+def _with_suffix(prompt, suffix, suffix_tokens: int | None = None, prefix_tokens: int | None = None):
     """/v1/completions' prompt with OpenAI's suffix: the Infill of the text
     before and after the answer (filled in the middle: edgespec.app.infill)."""
     if suffix is None or suffix == "":
@@ -363,7 +364,7 @@ def _with_suffix(prompt, suffix, suffix_tokens: int | None = None):
     if not isinstance(prompt, str):
         raise RequestError(400, "suffix needs the prompt as text (fill in the middle)", "suffix", "invalid_value")
     utf8_len(suffix, "suffix")
-    return Infill(prompt, suffix, suffix_tokens=suffix_tokens)
+    return Infill(prompt, suffix, suffix_tokens=suffix_tokens, prefix_tokens=prefix_tokens)
 
 
 # ------------------------------------------------------------ a whole request
@@ -396,7 +397,8 @@ class RequestParser:
         constraint = _constraint(body)
         field, value = constraint or (None, None)
         prompt = (_messages(body) if chat else
-                  _with_suffix(self._prompt(body.get("prompt")), body.get("suffix"), self.limits.fim_suffix_tokens))
+                  _with_suffix(self._prompt(body.get("prompt")), body.get("suffix"), self.limits.fim_suffix_tokens,
+                               self.limits.fim_prefix_tokens))
         tools = self._tools(body, constraint) if chat else None
         # llama-server's n_cache_reuse (inexact: core/cache_reuse.py) for completions; a chat stays exact
         cache_reuse = 0 if chat else _integer(body, "n_cache_reuse", 0, d.cache_reuse)

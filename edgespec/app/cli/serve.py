@@ -36,6 +36,10 @@ def serve_guard_options(f):
         click.option("--fim-suffix-tokens", type=click.IntRange(min=0), default=None,
                      help="Read at most this many tokens of a fill-in-the-middle request's suffix (/infill, "
                           "suffix on /v1/completions) [default: 128]: each new cursor line reads them again."),
+        click.option("--fim-prefix-tokens", type=click.IntRange(min=0), default=None,
+                     help="Read at most this many tokens of a fill-in-the-middle request's prefix, from an "
+                          "anchor line that stays first while the person types [default: as the context "
+                          "allows]; llama-server reads 768 with its FIM preset."),
         click.option("--fim-layout", type=click.Choice(["psm", "mid"]), default="psm", show_default=True,
                      help="Where /infill's `prompt` (the text typed on the cursor's line) goes: psm ends the "
                           "prefix with it (llama-server's layout); mid puts it after the middle token (a "
