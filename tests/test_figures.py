@@ -34,6 +34,14 @@ or, on a bench-editor results file (edgespec bench-editor, docs/sessions.md):
     ep50:A       A's p50 in seconds: "0.77" (ep95: the p95)
     efirst:A     A's suggestions whose first line was right, of its requests: "6/42"
 
+or, on a bench-mix results file (edgespec bench-mix, docs/sessions.md):
+
+    mttft:A      A's side requests' median time to first token, seconds: "3.68" (mworst: the worst)
+    mlong:A      when A's long answer was done, seconds after the run's start: "22.55" (mall: the last request)
+    mlong:A/B    A's over B's: "0.73x" (mttft, mworst, mall likewise; a time: below 1 is sooner)
+    mtps:A/B     A's tokens per second over the run over B's: "1.10x"
+    malone:A     A's answers equal to the same request alone: "5/5"
+
 then filters: category=C[,C...] (those categories only), repeat=N (that pass),
 requests=A-B (requests A to B of the file's order, counted from 1); on a
 sessions file session=NAME[,NAME...] (those sessions only).
@@ -143,8 +151,27 @@ def _editor_figure(path: str, expr: str) -> str:
     return f"{of(arg)[key] / 1e3:.2f}"
 
 
+def _mix_figure(path: str, expr: str) -> str:
+    """A figure of a bench-mix results file (see the module doc), from the report's own figures."""
+    from edgespec.bench.mix_report import figures, read_results as read_mix
+    rows = [r for r in read_mix(os.path.join(ROOT, path))[1] if r.get("kind") == "request"]
+    of = lambda t: figures([r for r in rows if r["target"] == t])  # noqa: E731
+    kind, _, arg = expr.partition(":")
+    if kind == "malone":
+        same, n = of(arg)["alone_same"]
+        return f"{same}/{n}"
+    key = {"mttft": "side_ttft_median_s", "mworst": "side_ttft_worst_s", "mlong": "long_done_s",
+           "mall": "all_done_s", "mtps": "tokens_per_s"}[kind]
+    if "/" in arg:
+        a, b = arg.split("/")
+        return f"{of(a)[key] / of(b)[key]:.2f}x"
+    return f"{of(arg)[key]:.2f}"
+
+
 def figure(files: str, expr: str, filters: str = "") -> str:
     """The figure a marker names, formatted as the docs write it."""
+    if expr.split(":")[0] in ("mttft", "mworst", "mlong", "mall", "mtps", "malone"):
+        return _mix_figure(files, expr)
     if expr.split(":")[0] in ("ep50", "ep95", "efirst"):
         return _editor_figure(files, expr)
     if expr.split(":")[0] in ("swall", "sttft", "scached", "sidentical", "sprefill", "sdecode", "sfirst"):
