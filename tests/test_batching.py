@@ -18,7 +18,8 @@ from conftest import OracleDrafter, dev_prompts
 from edgespec import SpecModel
 from edgespec.backend import interrupt
 from edgespec.backend.batching import Parked
-from edgespec.backend.llama import SLOT_PREFILL_CHUNK, LlamaBackend
+from edgespec.backend.llama import LlamaBackend
+from edgespec.backend.slots import SLOT_PREFILL_CHUNK
 from edgespec.core.config import EngineConfig
 from edgespec.core.engine import Engine, drain
 from edgespec.core.params import Request

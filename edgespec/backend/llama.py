@@ -48,7 +48,6 @@ from edgespec.backend.slots import Cells, check_slots, seqs_needed
 from edgespec.backend.vocab import Vocab
 
 EXACT_MAX_BATCH = 48        # largest batch measured bit-identical to one-token decoding
-SLOT_PREFILL_CHUNK = 128    # with slots in a Broker's run, a prompt is read this many tokens per round
 # llama.cpp rounds every context size up to a multiple of 256 KV cells (its padding), so 256 is
 # the smallest context there is (a smaller request is refused, not rounded up silently)
 MIN_CTX = 256
@@ -286,9 +285,7 @@ class LlamaBackend(SeqState, Splicer):
         self.kv_tokens = np.zeros(0, np.int32)
         self.spliced_from = None
 
-    def borrow(self, prompt: np.ndarray, have: int, min_gain: int = 16) -> int:
-        """Before a request reads prompt holding its first `have` tokens: with slots, share another slot's
-        cells where they hold min_gain more of it (backend/slots.py, Cells.borrow); the prefix held now."""
+    def borrow(self, prompt: np.ndarray, have: int, min_gain: int = 16) -> int:   # slots.py, Cells.borrow
         return have if self._cells is None else self._cells.borrow(self, prompt, have, min_gain)
 
     def set_single_threads(self, n: int) -> None:
@@ -338,12 +335,11 @@ class LlamaBackend(SeqState, Splicer):
             self._synced = 1
         if self.n_past + n > self.n_ctx:
             raise BackendError(f"{self.n_past + n} tokens do not fit the context of {self.n_ctx}")
-        batched = self._cells is not None and self._cells.batched()
-        chunk = min(self.n_batch, SLOT_PREFILL_CHUNK) if batched else self.n_batch
+        chunk = self.n_batch if self._cells is None else self._cells.chunk(self.n_batch)
         i = 0
         while i < n:
-            if i and batched:       # one chunk per round: the other slots step, a request may be admitted
-                self._cells.broker.park(self)       # type: ignore[union-attr]
+            if i and self._cells is not None:   # in a Broker's run it parks: one chunk per round (slots.py)
+                self._cells.between_chunks(self, tokens[:i])
             if i and cancel is not None and cancel():
                 self.n_outputs = 0
                 return
@@ -351,8 +347,6 @@ class LlamaBackend(SeqState, Splicer):
             off = self._cells.room(self, m, solo=self.exact) if self._cells is not None else 0
             self._decode_chunk(tokens[i:i + m], every_row, want_last_logits and i + m == n, off)
             self._copy_rows(i, m, topk_out, hidden_out, rows)
-            if self._cells is not None:     # committed as read: another slot may borrow them (Cells.borrow)
-                self.kv_tokens = np.concatenate([self.kv_tokens[:self.n_past], tokens[i:i + m]])
             self.n_past += m
             i += m
         self.n_outputs = 1 if (want_last_logits and n) else 0

@@ -48,6 +48,9 @@ from edgespec.backend.batching import Broker
 from edgespec.errors import BackendError, ConfigError
 
 
+SLOT_PREFILL_CHUNK = 128    # in a Broker's run, a slot's prompt is read this many tokens per round
+
+
 def seqs_needed(n_slots: int, max_leaves: int) -> int:
     """KV sequences a context of n_slots slots needs: one per tree path per slot, and the tombstone."""
     return max(1, max_leaves) if n_slots == 1 else n_slots * max(1, max_leaves) + 1
@@ -97,6 +100,18 @@ class Cells:
     def batched(self) -> bool:
         """Whether this thread's decodes go through the Broker (a Broker.run's job)."""
         return self.broker.driving()
+
+    def chunk(self, n_batch: int) -> int:
+        """The prompt tokens a view's prefill decodes at once: SLOT_PREFILL_CHUNK in a Broker's run."""
+        return min(n_batch, SLOT_PREFILL_CHUNK) if self.batched() else n_batch
+
+    def between_chunks(self, view, read: np.ndarray) -> None:
+        """Between two prompt chunks of view's prefill (`read`: its tokens decoded so far): in a Broker's
+        run, they become its committed tokens (a neighbour may borrow them while it waits) and it parks
+        until the next round (the other slots step, a request may be admitted: app/scheduler.py)."""
+        if self.batched():
+            view.kv_tokens = np.concatenate([view.kv_tokens[:view.n_past - len(read)], read])
+            self.broker.park(view)
 
     def best_prefix(self, prompt: np.ndarray, limit: int, other_than=None) -> tuple[int, Any]:
         """The longest prefix of prompt (at most limit tokens) some slot's committed cells hold, and that
