@@ -226,11 +226,11 @@ def fim_prompt(vocab, infill: Infill, n_ctx: int, max_tokens: int | None) -> Fim
         chunks = [tok(text) for _, text in infill.extra]
         current = []
     text = anchored(infill.prefix) if infill.anchor else infill.prefix
-    if infill.prefix_tokens is not None and infill.anchor:
-        text = fitted(text, infill.prefix_tokens, tok)
-    prefix = tok(text)
-    if infill.prefix_tokens is not None:        # no anchor line fits (or none wanted): a token's cut
-        prefix = prefix[max(0, len(prefix) - infill.prefix_tokens):]
+    prefix, cap = tok(text), infill.prefix_tokens
+    if cap is not None and len(prefix) > cap:
+        if infill.anchor:
+            prefix = tok(fitted(text, cap, tok))
+        prefix = prefix[max(0, len(prefix) - cap):]     # no anchor line fits (or none wanted): a token's cut
     suffix, middle = tok(infill.suffix), tok(infill.middle)
     budget = SUFFIX_TOKENS if infill.suffix_tokens is None else infill.suffix_tokens
     cut = len(suffix) > budget

@@ -111,18 +111,8 @@ class Broker:
         if self._running or self.driving():
             raise RuntimeError("Broker.run is not reentrant")
         self._running = True
-        ws = []
-        for i, fn in enumerate(jobs):
-            if isinstance(fn, Parked):
-                if fn.worker.state != "parked":
-                    raise RuntimeError("a Parked job was resumed twice")
-                fn.worker.state = "ready"
-                ws.append(fn.worker)
-                continue
-            w = _Worker(fn)
-            threading.Thread(target=self._work, args=(w,), name=f"edgespec-slot-job-{i}", daemon=True).start()
-            ws.append(w)
         try:
+            ws = [self._job(i, fn) for i, fn in enumerate(jobs)]
             ready = list(ws)
             while True:
                 for w in ready:
@@ -138,6 +128,17 @@ class Broker:
                         raise RuntimeError("a slot job waits in the broker with nothing to decode")
         finally:
             self._running = False
+
+    def _job(self, i: int, fn) -> _Worker:
+        """Job i's worker: a parked one resumed (a Parked), or a new one in a thread of its own."""
+        if isinstance(fn, Parked):
+            if fn.worker.state != "parked":
+                raise RuntimeError("a Parked job was resumed twice")
+            fn.worker.state = "ready"
+            return fn.worker
+        w = _Worker(fn)
+        threading.Thread(target=self._work, args=(w,), name=f"edgespec-slot-job-{i}", daemon=True).start()
+        return w
 
     def _resume(self, w: _Worker) -> None:
         w.state = "running"

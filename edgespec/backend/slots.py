@@ -51,6 +51,13 @@ from edgespec.errors import BackendError, ConfigError
 SLOT_PREFILL_CHUNK = 128    # in a Broker's run, a slot's prompt is read this many tokens per round
 
 
+def common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
+    """Length of the longest common prefix of a and b, at most `limit`."""
+    m = max(0, min(len(a), len(b), limit))
+    neq = np.nonzero(a[:m] != b[:m])[0]
+    return int(neq[0]) if len(neq) else m
+
+
 def seqs_needed(n_slots: int, max_leaves: int) -> int:
     """KV sequences a context of n_slots slots needs: one per tree path per slot, and the tombstone."""
     return max(1, max_leaves) if n_slots == 1 else n_slots * max(1, max_leaves) + 1
@@ -121,9 +128,7 @@ class Cells:
             if v is other_than or not v.n_past:
                 continue
             # kv_tokens may lag n_past while a request decodes (the engine lays it down at its end)
-            m = max(0, min(v.n_past, len(v.kv_tokens), len(prompt), limit))
-            differ = np.flatnonzero(v.kv_tokens[:m] != prompt[:m])
-            n = int(differ[0]) if len(differ) else m
+            n = common_prefix(v.kv_tokens[:v.n_past], prompt, limit)
             if n > best:
                 best, src = n, v
         return best, src

@@ -317,15 +317,15 @@ def run_mix(mix: Mix, targets: list, model_path: str, s: MixSettings, out_path: 
     import contextlib
     import tempfile
 
+    from edgespec.bench import session_targets as T
+
     head, rows = mix_header(mix, model_path, s), []
     with contextlib.ExitStack() as stack:
         fresh_dir = None
         for i, t in enumerate(targets):
             if t.cache == "fresh":
                 fresh_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgespec-new-user-"))
-            # a fresh target's calibration is waited for only where a later --same-cache target reads it
-            settle = t.cache == "fresh" and any(u.cache == "same" for u in targets[i + 1:])
             rows += _one_target(t, mix, model_path, s, (head, binary, fresh_dir if t.cache else None, progress,
-                                                        settle))
+                                                        T.settles(targets, i)))
             _write(out_path, head, rows)
     return head, rows

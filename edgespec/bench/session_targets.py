@@ -193,6 +193,12 @@ def warm_up(client: Client, model_id: str) -> None:
                                          "max_tokens": 2, "temperature": 0.0})
 
 
+def settles(targets: list, i: int) -> bool:
+    """Whether targets[i]'s background calibration is waited for before it stops: a fresh target's,
+    where a later --same-cache target reads its folder."""
+    return targets[i].cache == "fresh" and any(u.cache == "same" for u in targets[i + 1:])
+
+
 def calibration_ended(client: Client) -> float | None:
     """Seconds until an idle edgespec server's background calibration ended
     (its /health no longer says "measuring"); None after CALIBRATION_TIMEOUT_S."""
@@ -314,10 +320,8 @@ def run_sessions(sessions, targets: list[Target], model_path: str, n_ctx: int, t
                     fresh_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgespec-new-user-"))
                 cache = _cache_for(t, restart, stack, fresh_dir)
                 label = t.name if rnd == 0 else f"{t.name} (round {rnd + 1})"
-                # a fresh target's calibration is waited for only where a later --same-cache target reads it
-                settle = t.cache == "fresh" and any(u.cache == "same" for u in targets[i + 1:])
                 got = _run_target(t, label, head, sessions, cache, (model_path, n_ctx, threads, max_tokens, binary),
-                                  restart, (progress, kind, settle))
+                                  restart, (progress, kind, settles(targets, i)))
                 rows += [dict(r, round=rnd + 1) for r in got] if rounds > 1 else got
                 with open(out_path, "w", encoding="utf-8") as f:
                     for r in [head] + rows:

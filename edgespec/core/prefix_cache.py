@@ -52,19 +52,13 @@ import time
 import numpy as np
 
 from edgespec.errors import BackendError
+from edgespec.backend.slots import common_prefix     # its home: the slots compare prompts with it too
 
 MIN_GAIN = 64       # tokens: a smaller difference is prefilled rather than restored or saved
 # seconds a prefilled token costs before this process has timed one: nearly three times the
 # fastest CPU prefill in BENCHMARKS.md (Gemma-3-270M, 548 tokens/s on 2 AVX2 cores), so that
 # the first request after a start does not prefer a disk read that a fast prefill would beat
 PREFILL_S_PER_TOKEN = 1 / 1500
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
-    """Length of the longest common prefix of a and b, at most `limit`."""
-    m = max(0, min(len(a), len(b), limit))
-    neq = np.nonzero(a[:m] != b[:m])[0]
-    return int(neq[0]) if len(neq) else m
 
 
 @dataclasses.dataclass
